@@ -1,0 +1,1 @@
+"""Flower strategies, one merge policy each."""

@@ -1,0 +1,378 @@
+"""Builder: one organisation's experience -> its privatised typed compendium.
+
+The pipeline is deterministic given a seed and never needs a network:
+
+1. mask PII in every query (:func:`synapse_flwr.pii.mask_pii`);
+2. count, per tool, calls and successes, the distinct queries behind each
+   candidate phrase (``when`` from successes, ``when_not`` from failures and
+   from events where another tool was right, with that tool as ``prefer``),
+   confusions and next-tool transitions (:func:`count_experience`);
+3. privatise the counts (Gaussian noise calibrated with opacus' accountant;
+   phrases and tool pairs released only above a noised threshold), see
+   :mod:`synapse_flwr.privacy`;
+4. assemble the typed entries from released values only: near-identical
+   phrases grouped into scenarios, precautions derived (post-processing, so
+   no extra privacy cost), optionally rewritten by an LLM.
+
+One event touches at most ``max_unigrams + max_bigrams + 4`` counters (calls,
+successes, its phrases, one confusion, one transition): that bound is the
+sensitivity the noise is calibrated to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from synapse_flwr.catalog import Catalog
+from synapse_flwr.experience import Event
+from synapse_flwr.phrases import candidate_phrases, group_phrases, normalize_text
+from synapse_flwr.pii import mask_pii
+from synapse_flwr.privacy import (
+    Calibration,
+    PrivacyParams,
+    calibrate,
+    epsilon_spent,
+    noise_counts,
+    select_partitions,
+)
+from synapse_flwr.schema import (
+    MAX_ITEMS,
+    MAX_SCENARIOS,
+    MAX_TEXT,
+    MAX_VARIANTS,
+    Compendium,
+    Issuer,
+    Precaution,
+    PrivacyBlock,
+    Provenance,
+    Scenario,
+    ToolCount,
+    ToolEntry,
+    ToolStats,
+    WhenNot,
+)
+
+# Counters an event touches besides its phrases: calls, successes, one
+# confusion, one next-tool transition.
+_NON_TEXT_CONTRIBUTIONS = 4
+LOW_SUCCESS_RATE = 0.5
+
+Rewriter = Callable[[str, Sequence[str]], str]
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """Knobs of the builder.
+
+    Parameters
+    ----------
+    max_unigrams, max_bigrams : int
+        Phrases one query may contribute (the contribution bound).
+    group_threshold : float
+        Token-Jaccard similarity at which released phrases are grouped.
+    max_scenarios : int
+        Scenarios kept per tool and list.
+    rewrite : callable or None
+        Optional ``(text, variants) -> text`` applied to released scenario
+        text (e.g. an LLM summariser); it only sees released data.
+    """
+
+    max_unigrams: int = 5
+    max_bigrams: int = 3
+    group_threshold: float = 0.5
+    max_scenarios: int = MAX_SCENARIOS
+    rewrite: Rewriter | None = field(default=None, compare=False)
+
+    @property
+    def max_contributions(self) -> int:
+        """Counters one event may touch: its L0 sensitivity."""
+        return self.max_unigrams + self.max_bigrams + _NON_TEXT_CONTRIBUTIONS
+
+
+@dataclass
+class ExperienceCounts:
+    """Exact counts of one organisation's experience (never leaves the org).
+
+    Parameters
+    ----------
+    calls, successes : Counter
+        Per tool.
+    when : Counter
+        ``(tool, phrase)`` -> distinct supporting queries.
+    when_not : Counter
+        ``(tool, phrase, prefer)`` -> distinct supporting queries; ``prefer``
+        is ``""`` when the right tool is unknown.
+    confusions : Counter
+        ``(called tool, right tool)`` -> events.
+    transitions : Counter
+        ``(previous tool, tool)`` -> events.
+    """
+
+    calls: Counter = field(default_factory=Counter)
+    successes: Counter = field(default_factory=Counter)
+    when: Counter = field(default_factory=Counter)
+    when_not: Counter = field(default_factory=Counter)
+    confusions: Counter = field(default_factory=Counter)
+    transitions: Counter = field(default_factory=Counter)
+
+
+def count_experience(events: Iterable[Event], config: BuildConfig = BuildConfig()) -> ExperienceCounts:
+    """Count an experience log, bounding every event's contribution.
+
+    Parameters
+    ----------
+    events : iterable of Event
+        Normalised events.
+    config : BuildConfig
+        Contribution bounds.
+    """
+    counts = ExperienceCounts()
+    seen: set[tuple[str, str, str, str]] = set()
+    for ev in events:
+        counts.calls[ev.tool] += 1
+        right = ev.gold if ev.gold and ev.gold != ev.tool else None
+        ok = ev.success and right is None
+        if ok:
+            counts.successes[ev.tool] += 1
+        if right:
+            counts.confusions[(ev.tool, right)] += 1
+        if ev.prev_tool:
+            counts.transitions[(ev.prev_tool, ev.tool)] += 1
+        masked = mask_pii(ev.query)
+        key = (ev.tool, "when" if ok else "not", right or "", normalize_text(masked))
+        if key in seen:  # distinct queries: a repeated query adds no phrase support
+            continue
+        seen.add(key)
+        for phrase in candidate_phrases(masked, config.max_unigrams, config.max_bigrams):
+            if ok:
+                counts.when[(ev.tool, phrase)] += 1
+            else:
+                counts.when_not[(ev.tool, phrase, right or "")] += 1
+    return counts
+
+
+@dataclass(frozen=True)
+class ReleasedCounts:
+    """The privatised counts: all that the artifact is assembled from."""
+
+    calls: dict[str, float]
+    successes: dict[str, float]
+    when: dict[tuple[str, str], float]
+    when_not: dict[tuple[str, str, str], float]
+    confusions: dict[tuple[str, str], float]
+    transitions: dict[tuple[str, str], float]
+
+
+def privatise_counts(
+    counts: ExperienceCounts, tool_ids: Sequence[str], cal: Calibration, rng: np.random.Generator
+) -> ReleasedCounts:
+    """Noise every count; release phrases and tool pairs only above the threshold.
+
+    Parameters
+    ----------
+    counts : ExperienceCounts
+        Exact counts.
+    tool_ids : sequence of str
+        The public tool domain (the catalog): every tool gets noised stats,
+        whether or not the org used it, so presence itself is not revealed.
+    cal : Calibration
+        Noise scale and release threshold.
+    rng : numpy.random.Generator
+        Source of noise.
+    """
+    ids = sorted(tool_ids)
+    calls = noise_counts(np.array([counts.calls[t] for t in ids], float), cal.sigma, rng)
+    succ = noise_counts(np.array([counts.successes[t] for t in ids], float), cal.sigma, rng)
+    return ReleasedCounts(
+        calls=dict(zip(ids, calls.tolist())),
+        successes=dict(zip(ids, succ.tolist())),
+        when=select_partitions(counts.when, cal, rng),
+        when_not=select_partitions(counts.when_not, cal, rng),
+        confusions=select_partitions(counts.confusions, cal, rng),
+        transitions=select_partitions(counts.transitions, cal, rng),
+    )
+
+
+def _clip_text(text: str) -> str:
+    return mask_pii(" ".join(text.split()))[:MAX_TEXT]
+
+
+def _scenarios(phrases: dict[str, float], config: BuildConfig) -> list[tuple[str, float, list[str]]]:
+    groups = group_phrases(
+        phrases.items(), config.group_threshold, config.max_scenarios, MAX_VARIANTS
+    )
+    out = []
+    for g in groups:
+        text = config.rewrite(g.text, g.variants) if config.rewrite else g.text
+        out.append((_clip_text(text) or g.text, round(g.support, 4), list(g.variants)))
+    return out
+
+
+def _top(pairs: dict[str, float], limit: int) -> list[ToolCount]:
+    best = sorted(pairs.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
+    return sorted((ToolCount(tool=t, count=round(c, 4)) for t, c in best), key=lambda x: x.tool)
+
+
+@dataclass
+class ToolRelease:
+    """The released values that concern one tool."""
+
+    calls: float = 0.0
+    successes: float = 0.0
+    when: dict[str, float] = field(default_factory=dict)
+    when_not: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
+    confusions: dict[str, float] = field(default_factory=dict)
+    next_tools: dict[str, float] = field(default_factory=dict)
+
+
+def index_release(released: ReleasedCounts) -> dict[str, ToolRelease]:
+    """Group released counts by tool (one pass, so assembly is linear)."""
+    out: dict[str, ToolRelease] = defaultdict(ToolRelease)
+    for t, c in released.calls.items():
+        out[t].calls = c
+    for t, c in released.successes.items():
+        out[t].successes = c
+    for (t, p), c in released.when.items():
+        out[t].when[p] = c
+    for (t, p, prefer), c in released.when_not.items():
+        out[t].when_not[prefer][p] = c
+    for (a, b), c in released.confusions.items():
+        out[a].confusions[b] = c
+    for (a, b), c in released.transitions.items():
+        out[a].next_tools[b] = c
+    return out
+
+
+def assemble_entry(
+    tool_id: str, description: str, rel: ToolRelease, org: str, round_: int, config: BuildConfig
+) -> ToolEntry:
+    """Build one tool's typed entry from its released values only."""
+    orgs = [org]
+    when = [
+        Scenario(text=t, support=s, variants=v, orgs=orgs)
+        for t, s, v in _scenarios(rel.when, config)
+    ]
+    when_not = [
+        WhenNot(text=t, support=s, variants=v, orgs=orgs, prefer=prefer or None)
+        for prefer, phrases in sorted(rel.when_not.items())
+        for t, s, v in _scenarios(phrases, config)
+    ]
+    when_not = sorted(when_not, key=lambda w: (-w.support, w.text, w.prefer or ""))
+    when_not = sorted(when_not[: config.max_scenarios], key=lambda w: (w.text, w.prefer or ""))
+    stats = ToolStats(calls=round(rel.calls, 4), successes=round(min(rel.successes, rel.calls), 4))
+    precautions = [
+        Precaution(
+            kind="failure_mode",
+            text=_clip_text(f"failed for requests about '{w.text}'"),
+            support=w.support,
+            orgs=orgs,
+        )
+        for w in when_not
+        if w.prefer is None
+    ]
+    rate = stats.success_rate
+    if rate is not None and rate < LOW_SUCCESS_RATE and stats.calls >= 1.0:
+        precautions.append(
+            Precaution(
+                kind="low_success",
+                text=f"succeeded in {rate:.0%} of about {stats.calls:.0f} calls",
+                support=stats.calls,
+                orgs=orgs,
+            )
+        )
+    precautions = sorted(precautions, key=lambda p: (-p.support, p.kind, p.text))[:MAX_ITEMS]
+    has_experience = bool(when or when_not or rel.confusions or rel.next_tools)
+    return ToolEntry(
+        tool_id=tool_id,
+        description=description,
+        when=sorted(when, key=lambda s: s.text),
+        when_not=when_not,
+        precautions=sorted(precautions, key=lambda p: (p.kind, p.text)),
+        stats=stats,
+        confusions=_top(rel.confusions, MAX_ITEMS),
+        next_tools=_top(rel.next_tools, MAX_ITEMS),
+        provenance=Provenance(
+            orgs=orgs if has_experience else [], rounds=[round_] if has_experience else []
+        ),
+    )
+
+
+def derive_seed(*parts: object) -> int:
+    """A stable 63-bit seed from any parts (e.g. run seed, org, round)."""
+    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def build_compendium(
+    events: Iterable[Event],
+    catalog: Catalog,
+    org: str,
+    *,
+    round_: int = 0,
+    epsilon: float = math.inf,
+    delta: float = 1e-5,
+    rounds: int = 1,
+    seed: int = 0,
+    config: BuildConfig = BuildConfig(),
+) -> Compendium:
+    """Turn one organisation's experience into its privatised typed compendium.
+
+    Parameters
+    ----------
+    events : iterable of Event
+        The org's experience, tool names resolved against ``catalog``.
+    catalog : Catalog
+        The tools (their descriptions are copied into the entries).
+    org : str
+        Organisation id written into the issuer block.
+    round_ : int
+        Federation round; round ``r >= 1`` is the org's ``r``-th release, round
+        0 a standalone build (one release).
+    epsilon, delta : float
+        Target privacy budget over ``rounds`` releases; ``epsilon=inf`` turns
+        privacy off (exact counts: the centralised-equivalent artifact).
+    rounds : int
+        Planned number of releases the budget covers.
+    seed : int
+        Seed of the noise (combined with org and round).
+    config : BuildConfig
+        Builder knobs.
+    """
+    if round_ > rounds:
+        raise ValueError(f"round {round_} exceeds the {rounds} rounds the privacy budget covers")
+    params = PrivacyParams(
+        epsilon=epsilon, delta=delta, rounds=rounds, max_contributions=config.max_contributions
+    )
+    cal = calibrate(params)
+    rng = np.random.default_rng(derive_seed(seed, org, round_))
+    released = privatise_counts(count_experience(events, config), catalog.ids, cal, rng)
+    per_tool = index_release(released)
+    entries = [
+        assemble_entry(doc.tool_id, doc.description, per_tool[doc.tool_id], org, round_, config)
+        for doc in catalog.tools
+    ]
+    private = math.isfinite(epsilon)
+    privacy = PrivacyBlock(
+        mechanism="gaussian" if private else "none",
+        clip=round(math.sqrt(config.max_contributions), 6),
+        sigma=round(cal.sigma, 6),
+        noise_multiplier=round(cal.noise_multiplier, 6),
+        epsilon=round(epsilon_spent(params, cal, max(round_, 1)), 6) if private else None,
+        epsilon_target=epsilon if private else None,
+        delta=delta if private else 0.0,
+        rounds_planned=rounds,
+        threshold=round(cal.threshold, 6),
+        text_policy="pii-masked+dp-partition-selection" if private else "pii-masked",
+    )
+    return Compendium(
+        kind="org",
+        issuer=Issuer(org=org, round=round_),
+        privacy=privacy,
+        tools=sorted(entries, key=lambda e: e.tool_id),
+    )

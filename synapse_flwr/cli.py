@@ -1,0 +1,225 @@
+"""The ``synapse`` command line: build, validate, merge, inspect and route compendia."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from synapse_flwr.errors import SynapseError
+from synapse_flwr.wire import ArtifactError
+
+log = logging.getLogger("synapse_flwr")
+
+app = typer.Typer(
+    name="synapse",
+    help="Typed federated tool-routing compendia: build one org's artifact from its "
+    "experience, validate and merge artifacts, inspect them, and route queries.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+OutOption = Annotated[
+    Path, typer.Option("--output", "-o", help="Output file (written atomically; '.gz' compresses).")
+]
+
+
+@app.callback()
+def _root(
+    verbose: Annotated[int, typer.Option("--verbose", "-v", count=True, help="Debug logging.")] = 0,
+) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+@app.command()
+def build(
+    experience: Annotated[Path, typer.Option(help="Experience log (JSONL): one routing event a line.")],
+    catalog: Annotated[Path, typer.Option(help="Tool catalog (JSON list or JSONL; plain, OpenAI or MCP shape).")],
+    org: Annotated[str, typer.Option(help="This organisation's id (written into the issuer block).")],
+    output: OutOption,
+    epsilon: Annotated[
+        float, typer.Option(help="Privacy budget over all rounds; 'inf' turns privacy off.")
+    ] = math.inf,
+    delta: Annotated[float, typer.Option(help="Privacy delta (accounting + phrase selection).")] = 1e-5,
+    rounds: Annotated[int, typer.Option(help="Planned releases the budget must cover.")] = 1,
+    round_: Annotated[int, typer.Option("--round", help="Which release this is (0: standalone).")] = 0,
+    seed: Annotated[int, typer.Option(help="Noise seed (combined with org and round).")] = 0,
+) -> None:
+    """Build this organisation's privatised typed compendium from its experience."""
+    from synapse_flwr.builder import build_compendium
+    from synapse_flwr.catalog import load_catalog
+    from synapse_flwr.experience import load_experience
+    from synapse_flwr.wire import content_hash, encode, save_artifact
+
+    t0 = time.perf_counter()
+    cat = load_catalog(catalog)
+    events = load_experience(experience, cat)
+    log.info("loaded %d events over %d catalog tools", len(events), len(cat))
+    try:
+        comp = build_compendium(
+            events, cat, org, round_=round_, epsilon=epsilon, delta=delta, rounds=rounds, seed=seed
+        )
+    except ValueError as exc:
+        raise SynapseError(str(exc)) from None
+    save_artifact(output, comp)
+    raw, packed = len(encode(comp, compress=False)), len(encode(comp))
+    eps = comp.privacy.epsilon
+    log.info(
+        "wrote %s: %d tools, %d scenarios, %s bytes raw / %s gzip, epsilon %s, sha256 %s (%.2fs)",
+        output,
+        len(comp.tools),
+        sum(len(t.when) + len(t.when_not) for t in comp.tools),
+        f"{raw:,}",
+        f"{packed:,}",
+        "off" if eps is None else f"{eps:.3f}",
+        content_hash(comp)[:12],
+        time.perf_counter() - t0,
+    )
+
+
+@app.command()
+def validate(files: Annotated[list[Path], typer.Argument(help="Artifacts to check.")]) -> None:
+    """Check artifacts against the schema: exit 0 if all are valid, 1 otherwise.
+
+    Prints one line per error, naming the file and the field path.
+    """
+    from synapse_flwr.wire import load_artifact
+
+    bad = 0
+    for path in files:
+        try:
+            load_artifact(path)
+        except ArtifactError as exc:
+            bad += 1
+            for line in exc.errors:
+                typer.echo(f"{path}: {line}")
+        else:
+            typer.echo(f"{path}: valid")
+    raise typer.Exit(1 if bad else 0)
+
+
+@app.command()
+def merge(
+    files: Annotated[list[Path], typer.Argument(help="Validated artifacts to merge.")],
+    output: OutOption,
+    policy: Annotated[
+        str, typer.Option(help="Merge policy: typed, support-weighted or flat-majority.")
+    ] = "typed",
+) -> None:
+    """Merge artifacts into one global compendium with the chosen policy."""
+    from synapse_flwr.merge import POLICIES
+    from synapse_flwr.merge import merge as merge_artifacts
+    from synapse_flwr.schema import FlatCompendium
+    from synapse_flwr.wire import load_artifact, save_artifact
+
+    if policy not in POLICIES:
+        raise SynapseError(f"unknown merge policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    t0 = time.perf_counter()
+    artifacts = []
+    for path in files:
+        try:
+            artifacts.append(load_artifact(path))
+        except ArtifactError as exc:
+            raise SynapseError(f"{path} is not a valid artifact: {exc}") from None
+    flat = [a for a in artifacts if isinstance(a, FlatCompendium)]
+    if flat and policy != "flat-majority":
+        raise SynapseError(f"{len(flat)} flat artifact(s) can only be merged with --policy flat-majority")
+    merged = merge_artifacts(artifacts, policy)
+    save_artifact(output, merged)
+    conflicts = len(getattr(merged, "conflicts", []))
+    log.info(
+        "merged %d artifacts with %s into %s (%d conflicts, %.2fs)",
+        len(artifacts), policy, output, conflicts, time.perf_counter() - t0,
+    )
+
+
+@app.command()
+def schema(
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write to a file instead of stdout.")] = None,
+) -> None:
+    """Print the JSON Schema of the compendium (generated from the pydantic models)."""
+    from synapse_flwr.files import write_atomic
+    from synapse_flwr.schema import json_schema
+
+    text = json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
+    if output:
+        write_atomic(output, text)
+    else:
+        typer.echo(text, nl=False)
+
+
+@app.command()
+def inspect(
+    file: Annotated[Path, typer.Argument(help="An artifact.")],
+    limit: Annotated[int, typer.Option(help="Show at most this many tools (most experience first).")] = 30,
+) -> None:
+    """Summarise an artifact: issuer, privacy, size, and a table of its tools."""
+    from synapse_flwr.schema import FlatCompendium
+    from synapse_flwr.wire import content_hash, encode, load_artifact
+
+    try:
+        art = load_artifact(file)
+    except ArtifactError as exc:
+        raise SynapseError(f"{file} is not a valid artifact: {exc}") from None
+    console = Console()
+    p = art.privacy
+    eps = "off" if p.epsilon is None else f"{p.epsilon:.3f} of {p.epsilon_target}"
+    console.print(
+        f"[bold]{file}[/bold]: {art.kind} artifact from {art.issuer.org}, round {art.issuer.round}"
+        + (f", policy {art.policy}" if art.policy else "")
+    )
+    console.print(
+        f"privacy: {p.mechanism}, epsilon {eps}, delta {p.delta:g}, sigma {p.sigma:.3f}, "
+        f"release threshold {p.threshold:.2f}, text {p.text_policy}"
+    )
+    console.print(
+        f"size: {len(encode(art, compress=False)):,} bytes raw, {len(encode(art)):,} gzip; "
+        f"sha256 {content_hash(art)}"
+    )
+    if isinstance(art, FlatCompendium):
+        table = Table("tool", "flat text (start)")
+        for tool_id, text in list(art.texts.items())[:limit]:
+            table.add_row(tool_id, text[:100])
+        console.print(table)
+        return
+    console.print(f"tools: {len(art.tools)}, conflicts: {len(art.conflicts)}")
+    table = Table("tool", "when", "when_not", "precautions", "calls", "success", "orgs", "top scenario")
+    ranked = sorted(art.tools, key=lambda t: (-t.stats.calls, t.tool_id))[:limit]
+    for t in ranked:
+        rate = t.stats.success_rate
+        top = max(t.when, key=lambda s: s.support).text if t.when else ""
+        table.add_row(
+            t.tool_id,
+            str(len(t.when)),
+            str(len(t.when_not)),
+            str(len(t.precautions)),
+            f"{t.stats.calls:.0f}",
+            "-" if rate is None else f"{rate:.0%}",
+            ",".join(t.provenance.orgs),
+            top,
+        )
+    console.print(table)
+    if art.conflicts:
+        ctable = Table("tool", "field", "subject", "claims", "resolution")
+        for c in art.conflicts[:limit]:
+            claims = "; ".join(f"{cl.view} {cl.support:g} ({','.join(cl.orgs)})" for cl in c.claims)
+            ctable.add_row(c.tool_id, c.field, c.subject, claims, c.resolution)
+        console.print(ctable)
+
+
+def main() -> None:
+    """Entry point: user mistakes end with a one-line error and exit code 2, not a traceback."""
+    try:
+        app()
+    except SynapseError as exc:
+        log.error("%s", exc)
+        sys.exit(2)

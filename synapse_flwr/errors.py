@@ -1,0 +1,36 @@
+"""User-facing errors: bad input is reported by file, line and field, never as a traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class SynapseError(Exception):
+    """Base class for errors caused by user input or configuration."""
+
+
+class InputError(SynapseError):
+    """An input file is malformed.
+
+    Parameters
+    ----------
+    path : str or Path
+        The offending file.
+    message : str
+        What is wrong.
+    line : int or None
+        1-based line number (JSONL) or item number (JSON list), when known.
+    field : str or None
+        Dotted field path, when known.
+    """
+
+    def __init__(
+        self, path: str | Path, message: str, line: int | None = None, field: str | None = None
+    ) -> None:
+        self.path = str(path)
+        self.line = line
+        self.field = field
+        self.message = message
+        where = self.path + (f":{line}" if line is not None else "")
+        what = f" field '{field}':" if field else ""
+        super().__init__(f"{where}:{what} {message}")

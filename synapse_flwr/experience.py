@@ -1,0 +1,167 @@
+"""Experience logs (routing events) and test sets.
+
+An experience log is JSONL, one routing event a line::
+
+    {"query": "...", "tool": "get_weather", "success": true,
+     "gold": "get_weather", "org": "acme", "ts": "2026-01-02T10:00:00Z",
+     "prev_tool": "geocode"}
+
+``gold`` (the right tool, when known), ``org``, ``ts`` and ``prev_tool`` are
+optional. A labelled dataset is just events with ``success: true``.
+
+A test set is JSONL with ``query`` and ``gold`` (one tool id or a list of
+acceptable ids).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from synapse_flwr.catalog import Catalog, normalize_tool_id
+from synapse_flwr.errors import InputError
+from synapse_flwr.files import read_records
+
+Query = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=4000)]
+Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=256)]
+
+
+class Event(BaseModel):
+    """One routing event.
+
+    Parameters
+    ----------
+    query : str
+        The user request the agent routed.
+    tool : str
+        The tool that was called.
+    success : bool
+        Whether the call served the request.
+    gold : str or None
+        The right tool, when known.
+    org : str or None
+        The organisation that logged it.
+    ts : str, float or None
+        Timestamp.
+    prev_tool : str or None
+        The tool called just before, for multi-step agents.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    query: Query
+    tool: Name
+    success: bool
+    gold: Name | None = None
+    org: Name | None = None
+    ts: str | float | int | None = None
+    prev_tool: Name | None = None
+
+
+class TestItem(BaseModel):
+    """One evaluation query with its acceptable answers.
+
+    Parameters
+    ----------
+    query : str
+        The request.
+    gold : tuple of str
+        Acceptable tool ids (normalised).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    query: Query
+    gold: tuple[Name, ...] = Field(min_length=1)
+
+
+def _first_error(exc: ValidationError) -> tuple[str, str]:
+    err = exc.errors()[0]
+    return ".".join(str(p) for p in err["loc"]) or "(record)", err["msg"]
+
+
+def _resolver(catalog: Catalog | None, path: Path, line: int):
+    def resolve(name: str, field_name: str) -> str:
+        if catalog is None:
+            try:
+                return normalize_tool_id(name)
+            except ValueError as exc:
+                raise InputError(path, str(exc), line=line, field=field_name) from None
+        tool_id = catalog.resolve(name)
+        if tool_id is None:
+            raise InputError(path, f"tool {name!r} is not in the catalog", line=line, field=field_name)
+        return tool_id
+
+    return resolve
+
+
+def resolve_event(event: Event, catalog: Catalog | None, path: Path, line: int) -> Event:
+    """Normalise the tool names of an event (through the catalog, when given)."""
+    resolve = _resolver(catalog, path, line)
+    return event.model_copy(
+        update={
+            "tool": resolve(event.tool, "tool"),
+            "gold": resolve(event.gold, "gold") if event.gold else None,
+            "prev_tool": resolve(event.prev_tool, "prev_tool") if event.prev_tool else None,
+        }
+    )
+
+
+def load_experience(path: str | Path, catalog: Catalog | None = None) -> list[Event]:
+    """Load and normalise an experience log.
+
+    Parameters
+    ----------
+    path : str or Path
+        JSONL (or JSON list) of events.
+    catalog : Catalog or None
+        When given, every tool name must resolve in it (aliases collapse).
+
+    Raises
+    ------
+    InputError
+        Naming file, line and field of the first bad event.
+    """
+    path = Path(path)
+    events = []
+    for line, obj in read_records(path):
+        try:
+            event = Event.model_validate(obj)
+        except ValidationError as exc:
+            field_name, message = _first_error(exc)
+            raise InputError(path, message, line=line, field=field_name) from None
+        events.append(resolve_event(event, catalog, path, line))
+    return events
+
+
+def load_testset(path: str | Path, catalog: Catalog | None = None) -> list[TestItem]:
+    """Load a test set (``query`` + ``gold`` id or list of ids).
+
+    Raises
+    ------
+    InputError
+        Naming file, line and field of the first bad item.
+    """
+    path = Path(path)
+    items = []
+    for line, obj in read_records(path):
+        gold = obj.get("gold")
+        if isinstance(gold, str):
+            obj = {**obj, "gold": [gold]}
+        try:
+            item = TestItem.model_validate(obj)
+        except ValidationError as exc:
+            field_name, message = _first_error(exc)
+            raise InputError(path, message, line=line, field=field_name) from None
+        resolve = _resolver(catalog, path, line)
+        gold_ids = tuple(dict.fromkeys(resolve(g, "gold") for g in item.gold))
+        items.append(item.model_copy(update={"gold": gold_ids}))
+    return items
+
+
+def write_jsonl(records: Iterable[BaseModel]) -> str:
+    """Serialise models as JSONL text (None fields left out)."""
+    return "".join(r.model_dump_json(exclude_none=True) + "\n" for r in records)

@@ -1,0 +1,578 @@
+"""Merge policies: many validated compendia -> one global compendium.
+
+All policies are pure, deterministic and order-independent: inputs are
+de-duplicated by content hash and visited in hash order, sums use
+:func:`math.fsum` (exactly rounded, so independent of order), and every list
+is emitted in a canonical order. A global compendium records the hashes of
+the organisation artifacts it contains, so merging it again (alone, or with
+an artifact it already holds) changes nothing.
+
+Policies
+--------
+``typed``
+    Field-wise union; near-identical scenarios are de-duplicated with their
+    support summed; a scenario that is one org's ``when`` and another's
+    ``when_not``, or success rates that disagree, become typed
+    :class:`~synapse_flwr.schema.Conflict` entries; the minority side is
+    kept as a ``dissent`` precaution rather than voted away.
+``support-weighted``
+    ``typed`` after scaling every organisation's support so that none
+    weighs more than ``max_share`` times the median organisation: one loud
+    (or malicious) org cannot dominate.
+``flat-majority``
+    The paper's untyped baseline: each org's tools rendered as one flat
+    string, clauses unioned, a "use when X" versus "avoid when X" clash
+    decided by the number of orgs, the minority dropped, no conflict log.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from synapse_flwr.phrases import normalize_text, token_jaccard
+from synapse_flwr.render import FLAT_SEPARATOR, flat_clause_key, is_contested, render_flat
+from synapse_flwr.schema import (
+    MAX_CLAIMS,
+    MAX_ITEMS,
+    MAX_ORGS,
+    MAX_SCENARIOS,
+    MAX_TEXT,
+    MAX_VARIANTS,
+    Claim,
+    Compendium,
+    Conflict,
+    FlatCompendium,
+    Issuer,
+    Precaution,
+    PrivacyBlock,
+    Provenance,
+    Scenario,
+    ToolCount,
+    ToolEntry,
+    ToolStats,
+    WhenNot,
+)
+from synapse_flwr.wire import content_hash
+
+GLOBAL_ORG = "global"
+
+
+@dataclass(frozen=True)
+class MergeConfig:
+    """Knobs shared by the typed policies.
+
+    Parameters
+    ----------
+    similarity : float
+        Token-Jaccard similarity at which scenarios count as near-identical.
+    rate_gap : float
+        Success rates further apart than this (between orgs with at least
+        ``min_calls`` calls) are a conflict.
+    min_calls : float
+        Noised calls an org needs for its success rate to be compared.
+    max_share : float
+        ``support-weighted`` only: the most support mass an org may carry,
+        relative to the median org.
+    """
+
+    similarity: float = 0.5
+    rate_gap: float = 0.5
+    min_calls: float = 5.0
+    max_share: float = 1.0
+
+
+def _r(x: float) -> float:
+    return round(x, 4)
+
+
+def _sorted_union(lists: Iterable[Iterable[str]], limit: int = MAX_ORGS) -> list[str]:
+    return sorted({x for xs in lists for x in xs})[:limit]
+
+
+def unique_inputs(compendia: Iterable[Compendium]) -> list[Compendium]:
+    """Drop duplicate deliveries and artifacts a global input already contains.
+
+    Returns the inputs in content-hash order (the canonical visiting order).
+    """
+    by_hash = {content_hash(c): c for c in compendia}
+    contained = {h for c in by_hash.values() if c.kind == "global" for h in c.inputs}
+    return [by_hash[h] for h in sorted(by_hash) if h not in contained]
+
+
+def leaf_hashes(inputs: Sequence[Compendium]) -> list[str]:
+    """Hashes of the organisation artifacts behind the inputs."""
+    return sorted({h for c in inputs for h in (c.inputs if c.kind == "global" else [content_hash(c)])})
+
+
+def merge_privacy(blocks: Sequence[PrivacyBlock]) -> PrivacyBlock:
+    """The guarantee of a merge is the loosest of its inputs'."""
+    private = all(b.mechanism == "gaussian" for b in blocks)
+    if not private:
+        return PrivacyBlock()
+    eps = [b.epsilon for b in blocks]
+    targets = [b.epsilon_target for b in blocks]
+    return PrivacyBlock(
+        mechanism="gaussian",
+        clip=max(b.clip for b in blocks),
+        sigma=min(b.sigma for b in blocks),
+        noise_multiplier=min(b.noise_multiplier for b in blocks),
+        epsilon=None if None in eps else max(eps),
+        epsilon_target=None if None in targets else max(targets),
+        delta=max(b.delta for b in blocks),
+        rounds_planned=max(b.rounds_planned for b in blocks),
+        threshold=min(b.threshold for b in blocks),
+        text_policy="pii-masked+dp-partition-selection",
+    )
+
+
+# --------------------------------------------------------------------------- typed
+
+
+@dataclass
+class _Group:
+    text: str
+    members: list[Scenario]
+
+
+def group_scenarios(items: Iterable[Scenario], similarity: float) -> list[_Group]:
+    """Greedy grouping of near-identical scenarios (highest support first)."""
+    groups: list[_Group] = []
+    for item in sorted(items, key=lambda s: (-s.support, s.text, s.orgs)):
+        for g in groups:
+            if token_jaccard(item.text, g.text) >= similarity:
+                g.members.append(item)
+                break
+        else:
+            groups.append(_Group(item.text, [item]))
+    return groups
+
+
+def _merged_scenario(group: _Group, prefer: str | None) -> Scenario:
+    variants = sorted(
+        {v for m in group.members for v in (m.text, *m.variants)} - {group.text}
+    )[:MAX_VARIANTS]
+    fields = dict(
+        text=group.text,
+        support=_r(math.fsum(m.support for m in group.members)),
+        variants=variants,
+        orgs=_sorted_union(m.orgs for m in group.members),
+    )
+    return Scenario(**fields) if prefer is None else WhenNot(**fields, prefer=prefer or None)
+
+
+def _top_by_support(items: list, limit: int, key: Callable) -> list:
+    best = sorted(items, key=lambda s: (-s.support, key(s)))[:limit]
+    return sorted(best, key=key)
+
+
+def _when_key(s: Scenario) -> tuple:
+    return (s.text,)
+
+
+def _when_not_key(s: WhenNot) -> tuple:
+    return (s.text, s.prefer or "")
+
+
+def _dissent_text(view: str, s: Scenario) -> str:
+    if view == "when":
+        text = f"other orgs ({', '.join(s.orgs)}) report it works for '{s.text}'"
+    else:
+        prefer = f"; they prefer {s.prefer}" if getattr(s, "prefer", None) else ""
+        text = f"other orgs ({', '.join(s.orgs)}) report it fails for '{s.text}'{prefer}"
+    return text[:MAX_TEXT]
+
+
+def resolve_scenario_conflicts(
+    tool_id: str,
+    when: list[Scenario],
+    when_not: list[WhenNot],
+    similarity: float,
+    policy: str,
+) -> tuple[list[Scenario], list[WhenNot], list[Conflict], list[Precaution]]:
+    """Find scenarios that orgs place on opposite sides; keep the majority side.
+
+    A ``when`` and a ``when_not`` scenario of the same tool conflict when they
+    are near-identical and not held by exactly the same orgs (one org seeing
+    both outcomes is ordinary noise). The side with more support stays in its
+    list (ties go to ``when_not``: the conservative reading); the other leaves
+    its list and becomes a ``dissent`` precaution, and the disagreement is
+    logged as a :class:`Conflict`.
+    """
+    conflicts: list[Conflict] = []
+    dissent: list[Precaution] = []
+    drop_when: set[int] = set()
+    drop_not: set[int] = set()
+    for i, s in enumerate(when):
+        for j, w in enumerate(when_not):
+            if j in drop_not or token_jaccard(s.text, w.text) < similarity or s.orgs == w.orgs:
+                continue
+            keep_when = s.support > w.support
+            loser, loser_view = (w, "when_not") if keep_when else (s, "when")
+            (drop_not if keep_when else drop_when).add(j if keep_when else i)
+            winner_view = "when" if keep_when else "when_not"
+            conflicts.append(
+                Conflict(
+                    tool_id=tool_id,
+                    field="when",
+                    subject=s.text,
+                    claims=[
+                        Claim(view="when", support=s.support, orgs=s.orgs),
+                        Claim(
+                            view="when_not" + (f" (prefer {w.prefer})" if w.prefer else ""),
+                            support=w.support,
+                            orgs=w.orgs,
+                        ),
+                    ],
+                    resolution=f"kept in {winner_view} by support "
+                    f"({_r(max(s.support, w.support))} vs {_r(min(s.support, w.support))}); "
+                    f"minority {loser_view} kept as a dissent precaution",
+                    policy=policy,
+                )
+            )
+            dissent.append(
+                Precaution(
+                    kind="dissent",
+                    text=_dissent_text(loser_view, loser),
+                    support=loser.support,
+                    orgs=loser.orgs,
+                )
+            )
+            if not keep_when:
+                break
+    return (
+        [s for i, s in enumerate(when) if i not in drop_when],
+        [w for j, w in enumerate(when_not) if j not in drop_not],
+        conflicts,
+        dissent,
+    )
+
+
+def rate_conflict(
+    tool_id: str, org_stats: Sequence[tuple[str, ToolStats]], config: MergeConfig, policy: str
+) -> tuple[Conflict, list[Precaution]] | None:
+    """Log success rates that disagree across orgs; the outliers become precautions."""
+    rated = [
+        (org, s.successes / s.calls, s.calls) for org, s in org_stats if s.calls >= config.min_calls
+    ]
+    if len(rated) < 2:
+        return None
+    rates = [r for _, r, _ in rated]
+    if max(rates) - min(rates) <= config.rate_gap:
+        return None
+    pooled = math.fsum(r * c for _, r, c in rated) / math.fsum(c for _, _, c in rated)
+    claims = [
+        Claim(view=f"success_rate={r:.2f}", support=_r(c), orgs=[org])
+        for org, r, c in sorted(rated, key=lambda x: (-x[2], x[0]))[:MAX_CLAIMS]
+    ]
+    # The minority is whoever sits far from the median org, not from the pooled
+    # rate (which the minority itself drags).
+    typical = statistics.median(rates)
+    outliers = [(org, r, c) for org, r, c in rated if abs(r - typical) > config.rate_gap / 2]
+    precautions = [
+        Precaution(
+            kind="dissent",
+            text=f"success rate differs across orgs: {org} sees {r:.0%} (typical {typical:.0%})",
+            support=_r(c),
+            orgs=[org],
+        )
+        for org, r, c in outliers
+    ]
+    conflict = Conflict(
+        tool_id=tool_id,
+        field="stats",
+        subject="success_rate",
+        claims=sorted(claims, key=lambda c: (c.orgs, c.view)),
+        resolution=f"pooled success rate {pooled:.2f}; outlying orgs kept as dissent precautions",
+        policy=policy,
+    )
+    return conflict, precautions
+
+
+def _merge_precautions(items: Iterable[Precaution]) -> list[Precaution]:
+    acc: dict[tuple[str, str], list[Precaution]] = defaultdict(list)
+    for p in items:
+        acc[(p.kind, normalize_text(p.text))].append(p)
+    merged = [
+        Precaution(
+            kind=ps[0].kind,
+            text=min(p.text for p in ps),
+            support=_r(math.fsum(p.support for p in ps)),
+            orgs=_sorted_union(p.orgs for p in ps),
+        )
+        for ps in acc.values()
+    ]
+    return _top_by_support(merged, MAX_ITEMS, key=lambda p: (p.kind, p.text))
+
+
+def _merge_counts(lists: Iterable[Iterable[ToolCount]]) -> list[ToolCount]:
+    acc: dict[str, list[float]] = defaultdict(list)
+    for xs in lists:
+        for x in xs:
+            acc[x.tool].append(x.count)
+    best = sorted(acc.items(), key=lambda kv: (-math.fsum(kv[1]), kv[0]))[:MAX_ITEMS]
+    return sorted((ToolCount(tool=t, count=_r(math.fsum(c))) for t, c in best), key=lambda x: x.tool)
+
+
+def _pick_description(descriptions: Iterable[str]) -> str:
+    counts: dict[str, int] = defaultdict(int)
+    for d in descriptions:
+        if d:
+            counts[d] += 1
+    if not counts:
+        return ""
+    return min(counts, key=lambda d: (-counts[d], -len(d), d))
+
+
+def merge_tool(
+    tool_id: str,
+    entries: Sequence[tuple[Compendium, ToolEntry]],
+    config: MergeConfig,
+    policy: str,
+) -> tuple[ToolEntry, list[Conflict]]:
+    """Merge one tool's entries from several artifacts, field by field."""
+    when_groups = group_scenarios((s for _, e in entries for s in e.when), config.similarity)
+    when = [_merged_scenario(g, None) for g in when_groups]
+    by_prefer: dict[str, list[WhenNot]] = defaultdict(list)
+    for _, e in entries:
+        for w in e.when_not:
+            by_prefer[w.prefer or ""].append(w)
+    when_not = [
+        _merged_scenario(g, prefer)
+        for prefer in sorted(by_prefer)
+        for g in group_scenarios(by_prefer[prefer], config.similarity)
+    ]
+    when, when_not, conflicts, precautions = resolve_scenario_conflicts(
+        tool_id, when, when_not, config.similarity, policy
+    )
+    org_stats = [(c.issuer.org, e.stats) for c, e in entries if c.kind == "org"]
+    rated = rate_conflict(tool_id, org_stats, config, policy)
+    if rated:
+        conflicts.append(rated[0])
+        precautions.extend(rated[1])
+    calls = math.fsum(e.stats.calls for _, e in entries)
+    successes = min(calls, math.fsum(e.stats.successes for _, e in entries))
+    entry = ToolEntry(
+        tool_id=tool_id,
+        description=_pick_description(e.description for _, e in entries),
+        when=_top_by_support(when, MAX_SCENARIOS, _when_key),
+        when_not=_top_by_support(when_not, MAX_SCENARIOS, _when_not_key),
+        precautions=_merge_precautions([*(p for _, e in entries for p in e.precautions), *precautions]),
+        stats=ToolStats(calls=_r(calls), successes=_r(successes)),
+        confusions=_merge_counts(e.confusions for _, e in entries),
+        next_tools=_merge_counts(e.next_tools for _, e in entries),
+        provenance=Provenance(
+            orgs=_sorted_union(e.provenance.orgs for _, e in entries),
+            rounds=sorted({r for _, e in entries for r in e.provenance.rounds})[:10_000],
+        ),
+    )
+    return entry, conflicts
+
+
+def _conflict_key(c: Conflict) -> tuple:
+    return (c.tool_id, c.field, c.subject, c.model_dump_json())
+
+
+def merge_typed(
+    compendia: Iterable[Compendium],
+    config: MergeConfig = MergeConfig(),
+    policy: str = "typed",
+) -> Compendium:
+    """Merge typed compendia field by field, keeping disagreements as a conflict log.
+
+    Parameters
+    ----------
+    compendia : iterable of Compendium
+        Validated org artifacts and/or earlier global compendia.
+    config : MergeConfig
+        Similarity and conflict thresholds.
+    policy : str
+        Name recorded in the output and in each conflict.
+
+    Raises
+    ------
+    ValueError
+        If there is nothing to merge.
+    """
+    inputs = unique_inputs(compendia)
+    if not inputs:
+        raise ValueError("nothing to merge: no compendia given")
+    per_tool: dict[str, list[tuple[Compendium, ToolEntry]]] = defaultdict(list)
+    for c in inputs:
+        for e in c.tools:
+            per_tool[e.tool_id].append((c, e))
+    tools: list[ToolEntry] = []
+    conflicts: dict[tuple, Conflict] = {}
+    for c in inputs:
+        for k in c.conflicts:
+            conflicts[_conflict_key(k)] = k
+    for tool_id in sorted(per_tool):
+        entry, found = merge_tool(tool_id, per_tool[tool_id], config, policy)
+        tools.append(entry)
+        for k in found:
+            conflicts[_conflict_key(k)] = k
+    return Compendium(
+        kind="global",
+        issuer=Issuer(org=GLOBAL_ORG, round=max(c.issuer.round for c in inputs)),
+        privacy=merge_privacy([c.privacy for c in inputs]),
+        tools=tools,
+        conflicts=[conflicts[k] for k in sorted(conflicts)],
+        policy=policy,
+        inputs=leaf_hashes(inputs),
+    )
+
+
+# --------------------------------------------------------------- support-weighted
+
+
+def _support_mass(c: Compendium) -> float:
+    return math.fsum(
+        s.support for e in c.tools for s in (*e.when, *e.when_not)
+    ) + math.fsum(e.stats.calls for e in c.tools)
+
+
+def _scale(c: Compendium, factor: float) -> Compendium:
+    def sc(x: float) -> float:
+        return _r(x * factor)
+
+    tools = [
+        e.model_copy(
+            update={
+                "when": [s.model_copy(update={"support": sc(s.support)}) for s in e.when],
+                "when_not": [s.model_copy(update={"support": sc(s.support)}) for s in e.when_not],
+                "precautions": [p.model_copy(update={"support": sc(p.support)}) for p in e.precautions],
+                "stats": ToolStats(calls=sc(e.stats.calls), successes=sc(e.stats.successes)),
+                "confusions": [t.model_copy(update={"count": sc(t.count)}) for t in e.confusions],
+                "next_tools": [t.model_copy(update={"count": sc(t.count)}) for t in e.next_tools],
+            }
+        )
+        for e in c.tools
+    ]
+    return c.model_copy(update={"tools": tools})
+
+
+def cap_org_support(compendia: Sequence[Compendium], max_share: float) -> list[Compendium]:
+    """Scale down any org artifact whose support mass exceeds ``max_share`` x the median.
+
+    Global inputs are already aggregates and pass unchanged. The scaling keeps
+    an org's relative preferences but bounds its weight in every sum.
+    """
+    orgs = [c for c in compendia if c.kind == "org"]
+    if len(orgs) < 2:
+        return list(compendia)
+    cap = max_share * statistics.median(_support_mass(c) for c in orgs)
+    out = []
+    for c in compendia:
+        mass = _support_mass(c) if c.kind == "org" else 0.0
+        out.append(_scale(c, cap / mass) if mass > cap > 0 else c)
+    return out
+
+
+def merge_support_weighted(
+    compendia: Iterable[Compendium], config: MergeConfig = MergeConfig()
+) -> Compendium:
+    """``typed`` merge after capping every org's support mass (robust to one loud org).
+
+    Parameters
+    ----------
+    compendia : iterable of Compendium
+        Validated artifacts.
+    config : MergeConfig
+        Thresholds; ``max_share`` sets the cap.
+
+    Notes
+    -----
+    The recorded input hashes are those of the artifacts as received, not of
+    their scaled copies.
+    """
+    inputs = unique_inputs(compendia)
+    merged = merge_typed(cap_org_support(inputs, config.max_share), config, policy="support-weighted")
+    return merged.model_copy(update={"inputs": leaf_hashes(inputs)})
+
+
+# ----------------------------------------------------------------- flat-majority
+
+
+def flatten(c: Compendium) -> FlatCompendium:
+    """Render every tool of a typed compendium as one flat string."""
+    return FlatCompendium(
+        kind=c.kind,
+        issuer=c.issuer,
+        privacy=c.privacy,
+        texts={e.tool_id: render_flat(e) for e in c.tools},
+        policy=c.policy,
+    )
+
+
+def _vote_clauses(texts: Sequence[str]) -> str:
+    """Union the clauses of one tool's flat strings; clashes go to the majority."""
+    votes: dict[str, Counter[str]] = defaultdict(Counter)
+    for text in texts:
+        for clause in set(text.split(FLAT_SEPARATOR)):
+            votes[flat_clause_key(clause)][clause] += 1
+    kept: list[tuple[int, str]] = []
+    for key, clauses in votes.items():
+        if is_contested(key):
+            # e.g. "use when X" against "avoid when X": the side with more orgs wins.
+            best = min(clauses, key=lambda cl: (-clauses[cl], cl))
+            kept.append((clauses[best], best))
+        else:
+            kept.extend((n, cl) for cl, n in clauses.items())
+    kept.sort(key=lambda nc: (not nc[1].startswith("about:"), -nc[0], nc[1]))
+    return FLAT_SEPARATOR.join(cl for _, cl in kept)
+
+
+def merge_flat_majority(compendia: Iterable[Compendium | FlatCompendium]) -> FlatCompendium:
+    """The untyped baseline: majority over flat strings, no conflict log.
+
+    Parameters
+    ----------
+    compendia : iterable of Compendium or FlatCompendium
+        Typed artifacts are flattened first.
+
+    Raises
+    ------
+    ValueError
+        If there is nothing to merge.
+    """
+    flats = [c if isinstance(c, FlatCompendium) else flatten(c) for c in compendia]
+    if not flats:
+        raise ValueError("nothing to merge: no compendia given")
+    by_hash = {content_hash(f): f for f in flats}
+    flats = [by_hash[h] for h in sorted(by_hash)]
+    per_tool: dict[str, list[str]] = defaultdict(list)
+    for f in flats:
+        for tool_id, text in f.texts.items():
+            per_tool[tool_id].append(text)
+    return FlatCompendium(
+        kind="global",
+        issuer=Issuer(org=GLOBAL_ORG, round=max(f.issuer.round for f in flats)),
+        privacy=merge_privacy([f.privacy for f in flats]),
+        texts={t: _vote_clauses(sorted(texts)) for t, texts in sorted(per_tool.items())},
+        policy="flat-majority",
+    )
+
+
+POLICIES: dict[str, Callable[..., Compendium | FlatCompendium]] = {
+    "typed": merge_typed,
+    "support-weighted": merge_support_weighted,
+    "flat-majority": merge_flat_majority,
+}
+
+
+def merge(compendia: Iterable[Compendium], policy: str = "typed") -> Compendium | FlatCompendium:
+    """Merge with the named policy (one of :data:`POLICIES`).
+
+    Raises
+    ------
+    ValueError
+        For an unknown policy name, listing the valid ones.
+    """
+    try:
+        fn = POLICIES[policy]
+    except KeyError:
+        raise ValueError(f"unknown merge policy {policy!r}; choose one of {', '.join(POLICIES)}") from None
+    return fn(compendia)

@@ -1,0 +1,316 @@
+"""Differential privacy for the count releases of one organisation.
+
+Model (event-level DP at each organisation)
+-------------------------------------------
+One event (one routing record) touches at most ``max_contributions`` counters
+of the released artifact, each by +1 (see :func:`bound_contributions`), so the
+L2 sensitivity of the count vector is ``sqrt(max_contributions)``. Each round
+the organisation releases its whole noised count vector with the Gaussian
+mechanism, ``sigma = z * sqrt(max_contributions)``; the ``rounds`` planned
+releases compose and are accounted with opacus' RDP accountant (sample rate
+1.0, one step per release).
+
+Counters whose key is not public (free-text phrases, tool pairs) are released
+with DP partition selection by Gaussian thresholding (Google's DP partition
+selection; Desfontaines et al., "Differentially private partition selection",
+PoPETs 2022; Gopi et al., "Differentially Private Set Union", ICML 2020): a key
+is released only if its noised count of distinct supporting events is at least
+``tau``. A key supported only by the one differing event (true count 1) then
+leaks with probability ``P(1 + N(0, sigma^2) >= tau)``; that event has at most
+``max_contributions`` such keys per release and ``rounds`` releases, so with
+``tau = 1 + sigma * Phi^{-1}(1 - delta_selection / (rounds * max_contributions))``
+the union bound caps the total extra failure probability at
+``delta_selection``. Outside that failure event the output is post-processing
+of the Gaussian releases, so the whole schedule is
+``(epsilon, delta_accounting + delta_selection)``-DP with
+``delta_accounting = delta_split * delta`` and
+``delta_selection = (1 - delta_split) * delta``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Any, TypeVar
+
+import numpy as np
+from opacus.accountants import RDPAccountant
+from opacus.accountants.utils import get_noise_multiplier
+
+logger = logging.getLogger(__name__)
+
+H = TypeVar("H", bound=Hashable)
+K = TypeVar("K")
+
+_RELATIVE_EPSILON_TOLERANCE = 0.01
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class PrivacyParams:
+    """Privacy budget and contribution bound of one organisation.
+
+    Parameters
+    ----------
+    epsilon : float
+        Target epsilon over all ``rounds`` releases; ``math.inf`` turns privacy
+        off (exact counts, keys kept from ``min_support`` supporting events).
+    delta : float
+        Target total delta, ``0 < delta < 1``.
+    rounds : int
+        Number of releases (federation rounds) the budget must cover, ``>= 1``.
+    max_contributions : int
+        L0 bound: the most counters one event may touch in one release
+        (each by +1), ``>= 1``.
+    delta_split : float, default 0.5
+        Share of ``delta`` given to the Gaussian accounting; the rest,
+        ``(1 - delta_split) * delta``, pays for partition selection.
+        ``0 < delta_split < 1``.
+    min_support : int, default 1
+        Release threshold on exact counts when ``epsilon`` is infinite, ``>= 1``.
+
+    Raises
+    ------
+    ValueError
+        If any field is out of range.
+    """
+
+    epsilon: float
+    delta: float
+    rounds: int
+    max_contributions: int
+    delta_split: float = 0.5
+    min_support: int = 1
+
+    def __post_init__(self) -> None:
+        if math.isnan(self.epsilon) or self.epsilon <= 0:
+            raise ValueError(
+                f"epsilon must be > 0 (math.inf turns privacy off), got {self.epsilon!r}"
+            )
+        if not 0 < self.delta < 1:
+            raise ValueError(f"delta must satisfy 0 < delta < 1, got {self.delta!r}")
+        if not _is_int(self.rounds) or self.rounds < 1:
+            raise ValueError(f"rounds must be an integer >= 1, got {self.rounds!r}")
+        if not _is_int(self.max_contributions) or self.max_contributions < 1:
+            raise ValueError(
+                f"max_contributions must be an integer >= 1 (counters one event may touch), "
+                f"got {self.max_contributions!r}"
+            )
+        if not 0 < self.delta_split < 1:
+            raise ValueError(
+                f"delta_split must satisfy 0 < delta_split < 1 (share of delta for the "
+                f"Gaussian accounting), got {self.delta_split!r}"
+            )
+        if not _is_int(self.min_support) or self.min_support < 1:
+            raise ValueError(f"min_support must be an integer >= 1, got {self.min_support!r}")
+
+    @property
+    def private(self) -> bool:
+        """Whether a formal DP guarantee is requested (finite epsilon)."""
+        return math.isfinite(self.epsilon)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Noise and threshold that meet a :class:`PrivacyParams` budget.
+
+    Parameters
+    ----------
+    noise_multiplier : float
+        ``z``: noise standard deviation per unit of L2 sensitivity (0 when off).
+    sigma : float
+        Standard deviation of the noise on every count, ``z * sqrt(max_contributions)``.
+    threshold : float
+        ``tau``: noised counts below it are not released by partition selection.
+    delta_accounting : float
+        Delta at which the Gaussian releases are accounted.
+    delta_selection : float
+        Delta spent by partition selection over all planned rounds.
+    """
+
+    noise_multiplier: float
+    sigma: float
+    threshold: float
+    delta_accounting: float
+    delta_selection: float
+
+
+def calibrate(params: PrivacyParams) -> Calibration:
+    """Calibrate the Gaussian noise and the partition-selection threshold.
+
+    Parameters
+    ----------
+    params : PrivacyParams
+        Budget, planned rounds and contribution bound.
+
+    Returns
+    -------
+    Calibration
+        ``z`` is the smallest noise multiplier (up to a 1% relative tolerance
+        on epsilon) whose RDP epsilon after ``params.rounds`` releases at
+        ``delta_accounting`` is at most ``params.epsilon``; ``tau`` as in the
+        module docstring. With ``epsilon = inf``: ``sigma = 0`` and
+        ``tau = min_support``.
+
+    Raises
+    ------
+    ValueError
+        If the budget needs more noise than opacus searches (epsilon too small).
+    """
+    delta_accounting = params.delta_split * params.delta
+    delta_selection = params.delta - delta_accounting
+    if not params.private:
+        return Calibration(0.0, 0.0, float(params.min_support), delta_accounting, delta_selection)
+    try:
+        z = get_noise_multiplier(
+            target_epsilon=params.epsilon,
+            target_delta=delta_accounting,
+            sample_rate=1.0,
+            steps=params.rounds,
+            accountant="rdp",
+            epsilon_tolerance=_RELATIVE_EPSILON_TOLERANCE * params.epsilon,
+        )
+    except ValueError as exc:
+        raise ValueError(f"cannot calibrate noise for {params}: {exc}") from exc
+    sigma = z * math.sqrt(params.max_contributions)
+    per_key_delta = delta_selection / (params.rounds * params.max_contributions)
+    threshold = 1.0 + sigma * NormalDist().inv_cdf(1.0 - per_key_delta)
+    logger.debug("calibrated %s: z=%.4f sigma=%.4f tau=%.4f", params, z, sigma, threshold)
+    return Calibration(z, sigma, threshold, delta_accounting, delta_selection)
+
+
+def epsilon_spent(params: PrivacyParams, cal: Calibration, rounds_done: int) -> float:
+    """RDP epsilon of the Gaussian releases made so far.
+
+    Parameters
+    ----------
+    params : PrivacyParams
+        The budget ``cal`` was calibrated for.
+    cal : Calibration
+        Output of ``calibrate(params)``.
+    rounds_done : int
+        Releases made so far, ``>= 0``. More than ``params.rounds`` is reported
+        honestly but logged as a warning: partition selection then exceeds its
+        delta budget.
+
+    Returns
+    -------
+    float
+        Epsilon at ``cal.delta_accounting`` (the full guarantee adds
+        ``cal.delta_selection`` to delta); 0.0 before any release, ``math.inf``
+        when privacy is off.
+
+    Raises
+    ------
+    ValueError
+        If ``rounds_done`` is negative or not an integer.
+    """
+    if not _is_int(rounds_done) or rounds_done < 0:
+        raise ValueError(f"rounds_done must be an integer >= 0, got {rounds_done!r}")
+    if rounds_done == 0:
+        return 0.0
+    if not params.private or cal.noise_multiplier <= 0:
+        return math.inf
+    if rounds_done > params.rounds:
+        logger.warning(
+            "%d releases exceed the %d planned: the partition-selection delta is exceeded",
+            rounds_done,
+            params.rounds,
+        )
+    accountant = RDPAccountant()
+    for _ in range(rounds_done):
+        accountant.step(noise_multiplier=cal.noise_multiplier, sample_rate=1.0)
+    return float(accountant.get_epsilon(delta=cal.delta_accounting))
+
+
+def noise_counts(counts: np.ndarray, sigma: float, rng: np.random.Generator) -> np.ndarray:
+    """Gaussian mechanism on a count vector, clamped at 0.
+
+    Parameters
+    ----------
+    counts : numpy.ndarray
+        True counts (any shape).
+    sigma : float
+        Noise standard deviation, ``>= 0`` (0 returns the counts unchanged).
+    rng : numpy.random.Generator
+        Source of noise.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64 array of ``max(counts + N(0, sigma^2), 0)``; the clamp is
+        post-processing and costs no privacy.
+
+    Raises
+    ------
+    ValueError
+        If ``sigma`` is negative or not finite.
+    """
+    if not math.isfinite(sigma) or sigma < 0:
+        raise ValueError(f"sigma must be finite and >= 0, got {sigma!r}")
+    values = np.asarray(counts, dtype=np.float64)
+    if sigma > 0:
+        values = values + rng.normal(0.0, sigma, size=values.shape)
+    return np.maximum(values, 0.0)
+
+
+def select_partitions(
+    counts: Mapping[K, float], cal: Calibration, rng: np.random.Generator
+) -> dict[K, float]:
+    """DP partition selection: release the keys whose noised count reaches ``tau``.
+
+    Parameters
+    ----------
+    counts : Mapping
+        Key -> number of distinct events supporting it. Keys must be mutually
+        orderable: noise is drawn in sorted key order, so the result does not
+        depend on the mapping's insertion order.
+    cal : Calibration
+        Noise ``sigma`` and threshold ``tau``.
+    rng : numpy.random.Generator
+        Source of noise.
+
+    Returns
+    -------
+    dict
+        The kept keys (in sorted order) with their noised counts.
+    """
+    keys = sorted(counts)  # type: ignore[type-var]
+    noised = noise_counts(np.array([counts[k] for k in keys], dtype=np.float64), cal.sigma, rng)
+    return {k: float(v) for k, v in zip(keys, noised) if v >= cal.threshold}
+
+
+def bound_contributions(items: Sequence[H], limit: int) -> list[H]:
+    """Keep the first ``limit`` distinct items, in order (the L0 bound of one event).
+
+    Parameters
+    ----------
+    items : Sequence
+        Counters one event would touch (hashable), possibly repeated.
+    limit : int
+        Most distinct counters to keep, ``>= 1``.
+
+    Returns
+    -------
+    list
+        The first ``limit`` distinct items, order preserved; deterministic.
+
+    Raises
+    ------
+    ValueError
+        If ``limit`` is not an integer >= 1.
+    """
+    if not _is_int(limit) or limit < 1:
+        raise ValueError(f"limit must be an integer >= 1, got {limit!r}")
+    kept: dict[H, None] = {}
+    for item in items:
+        if len(kept) == limit:
+            break
+        kept.setdefault(item, None)
+    return list(kept)

@@ -1,0 +1,397 @@
+"""The typed compendium: the single source of truth for what crosses the wire.
+
+Every artifact an organisation sends, and every global compendium the server
+broadcasts, is a :class:`Compendium`. The models are strict (unknown fields are
+rejected) and bounded (explicit limits on counts, list lengths and text sizes),
+so that an edge node can validate an untrusted artifact before merging it.
+The JSON Schema exported by :func:`json_schema` is generated from these models.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    model_validator,
+)
+
+SCHEMA_VERSION = "1.0"
+
+# Limits. They bound the cost of validating and merging an untrusted artifact.
+MAX_TOOLS = 20_000
+MAX_SCENARIOS = 64  # per tool, per list (when / when_not)
+MAX_ITEMS = 32  # per tool, per other list (precautions, confusions, next tools)
+MAX_VARIANTS = 8  # alternative phrasings kept with one scenario
+MAX_ORGS = 1_000
+MAX_CONFLICTS = 50_000
+MAX_CLAIMS = 16
+MAX_TEXT = 300  # characters in one scenario / precaution text
+MAX_DESCRIPTION = 2_000
+MAX_COUNT = 1e12
+
+ToolId = Annotated[
+    str, StringConstraints(min_length=1, max_length=128, pattern=r"^[a-z0-9][a-z0-9_.\-]*$")
+]
+OrgId = Annotated[
+    str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+]
+Text = Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT)]
+Count = Annotated[float, Field(ge=0.0, le=MAX_COUNT, allow_inf_nan=False)]
+Rate = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+
+
+def _sorted_unique(values: list[str]) -> list[str]:
+    if values != sorted(set(values)):
+        raise ValueError("must be sorted and free of duplicates")
+    return values
+
+
+SortedOrgs = Annotated[
+    list[OrgId], Field(max_length=MAX_ORGS), AfterValidator(_sorted_unique)
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+
+class Scenario(_Strict):
+    """A situation in which a tool is (or is not) the right call.
+
+    Parameters
+    ----------
+    text : str
+        A representative phrase (never a raw user query).
+    support : float
+        Noised number of distinct supporting queries.
+    variants : list of str
+        Other released phrases grouped with this one.
+    orgs : list of str
+        Organisations whose experience supports it (sorted).
+    """
+
+    text: Text
+    support: Count
+    variants: list[Text] = Field(default_factory=list, max_length=MAX_VARIANTS)
+    orgs: SortedOrgs = Field(default_factory=list)
+
+
+class WhenNot(Scenario):
+    """A scenario in which the tool should not be called.
+
+    Parameters
+    ----------
+    prefer : str or None
+        The tool to use instead, when the experience says which.
+    """
+
+    prefer: ToolId | None = None
+
+
+PrecautionKind = Literal["failure_mode", "dissent", "confusion", "low_success"]
+
+
+class Precaution(_Strict):
+    """A caveat attached to a tool: a failure mode or a minority view.
+
+    Parameters
+    ----------
+    kind : {"failure_mode", "dissent", "confusion", "low_success"}
+        What sort of caveat it is; ``dissent`` records a view that lost a
+        conflict but is kept rather than voted away.
+    text : str
+        The caveat in words.
+    support : float
+        Noised support (number of events or orgs behind it).
+    orgs : list of str
+        Organisations that hold this view.
+    """
+
+    kind: PrecautionKind
+    text: Text
+    support: Count
+    orgs: SortedOrgs = Field(default_factory=list)
+
+
+class ToolStats(_Strict):
+    """Noised call statistics.
+
+    Parameters
+    ----------
+    calls : float
+        Noised number of calls.
+    successes : float
+        Noised number of successful calls (at most ``calls``).
+    """
+
+    calls: Count = 0.0
+    successes: Count = 0.0
+
+    @model_validator(mode="after")
+    def _successes_within_calls(self) -> ToolStats:
+        if self.successes > self.calls + 1e-9:
+            raise ValueError("successes must not exceed calls")
+        return self
+
+    @property
+    def success_rate(self) -> float | None:
+        """Successes over calls, or None without calls."""
+        return self.successes / self.calls if self.calls > 0 else None
+
+
+class ToolCount(_Strict):
+    """A weighted pointer to another tool (a confusion or a next call).
+
+    Parameters
+    ----------
+    tool : str
+        The other tool's id.
+    count : float
+        Noised number of events.
+    """
+
+    tool: ToolId
+    count: Count
+
+
+class Provenance(_Strict):
+    """Where a tool entry's knowledge came from.
+
+    Parameters
+    ----------
+    orgs : list of str
+        Organisations that contributed experience for this tool.
+    rounds : list of int
+        Federation rounds in which it was contributed.
+    """
+
+    orgs: SortedOrgs = Field(default_factory=list)
+    rounds: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=10_000)
+
+
+class ToolEntry(_Strict):
+    """Everything the compendium knows about one tool.
+
+    Parameters
+    ----------
+    tool_id : str
+        Normalised tool id.
+    description : str
+        The tool's documentation (from the catalog).
+    when, when_not : list
+        Scenarios for and against calling it.
+    precautions : list of Precaution
+        Failure modes and dissenting views.
+    stats : ToolStats
+        Noised call statistics.
+    confusions : list of ToolCount
+        Tools this one is mistaken for (the right tool when this one was called).
+    next_tools : list of ToolCount
+        Tools called right after this one.
+    provenance : Provenance
+        Contributing organisations and rounds.
+    """
+
+    tool_id: ToolId
+    description: str = Field(default="", max_length=MAX_DESCRIPTION)
+    when: list[Scenario] = Field(default_factory=list, max_length=MAX_SCENARIOS)
+    when_not: list[WhenNot] = Field(default_factory=list, max_length=MAX_SCENARIOS)
+    precautions: list[Precaution] = Field(default_factory=list, max_length=MAX_ITEMS)
+    stats: ToolStats = Field(default_factory=ToolStats)
+    confusions: list[ToolCount] = Field(default_factory=list, max_length=MAX_ITEMS)
+    next_tools: list[ToolCount] = Field(default_factory=list, max_length=MAX_ITEMS)
+    provenance: Provenance = Field(default_factory=Provenance)
+
+
+class Issuer(_Strict):
+    """Who produced the artifact.
+
+    Parameters
+    ----------
+    org : str
+        Organisation id, or ``"global"`` for a merged compendium.
+    round : int
+        Federation round (0 for a standalone build).
+    """
+
+    org: OrgId
+    round: Annotated[int, Field(ge=0)] = 0
+
+
+class PrivacyBlock(_Strict):
+    """How the artifact was privatised.
+
+    Parameters
+    ----------
+    mechanism : {"gaussian", "none"}
+        Noise mechanism on numeric fields.
+    clip : float
+        L2 sensitivity bound of one event's contribution (sqrt of the number
+        of counters one event may touch).
+    sigma : float
+        Standard deviation of the Gaussian noise on every count.
+    noise_multiplier : float
+        sigma / clip.
+    epsilon : float or None
+        Epsilon spent so far (None means no formal guarantee: privacy off).
+    epsilon_target : float or None
+        The budget for the planned rounds (None: off).
+    delta : float
+        Total delta (accounting plus partition selection).
+    rounds_planned : int
+        Rounds the budget was calibrated for.
+    threshold : float
+        Noised support a phrase needs to be released.
+    text_policy : str
+        How text fields are released.
+    """
+
+    mechanism: Literal["gaussian", "none"] = "none"
+    clip: Count = 0.0
+    sigma: Count = 0.0
+    noise_multiplier: Count = 0.0
+    epsilon: Count | None = None
+    epsilon_target: Count | None = None
+    delta: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+    rounds_planned: Annotated[int, Field(ge=1)] = 1
+    threshold: Count = 1.0
+    text_policy: Literal["pii-masked+dp-partition-selection", "pii-masked"] = "pii-masked"
+
+
+class Claim(_Strict):
+    """One side of a conflict.
+
+    Parameters
+    ----------
+    view : str
+        What this side claims (e.g. ``"when"``, ``"when_not"``, ``"rate=0.91"``).
+    support : float
+        Support behind the claim.
+    orgs : list of str
+        Organisations that make it.
+    """
+
+    view: Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT)]
+    support: Count
+    orgs: SortedOrgs = Field(default_factory=list)
+
+
+class Conflict(_Strict):
+    """A typed disagreement between organisations, kept rather than voted away.
+
+    Parameters
+    ----------
+    tool_id : str
+        The tool concerned.
+    field : {"when", "stats"}
+        The field the claims disagree on.
+    subject : str
+        What they disagree about (a scenario text, or ``"success_rate"``).
+    claims : list of Claim
+        The competing claims with their support.
+    resolution : str
+        What the merge did.
+    policy : str
+        The merge policy that resolved it.
+    """
+
+    tool_id: ToolId
+    field: Literal["when", "stats"]
+    subject: Text
+    claims: list[Claim] = Field(min_length=2, max_length=MAX_CLAIMS)
+    resolution: Text
+    policy: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+
+
+class Compendium(_Strict):
+    """A typed tool-routing compendium: one org's artifact or the global merge.
+
+    Parameters
+    ----------
+    schema_version : str
+        Must equal :data:`SCHEMA_VERSION`.
+    kind : {"org", "global"}
+        One organisation's artifact, or a merge of several.
+    issuer : Issuer
+        Who produced it, in which round.
+    privacy : PrivacyBlock
+        How it was privatised (for a global: the loosest input guarantee).
+    tools : list of ToolEntry
+        One entry per tool, sorted by ``tool_id``, ids unique.
+    conflicts : list of Conflict
+        The typed conflict log (global compendia only).
+    policy : str or None
+        Merge policy that produced a global compendium.
+    inputs : list of str
+        Content hashes of the artifacts merged into a global (sorted).
+    """
+
+    schema_version: Literal["1.0"] = SCHEMA_VERSION
+    kind: Literal["org", "global"] = "org"
+    issuer: Issuer
+    privacy: PrivacyBlock = Field(default_factory=PrivacyBlock)
+    tools: list[ToolEntry] = Field(default_factory=list, max_length=MAX_TOOLS)
+    conflicts: list[Conflict] = Field(default_factory=list, max_length=MAX_CONFLICTS)
+    policy: Annotated[str, StringConstraints(max_length=64)] | None = None
+    inputs: list[Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]] = Field(
+        default_factory=list, max_length=MAX_ORGS * 100
+    )
+
+    @model_validator(mode="after")
+    def _tools_sorted_unique(self) -> Compendium:
+        ids = [t.tool_id for t in self.tools]
+        if ids != sorted(set(ids)):
+            raise ValueError("tools must be sorted by tool_id, ids unique")
+        if self.kind == "org" and self.conflicts:
+            raise ValueError("an org artifact carries no conflict log")
+        return self
+
+    def tool(self, tool_id: str) -> ToolEntry | None:
+        """Return the entry for ``tool_id``, or None."""
+        for entry in self.tools:
+            if entry.tool_id == tool_id:
+                return entry
+        return None
+
+
+class FlatCompendium(_Strict):
+    """The untyped ablation: one free-text string per tool.
+
+    Parameters
+    ----------
+    schema_version : str
+        Must equal :data:`SCHEMA_VERSION`.
+    kind : {"org", "global"}
+        As for :class:`Compendium`.
+    issuer : Issuer
+        Who produced it.
+    privacy : PrivacyBlock
+        How it was privatised.
+    texts : dict of str to str
+        Tool id to its flat text.
+    policy : str or None
+        Merge policy for a global.
+    """
+
+    schema_version: Literal["1.0"] = SCHEMA_VERSION
+    kind: Literal["org", "global"] = "org"
+    issuer: Issuer
+    privacy: PrivacyBlock = Field(default_factory=PrivacyBlock)
+    texts: dict[ToolId, Annotated[str, StringConstraints(max_length=20_000)]] = Field(
+        default_factory=dict, max_length=MAX_TOOLS
+    )
+    policy: Annotated[str, StringConstraints(max_length=64)] | None = None
+
+
+def json_schema() -> dict:
+    """JSON Schema of :class:`Compendium`, generated from the models."""
+    schema = Compendium.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = f"https://synapse-flwr.dev/schema/compendium-{SCHEMA_VERSION}.json"
+    return schema
+

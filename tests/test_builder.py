@@ -1,0 +1,141 @@
+"""Builder: experience -> typed, privatised compendium."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from synapse_flwr.builder import BuildConfig, build_compendium, count_experience
+from synapse_flwr.catalog import ToolDoc, make_catalog
+from synapse_flwr.experience import Event
+from synapse_flwr.schema import Compendium
+from synapse_flwr.wire import canonical_json
+
+CATALOG = make_catalog(
+    [
+        ToolDoc("get_weather", "get_weather", "Weather forecast for a city."),
+        ToolDoc("book_hotel", "book_hotel", "Book a hotel room."),
+        ToolDoc("convert_currency", "convert_currency", "Convert between currencies."),
+    ]
+)
+
+# Planted canaries: every one must be masked or dropped before anything is released.
+CANARIES = [
+    "zelda.quartermain@example.org",
+    "+1 415 555 0199",
+    "4111 1111 1111 1111",
+    "#W9182736",
+    "https://intranet.acme-corp.example/tickets/991",
+    "742 Evergreen Terrace",
+    "DE89370400440532013000",
+    "gift_card_7788123",
+]
+
+
+def _events(n_per_tool: int = 40, org: str = "acme") -> list[Event]:
+    templates = {
+        "get_weather": ["weather forecast for {}", "will it rain in {} tomorrow"],
+        "book_hotel": ["book a hotel room in {}", "reserve hotel near {} station"],
+        "convert_currency": ["convert euros to dollars for {}", "exchange rate yen {}"],
+    }
+    cities = ["paris", "rome", "berlin", "oslo", "lima"]
+    out = []
+    for tool, temps in templates.items():
+        for i in range(n_per_tool):
+            q = temps[i % 2].format(cities[i % 5]) + f" trip {i}"
+            out.append(Event(query=q, tool=tool, success=True, gold=tool, org=org))
+    for i, canary in enumerate(CANARIES):
+        # a rare query carrying PII: must never cross the wire, masked or not
+        out.append(Event(query=f"weather please, reach me at {canary} zqxv{i}", tool="get_weather", success=True))
+    out.append(Event(query="crypto prices bitcoin", tool="convert_currency", success=False, gold="book_hotel"))
+    out.append(Event(query="weather", tool="get_weather", success=True, prev_tool="book_hotel"))
+    return out
+
+
+def _text(comp: Compendium) -> str:
+    return canonical_json(comp).decode()
+
+
+@pytest.mark.parametrize("epsilon", [math.inf, 4.0])
+def test_planted_pii_canaries_never_reach_the_artifact(epsilon):
+    comp = build_compendium(_events(), CATALOG, "acme", epsilon=epsilon, rounds=3, round_=1)
+    text = _text(comp)
+    for canary in CANARIES:
+        assert canary not in text
+        assert canary.replace(" ", "") not in text
+    # the digits of the card and the IBAN do not leak in pieces either
+    assert "1111 1111" not in text and "0532013000" not in text
+
+
+def test_non_private_build_keeps_exact_counts_and_singletons():
+    comp = build_compendium(_events(), CATALOG, "acme")
+    weather = comp.tool("get_weather")
+    assert weather.stats.calls == 40 + len(CANARIES) + 1
+    assert comp.privacy.mechanism == "none" and comp.privacy.epsilon is None
+    # the nonce tokens zqxv0.. appear once each and are released without privacy
+    assert any("zqxv0" in (s.text, *s.variants) or s.text == "zqxv0" for s in weather.when) or any(
+        "zqxv0" in v for s in weather.when for v in s.variants
+    )
+    currency = comp.tool("convert_currency")
+    assert [w.prefer for w in currency.when_not] and currency.when_not[0].prefer == "book_hotel"
+    assert currency.confusions[0].tool == "book_hotel"
+    assert comp.tool("book_hotel").next_tools[0].tool == "get_weather"
+
+
+def test_private_build_drops_singleton_phrases_but_keeps_frequent_ones():
+    comp = build_compendium(_events(120), CATALOG, "acme", epsilon=8.0, rounds=3, round_=1, seed=7)
+    text = _text(comp)
+    for i in range(len(CANARIES)):
+        assert f"zqxv{i}" not in text  # support 1: below the noised threshold
+    assert "crypto" not in text
+    weather = comp.tool("get_weather")
+    released = {s.text for s in weather.when} | {v for s in weather.when for v in s.variants}
+    assert "weather" in released  # 60 distinct queries clear the threshold (~21)
+    assert comp.privacy.mechanism == "gaussian"
+    assert 0 < comp.privacy.epsilon <= 8.0
+    assert comp.privacy.threshold > 1
+
+
+def test_epsilon_spent_grows_with_rounds_and_stays_in_budget():
+    spent = [
+        build_compendium(_events(), CATALOG, "acme", epsilon=3.0, rounds=4, round_=r).privacy.epsilon
+        for r in (1, 2, 3, 4)
+    ]
+    assert spent == sorted(spent) and spent[0] < spent[-1] <= 3.0 + 1e-6
+
+
+def test_build_is_deterministic_for_a_seed_and_noisy_across_seeds():
+    a = build_compendium(_events(), CATALOG, "acme", epsilon=4.0, seed=1)
+    b = build_compendium(_events(), CATALOG, "acme", epsilon=4.0, seed=1)
+    c = build_compendium(_events(), CATALOG, "acme", epsilon=4.0, seed=2)
+    assert canonical_json(a) == canonical_json(b)
+    assert canonical_json(a) != canonical_json(c)
+
+
+def test_measured_noise_on_counts_matches_sigma():
+    # Many builds of the same large count: the released value's spread is sigma.
+    events = [Event(query=f"weather {i}", tool="get_weather", success=True) for i in range(500)]
+    calls = []
+    sigma = None
+    for seed in range(400):
+        comp = build_compendium(events, CATALOG, "acme", epsilon=1.0, rounds=3, seed=seed)
+        calls.append(comp.tool("get_weather").stats.calls)
+        sigma = comp.privacy.sigma
+    sd = float(np.std(calls, ddof=1))
+    assert abs(np.mean(calls) - 500) < 4 * sigma / math.sqrt(len(calls))
+    assert abs(sd / sigma - 1) < 0.15  # 400 draws: the sd of the sd estimate is ~3.5%
+
+
+def test_contribution_bound_holds_for_long_queries():
+    config = BuildConfig(max_unigrams=2, max_bigrams=1)
+    ev = Event(query="alpha beta gamma delta epsilon zeta eta theta", tool="get_weather", success=True)
+    counts = count_experience([ev], config)
+    assert sum(counts.when.values()) == 3
+    assert config.max_contributions == 3 + 4
+
+
+def test_round_beyond_the_budget_is_refused():
+    with pytest.raises(ValueError, match="exceeds"):
+        build_compendium(_events(), CATALOG, "acme", epsilon=1.0, rounds=2, round_=3)

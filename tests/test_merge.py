@@ -1,0 +1,157 @@
+"""Merge policies: determinism, order independence, idempotence, conflicts, robustness."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from strategies_hyp import artifact_lists
+from synapse_flwr.merge import (
+    POLICIES,
+    merge,
+    merge_flat_majority,
+    merge_support_weighted,
+    merge_typed,
+)
+from synapse_flwr.render import parse_flat
+from synapse_flwr.schema import Compendium, Issuer, Scenario, ToolEntry, ToolStats, WhenNot
+from synapse_flwr.wire import canonical_json, content_hash
+
+SETTINGS = settings(max_examples=60, deadline=None)
+
+
+@SETTINGS
+@given(artifact_lists, st.randoms(use_true_random=False), st.sampled_from(sorted(POLICIES)))
+def test_any_permutation_gives_identical_bytes(arts, rnd, policy):
+    shuffled = list(arts)
+    rnd.shuffle(shuffled)
+    assert canonical_json(merge(arts, policy)) == canonical_json(merge(shuffled, policy))
+
+
+@SETTINGS
+@given(artifact_lists, st.sampled_from(["typed", "support-weighted"]))
+def test_merging_a_global_again_changes_nothing(arts, policy):
+    g = merge(arts, policy)
+    assert canonical_json(merge([g], policy)) == canonical_json(g)
+    # an artifact the global already contains is not counted twice
+    assert canonical_json(merge([g, arts[0]], policy)) == canonical_json(g)
+
+
+@SETTINGS
+@given(artifact_lists)
+def test_duplicate_delivery_is_counted_once(arts):
+    assert canonical_json(merge_typed(arts + arts)) == canonical_json(merge_typed(arts))
+    assert canonical_json(merge_flat_majority(arts + arts)) == canonical_json(
+        merge_flat_majority(arts)
+    )
+
+
+@SETTINGS
+@given(artifact_lists)
+def test_typed_merge_keeps_every_tool_and_sums_calls(arts):
+    g = merge_typed(arts)
+    assert {t.tool_id for t in g.tools} == {t.tool_id for a in arts for t in a.tools}
+    unique = {content_hash(a): a for a in arts}.values()
+    for entry in g.tools:
+        expected = sum(t.stats.calls for a in unique for t in a.tools if t.tool_id == entry.tool_id)
+        assert abs(entry.stats.calls - expected) < 1e-3
+    assert sorted(g.inputs) == sorted({content_hash(a) for a in arts})
+    Compendium.model_validate_json(canonical_json(g))  # output is schema-valid
+
+
+def _org(org: str, when=(), when_not=(), calls=10.0, successes=9.0) -> Compendium:
+    return Compendium(
+        issuer=Issuer(org=org, round=1),
+        tools=[
+            ToolEntry(
+                tool_id="convert_currency",
+                description="Convert money.",
+                when=[Scenario(text=t, support=s, orgs=[org]) for t, s in when],
+                when_not=[WhenNot(text=t, support=s, orgs=[org], prefer=p) for t, s, p in when_not],
+                stats=ToolStats(calls=calls, successes=successes),
+            )
+        ],
+    )
+
+
+def test_cross_org_contradiction_is_logged_and_minority_kept_as_precaution():
+    a = _org("a", when=[("crypto prices", 12.0)])
+    b = _org("b", when_not=[("crypto prices", 4.0, "crypto_ticker")])
+    g = merge_typed([a, b])
+    (entry,) = g.tools
+    assert [s.text for s in entry.when] == ["crypto prices"]
+    assert entry.when_not == []
+    (conflict,) = g.conflicts
+    assert conflict.field == "when" and conflict.subject == "crypto prices"
+    assert {c.view for c in conflict.claims} == {"when", "when_not (prefer crypto_ticker)"}
+    assert conflict.policy == "typed" and "kept in when" in conflict.resolution
+    dissent = [p for p in entry.precautions if p.kind == "dissent"]
+    assert len(dissent) == 1 and dissent[0].orgs == ["b"] and "crypto_ticker" in dissent[0].text
+
+
+def test_majority_when_not_wins_and_tie_is_conservative():
+    a = _org("a", when=[("crypto prices", 3.0)])
+    b = _org("b", when_not=[("crypto prices", 3.0, None)])
+    (entry,) = merge_typed([a, b]).tools
+    assert entry.when == [] and [w.text for w in entry.when_not] == ["crypto prices"]
+
+
+def test_same_org_seeing_both_outcomes_is_not_a_conflict():
+    a = _org("a", when=[("crypto prices", 3.0)], when_not=[("crypto prices", 1.0, None)])
+    g = merge_typed([a])
+    assert g.conflicts == []
+
+
+def test_incompatible_success_rates_are_a_stats_conflict():
+    a = _org("a", calls=100.0, successes=95.0)
+    b = _org("b", calls=100.0, successes=95.0)
+    c = _org("c", calls=100.0, successes=10.0)
+    g = merge_typed([a, b, c])
+    stats_conflicts = [k for k in g.conflicts if k.field == "stats"]
+    assert len(stats_conflicts) == 1
+    (entry,) = g.tools
+    outliers = [p for p in entry.precautions if p.kind == "dissent"]
+    assert [p.orgs for p in outliers] == [["c"]]
+
+
+def test_near_identical_scenarios_merge_with_summed_support():
+    a = _org("a", when=[("weather forecast", 5.0)])
+    b = _org("b", when=[("forecast weather", 3.0)])  # same tokens
+    c = _org("c", when=[("hotel booking", 2.0)])
+    (entry,) = merge_typed([a, b, c]).tools
+    by_text = {s.text: s for s in entry.when}
+    assert by_text["weather forecast"].support == 8.0
+    assert by_text["weather forecast"].orgs == ["a", "b"]
+    assert "forecast weather" in by_text["weather forecast"].variants
+    assert by_text["hotel booking"].support == 2.0
+
+
+def test_support_weighted_caps_a_loud_org():
+    quiet = [_org(o, when=[("crypto prices", 4.0)], calls=10, successes=9) for o in "abc"]
+    loud = _org("z", when_not=[("crypto prices", 500.0, None)], calls=1000, successes=900)
+    typed = merge_typed([*quiet, loud]).tools[0]
+    weighted = merge_support_weighted([*quiet, loud]).tools[0]
+    # plain typed: the loud org's 500 outvotes three orgs; weighted: capped, the three win
+    assert typed.when == [] and typed.when_not
+    assert [s.text for s in weighted.when] == ["crypto prices"] and weighted.when_not == []
+
+
+def test_flat_majority_votes_contradictions_away_without_a_log():
+    a = _org("a", when=[("crypto prices", 3.0)])
+    b = _org("b", when=[("crypto prices", 1.0)])
+    c = _org("c", when_not=[("crypto prices", 9.0, None)])
+    flat = merge_flat_majority([a, b, c])
+    text = flat.texts["convert_currency"]
+    assert "use when: crypto prices" in text and "avoid when: crypto prices" not in text
+    decoded = parse_flat("convert_currency", text)
+    assert [s.text for s in decoded.when] == ["crypto prices"]
+    assert decoded.description == "Convert money."
+
+
+def test_unknown_policy_is_a_clear_error():
+    import pytest
+
+    with pytest.raises(ValueError, match="unknown merge policy"):
+        merge([_org("a")], "average")
+    with pytest.raises(ValueError, match="nothing to merge"):
+        merge_typed([])
