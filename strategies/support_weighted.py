@@ -1,0 +1,19 @@
+"""Typed merge robust to one loud organisation (per-org support caps)."""
+
+from __future__ import annotations
+
+from strategies.base import CompendiumStrategy
+from synapse_flwr.merge import merge_support_weighted
+
+
+class SupportWeightedStrategy(CompendiumStrategy):
+    """Typed merge after capping each org's support mass at the median org's.
+
+    Parameters
+    ----------
+    **kwargs
+        Passed to :class:`~strategies.base.CompendiumStrategy`.
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(merge_fn=merge_support_weighted, policy="support-weighted", **kwargs)

@@ -1,0 +1,100 @@
+"""Flower ClientApp: an organisation returns its privatised compendium, not weights.
+
+On each train message the client decodes and validates the incoming global
+compendium, loads its own private experience (deployment: ``--node-config
+'data-path="..." org="..."'``; simulation: partition ``partition-id`` of the
+configured dataset), builds and privatises its compendium, and replies with
+the artifact's wire bytes plus metrics. The raw experience never leaves it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from strategies.records import from_record, to_record
+from synapse_flwr.builder import build_compendium
+from synapse_flwr.catalog import Catalog, load_catalog
+from synapse_flwr.experience import Event, load_experience
+from synapse_flwr.federation import load_federated
+from synapse_flwr.wire import decode, encode
+
+log = logging.getLogger(__name__)
+
+app = ClientApp()
+
+
+@dataclass(frozen=True)
+class OrgData:
+    """This node's organisation, catalog and private experience."""
+
+    org: str
+    catalog: Catalog
+    events: list[Event]
+
+
+def org_data(context: Context) -> OrgData:
+    """Find this node's experience: its node config in deployment, its partition in simulation.
+
+    Parameters
+    ----------
+    context : flwr.app.Context
+        ``node_config`` holds ``data-path`` (+ ``org``, optional
+        ``catalog-path``) on a real SuperNode, or ``partition-id`` and
+        ``num-partitions`` under the simulation engine; ``run_config`` names
+        the dataset.
+    """
+    nc, rc = context.node_config, context.run_config
+    seed = int(rc.get("seed", 42))
+    if "data-path" in nc:
+        data_path = Path(str(nc["data-path"]))
+        catalog_path = nc.get("catalog-path")
+        if catalog_path:
+            catalog = load_catalog(str(catalog_path))
+        else:
+            catalog = load_federated(str(rc["dataset"]), 1, seed).catalog
+        org = str(nc.get("org", data_path.stem.removeprefix("org_")))
+        return OrgData(org, catalog, load_experience(data_path, catalog))
+    k = int(nc["num-partitions"])
+    ds = load_federated(str(rc["dataset"]), k, seed, float(rc.get("alpha", 0.5)))
+    org = sorted(ds.orgs)[int(nc["partition-id"])]
+    return OrgData(org, ds.catalog, ds.orgs[org])
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Validate the global, build and privatise this org's compendium, reply with it."""
+    rc = context.run_config
+    config = msg.content["config"]
+    server_round = int(config["server-round"])
+    incoming = decode(from_record(msg.content["arrays"]))  # raises on an invalid global
+    data = org_data(context)
+    epsilon = float(rc.get("epsilon", math.inf))
+    artifact = build_compendium(
+        data.events,
+        data.catalog,
+        data.org,
+        round_=server_round,
+        epsilon=epsilon,
+        delta=float(rc.get("delta", 1e-5)),
+        rounds=int(rc["num-rounds"]),
+        seed=int(rc.get("seed", 42)),
+    )
+    wire = encode(artifact)
+    log.info(
+        "%s round %d: %d events -> %d bytes (global in: %d tools)",
+        data.org, server_round, len(data.events), len(wire), len(getattr(incoming, "tools", [])),
+    )
+    metrics = MetricRecord(
+        {
+            "events": len(data.events),
+            "bytes-sent": len(wire),
+            "epsilon": artifact.privacy.epsilon if artifact.privacy.epsilon is not None else -1.0,
+        }
+    )
+    return Message(content=RecordDict({"artifact": to_record(wire), "metrics": metrics}), reply_to=msg)

@@ -1,0 +1,138 @@
+"""Federated datasets: one catalog, one private experience log per organisation, test sets.
+
+A dataset is named by the run config (``dataset``):
+
+* ``demo``: the small embedded dataset shipped with the package (3 orgs);
+* ``metatool``: the MetaTool benchmark read from ``SYNAPSE_DATA_DIR``, split
+  per seed into training experience, a seen-tool and a held-out-tool test
+  set, leak-filtered, and partitioned non-IID over the orgs;
+* a folder in the project's generic formats: ``catalog.json`` (or
+  ``.jsonl``), one ``org_*.jsonl`` experience log per organisation, and an
+  optional ``test.jsonl``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+from synapse_flwr.catalog import Catalog, load_catalog
+from synapse_flwr.errors import SynapseError
+from synapse_flwr.experience import Event, TestItem, load_experience, load_testset
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FederatedDataset:
+    """A catalog, per-org experience and test sets.
+
+    Parameters
+    ----------
+    name : str
+        Dataset name.
+    catalog : Catalog
+        The tools.
+    orgs : dict of str to list of Event
+        Each organisation's private experience.
+    seen_test : list of TestItem
+        Held-out queries of tools that have experience.
+    heldout_test : list of TestItem
+        Queries of tools with no experience anywhere (documentation only).
+    info : dict
+        Counts worth reporting (leak filter, garbage, split sizes).
+    """
+
+    name: str
+    catalog: Catalog
+    orgs: dict[str, list[Event]]
+    seen_test: list[TestItem] = field(default_factory=list)
+    heldout_test: list[TestItem] = field(default_factory=list)
+    info: dict = field(default_factory=dict)
+
+    @property
+    def all_events(self) -> list[Event]:
+        """Every org's experience pooled (the centralised arm)."""
+        return [e for name in sorted(self.orgs) for e in self.orgs[name]]
+
+
+def demo_dir() -> Path:
+    """Folder of the embedded demo dataset."""
+    return Path(str(resources.files("synapse_flwr") / "demo"))
+
+
+def load_folder(path: Path, name: str | None = None) -> FederatedDataset:
+    """Load a dataset folder in the generic formats.
+
+    Raises
+    ------
+    SynapseError
+        If the folder, its catalog or its experience logs are missing.
+    """
+    if not path.is_dir():
+        raise SynapseError(f"dataset folder {path} does not exist")
+    catalogs = [p for p in (path / "catalog.json", path / "catalog.jsonl") if p.exists()]
+    if not catalogs:
+        raise SynapseError(f"{path} has no catalog.json or catalog.jsonl")
+    catalog = load_catalog(catalogs[0])
+    logs = sorted(path.glob("org_*.jsonl"))
+    if not logs:
+        raise SynapseError(f"{path} has no org_*.jsonl experience logs")
+    orgs = {p.stem.removeprefix("org_"): load_experience(p, catalog) for p in logs}
+    test = path / "test.jsonl"
+    seen, heldout = [], []
+    if test.exists():
+        experienced = {e.gold or e.tool for evs in orgs.values() for e in evs if e.success}
+        for item in load_testset(test, catalog):
+            (seen if set(item.gold) & experienced else heldout).append(item)
+    return FederatedDataset(name or path.name, catalog, orgs, seen, heldout)
+
+
+def repartition(ds: FederatedDataset, num_orgs: int, alpha: float, seed: int) -> FederatedDataset:
+    """Pool the experience and split it over ``num_orgs`` orgs, non-IID (Dirichlet over tools)."""
+    from synapse_flwr.datasets import partition_noniid
+
+    parts = partition_noniid(ds.all_events, num_orgs, alpha, seed)
+    orgs = {f"org{i}": part for i, part in enumerate(parts)}
+    return FederatedDataset(ds.name, ds.catalog, orgs, ds.seen_test, ds.heldout_test, ds.info)
+
+
+@lru_cache(maxsize=4)
+def load_federated(name: str, num_orgs: int, seed: int = 42, alpha: float = 0.5) -> FederatedDataset:
+    """Load a federated dataset by name (cached per process: Ray workers reuse it).
+
+    Parameters
+    ----------
+    name : str
+        ``demo``, ``metatool`` or a dataset folder.
+    num_orgs : int
+        Organisations to split the experience over (the demo keeps its own
+        three orgs when ``num_orgs`` is 3).
+    seed : int
+        Split and partition seed.
+    alpha : float
+        Dirichlet concentration of the non-IID partition (small: skewed).
+
+    Raises
+    ------
+    SynapseError
+        For an unknown name or missing data.
+    """
+    if name == "demo":
+        ds = load_folder(demo_dir(), "demo")
+    elif name == "metatool":
+        from synapse_flwr.datasets import metatool_federated
+
+        ds = metatool_federated(seed=seed)
+    elif Path(name).is_dir():
+        ds = load_folder(Path(name))
+    else:
+        raise SynapseError(f"unknown dataset {name!r}: use 'demo', 'metatool' or a dataset folder")
+    if len(ds.orgs) != num_orgs:
+        ds = repartition(ds, num_orgs, alpha, seed)
+    log.info("dataset %s: %d tools, %d orgs, %d events", name, len(ds.catalog), len(ds.orgs),
+             len(ds.all_events))
+    return ds

@@ -1,0 +1,122 @@
+"""Flower ServerApp: R rounds of validate -> merge -> broadcast, with outputs and resume.
+
+Every round the merged global compendium is written to
+``<output-dir>/global_round_<r>.json`` and the round's record (nodes accepted
+and rejected with reasons, bytes in and out, conflicts, epsilon, wall time)
+is appended to ``<output-dir>/metrics.json``, both atomically. A run that
+crashed resumes from the last completed round: the global of that round is
+broadcast again and only the remaining rounds run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from flwr.app import Context, MetricRecord
+from flwr.serverapp import Grid, ServerApp
+
+from strategies import make_strategy
+from strategies.base import CompendiumStrategy, RoundReport
+from strategies.records import from_record, to_record
+from synapse_flwr.files import write_atomic
+from synapse_flwr.merge import GLOBAL_ORG
+from synapse_flwr.schema import Compendium, Issuer
+from synapse_flwr.wire import ArtifactError, canonical_json, decode, encode, load_artifact
+
+log = logging.getLogger(__name__)
+
+app = ServerApp()
+
+
+class RunRecorder:
+    """Writes per-round outputs atomically and finds the resume point.
+
+    Parameters
+    ----------
+    out_dir : Path
+        Output folder (created if needed).
+    run_config : dict
+        Recorded in ``metrics.json`` for reproducibility.
+    """
+
+    def __init__(self, out_dir: Path, run_config: dict) -> None:
+        self.out_dir = out_dir
+        self.metrics_path = out_dir / "metrics.json"
+        self.rounds: list[dict] = []
+        self.run_config = run_config
+        if self.metrics_path.exists():
+            self.rounds = json.loads(self.metrics_path.read_text())["rounds"]
+
+    def resume_point(self) -> tuple[int, bytes | None]:
+        """The last round whose global is on disk and valid, with that global's bytes."""
+        for record in reversed(self.rounds):
+            path = self.out_dir / f"global_round_{record['round']}.json"
+            try:
+                return record["round"], encode(load_artifact(path))
+            except ArtifactError as exc:
+                log.warning("cannot resume from %s: %s", path, exc)
+        return 0, None
+
+    def record(self, round_: int, global_bytes: bytes, report: dict, eval_metrics: dict) -> None:
+        """Write the round's global, then its metrics (so metrics never point at a missing global)."""
+        write_atomic(self.out_dir / f"global_round_{round_}.json", canonical_json(decode(global_bytes)))
+        self.rounds = [r for r in self.rounds if r["round"] < round_]
+        self.rounds.append({**report, **eval_metrics, "round": round_})
+        doc = {"run_config": self.run_config, "rounds": self.rounds}
+        write_atomic(self.metrics_path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+def empty_global() -> bytes:
+    """The round-0 global: no tools yet."""
+    return encode(Compendium(kind="global", issuer=Issuer(org=GLOBAL_ORG, round=0), policy="none"))
+
+
+def make_evaluate_fn(strategy: CompendiumStrategy, recorder: RunRecorder, offset: int):
+    """Per-round hook (called by ``Strategy.start`` after each round): record outputs."""
+    t0 = time.perf_counter()
+
+    def evaluate_fn(server_round: int, arrays) -> MetricRecord | None:
+        if server_round == 0:
+            return None
+        rnd = offset + server_round
+        report = strategy.reports.get(rnd)
+        summary = asdict(report or RoundReport(round=rnd))
+        replies = len(summary["accepted"]) + len(summary["rejected"])
+        summary["bytes_per_client"] = summary["bytes_in"] // max(replies, 1)
+        summary["wall_s"] = round(time.perf_counter() - t0, 3)
+        recorder.record(rnd, from_record(arrays), summary, {})
+        return MetricRecord({"accepted": len(summary["accepted"]), "rejected": len(summary["rejected"])})
+
+    return evaluate_fn
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Run the federation described by the run config (see ``[tool.flwr.app.config]``)."""
+    rc = dict(context.run_config)
+    num_rounds = int(rc["num-rounds"])
+    out_dir = Path(str(rc["output-dir"]))
+    recorder = RunRecorder(out_dir, rc)
+    done, resume_bytes = recorder.resume_point()
+    if done >= num_rounds:
+        log.warning("all %d rounds already completed in %s; nothing to do", num_rounds, out_dir)
+        return
+    if done:
+        log.warning("resuming after round %d from %s", done, out_dir)
+    strategy = make_strategy(
+        str(rc.get("policy", "typed")),
+        min_nodes=int(rc.get("min-nodes", 2)),
+        round_offset=done,
+    )
+    strategy.start(
+        grid=grid,
+        initial_arrays=to_record(resume_bytes or empty_global()),
+        num_rounds=num_rounds - done,
+        timeout=float(rc.get("round-timeout", 600.0)),
+        evaluate_fn=make_evaluate_fn(strategy, recorder, done),
+    )
+    log.warning("federation finished: outputs in %s", out_dir)
