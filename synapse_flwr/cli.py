@@ -216,6 +216,41 @@ def inspect(
         console.print(ctable)
 
 
+@app.command()
+def route(
+    query: Annotated[list[str], typer.Argument(help="The request(s) to route.")],
+    catalog: Annotated[Path, typer.Option(help="Tool catalog (JSON list or JSONL).")],
+    compendium: Annotated[
+        Optional[Path], typer.Option(help="Global (or org) compendium; omit to route on docs alone.")
+    ] = None,
+    reranker: Annotated[str, typer.Option(help="fields (typed scorer), llm or none (retrieval top-1).")] = "fields",
+    model: Annotated[
+        str, typer.Option(help="litellm model for --reranker llm: local/smollm2 or e.g. gpt-4o.")
+    ] = "local/smollm2",
+    embedder: Annotated[str, typer.Option(help="minilm, static or tfidf.")] = "minilm",
+    render: Annotated[str, typer.Option(help="Show candidates to the reranker as typed fields or flat.")] = "typed",
+    k: Annotated[int, typer.Option(help="Candidates retrieved per query.")] = 5,
+) -> None:
+    """Route queries to tools and print one JSON result per query."""
+    from synapse_flwr.catalog import load_catalog
+    from synapse_flwr.router import Router
+    from synapse_flwr.wire import load_artifact
+
+    cat = load_catalog(catalog)
+    comp = None
+    if compendium is not None:
+        try:
+            comp = load_artifact(compendium)
+        except ArtifactError as exc:
+            raise SynapseError(f"{compendium} is not a valid artifact: {exc}") from None
+    try:
+        router = Router(comp, cat, embedder=embedder, reranker=reranker, k=k, render=render, model=model)
+    except ValueError as exc:
+        raise SynapseError(str(exc)) from None
+    for result in router.route_many(query):
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+
+
 def main() -> None:
     """Entry point: user mistakes end with a one-line error and exit code 2, not a traceback."""
     try:

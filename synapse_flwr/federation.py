@@ -100,6 +100,18 @@ def repartition(ds: FederatedDataset, num_orgs: int, alpha: float, seed: int) ->
     return FederatedDataset(ds.name, ds.catalog, orgs, ds.seen_test, ds.heldout_test, ds.info)
 
 
+def metatool_dataset(seed: int, heldout_frac: float = 0.2, test_frac: float = 0.2) -> FederatedDataset:
+    """MetaTool split for one seed: leak-filtered training experience (one pool) and two test sets."""
+    from synapse_flwr.datasets import load_metatool, make_splits
+
+    mt = load_metatool()
+    splits = make_splits(mt.catalog, mt.events, seed, heldout_frac=heldout_frac, test_frac=test_frac)
+    info = {"load": mt.report.__dict__, "leak_filter": splits.leak.__dict__,
+            "heldout_tools": list(splits.heldout_tools)}
+    return FederatedDataset("metatool", mt.catalog, {"all": splits.train}, splits.seen_test,
+                            splits.heldout_test, info)
+
+
 @lru_cache(maxsize=4)
 def load_federated(name: str, num_orgs: int, seed: int = 42, alpha: float = 0.5) -> FederatedDataset:
     """Load a federated dataset by name (cached per process: Ray workers reuse it).
@@ -124,9 +136,7 @@ def load_federated(name: str, num_orgs: int, seed: int = 42, alpha: float = 0.5)
     if name == "demo":
         ds = load_folder(demo_dir(), "demo")
     elif name == "metatool":
-        from synapse_flwr.datasets import metatool_federated
-
-        ds = metatool_federated(seed=seed)
+        ds = metatool_dataset(seed)
     elif Path(name).is_dir():
         ds = load_folder(Path(name))
     else:

@@ -28,7 +28,7 @@ def read_records(path: str | Path) -> Iterator[tuple[int, dict]]:
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # tolerate a BOM
     except FileNotFoundError:
         raise InputError(path, "file not found") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -39,6 +39,8 @@ def read_records(path: str | Path) -> Iterator[tuple[int, dict]]:
             items = json.loads(text)
         except json.JSONDecodeError as exc:
             raise InputError(path, f"invalid JSON: {exc.msg}", line=exc.lineno) from None
+        except (ValueError, RecursionError) as exc:  # huge number, nesting too deep
+            raise InputError(path, f"invalid JSON: {exc}") from None
         for i, item in enumerate(items, start=1):
             if not isinstance(item, dict):
                 raise InputError(path, f"item {i} is not a JSON object", line=i)
@@ -51,6 +53,8 @@ def read_records(path: str | Path) -> Iterator[tuple[int, dict]]:
             item = json.loads(raw)
         except json.JSONDecodeError as exc:
             raise InputError(path, f"invalid JSON: {exc.msg}", line=lineno) from None
+        except (ValueError, RecursionError) as exc:  # huge number, nesting too deep
+            raise InputError(path, f"invalid JSON: {exc}", line=lineno) from None
         if not isinstance(item, dict):
             raise InputError(path, "not a JSON object", line=lineno)
         yield lineno, item

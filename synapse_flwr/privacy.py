@@ -37,8 +37,6 @@ from statistics import NormalDist
 from typing import Any, TypeVar
 
 import numpy as np
-from opacus.accountants import RDPAccountant
-from opacus.accountants.utils import get_noise_multiplier
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +44,9 @@ H = TypeVar("H", bound=Hashable)
 K = TypeVar("K")
 
 _RELATIVE_EPSILON_TOLERANCE = 0.01
+# opacus' default RDP orders stop at 63, too low for the large-sigma probes of
+# its noise search (it warns); higher orders can only tighten the bound.
+_EXTRA_ALPHAS = [80, 96, 128, 192, 256, 512, 1024]
 
 
 def _is_int(value: Any) -> bool:
@@ -141,6 +142,20 @@ class Calibration:
     delta_selection: float
 
 
+def _opacus():
+    """opacus' accountants, imported on first private use (opacus pulls in torch)."""
+    from types import SimpleNamespace
+
+    from opacus.accountants import RDPAccountant
+    from opacus.accountants.utils import get_noise_multiplier
+
+    return SimpleNamespace(
+        RDPAccountant=RDPAccountant,
+        get_noise_multiplier=get_noise_multiplier,
+        alphas=[*RDPAccountant.DEFAULT_ALPHAS, *_EXTRA_ALPHAS],
+    )
+
+
 def calibrate(params: PrivacyParams) -> Calibration:
     """Calibrate the Gaussian noise and the partition-selection threshold.
 
@@ -168,13 +183,14 @@ def calibrate(params: PrivacyParams) -> Calibration:
     if not params.private:
         return Calibration(0.0, 0.0, float(params.min_support), delta_accounting, delta_selection)
     try:
-        z = get_noise_multiplier(
+        z = _opacus().get_noise_multiplier(
             target_epsilon=params.epsilon,
             target_delta=delta_accounting,
             sample_rate=1.0,
             steps=params.rounds,
             accountant="rdp",
             epsilon_tolerance=_RELATIVE_EPSILON_TOLERANCE * params.epsilon,
+            alphas=_opacus().alphas,
         )
     except ValueError as exc:
         raise ValueError(f"cannot calibrate noise for {params}: {exc}") from exc
@@ -223,10 +239,10 @@ def epsilon_spent(params: PrivacyParams, cal: Calibration, rounds_done: int) -> 
             rounds_done,
             params.rounds,
         )
-    accountant = RDPAccountant()
+    accountant = _opacus().RDPAccountant()
     for _ in range(rounds_done):
         accountant.step(noise_multiplier=cal.noise_multiplier, sample_rate=1.0)
-    return float(accountant.get_epsilon(delta=cal.delta_accounting))
+    return float(accountant.get_epsilon(delta=cal.delta_accounting, alphas=_opacus().alphas))
 
 
 def noise_counts(counts: np.ndarray, sigma: float, rng: np.random.Generator) -> np.ndarray:

@@ -70,6 +70,8 @@ def _inflate(data: bytes, max_bytes: int) -> bytes:
         raise ArtifactError([f"(wire): corrupt gzip data: {exc}"]) from None
     if len(out) > max_bytes or inflater.unconsumed_tail:
         raise ArtifactError([f"(wire): decompressed size exceeds the limit of {max_bytes} bytes"])
+    if not inflater.eof:
+        raise ArtifactError(["(wire): corrupt gzip data: truncated stream"])
     return out
 
 
@@ -119,7 +121,7 @@ def decode(data: bytes, max_bytes: int = MAX_WIRE_BYTES) -> Artifact:
     raw = _inflate(data, max_bytes) if data[:2] == _GZIP_MAGIC else data
     try:
         obj = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # incl. JSONDecodeError, UnicodeDecodeError
         raise ArtifactError([f"(wire): not valid JSON: {exc}"]) from None
     return parse_artifact(obj)
 

@@ -1,0 +1,374 @@
+"""The ``synapse`` command line: build, validate, merge, schema, inspect, and its error handling."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from synapse_flwr import cli
+from synapse_flwr.errors import InputError, SynapseError
+from synapse_flwr.schema import Compendium, FlatCompendium
+from synapse_flwr.wire import content_hash, load_artifact
+
+SYNAPSE = Path(sys.executable).with_name("synapse")
+ENV = {"COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}
+runner = CliRunner()
+
+CATALOG = [
+    {"name": "get_weather", "description": "Current weather for a city."},
+    {
+        "type": "function",
+        "function": {
+            "name": "convert_currency",
+            "description": "Convert an amount between currencies.",
+            "parameters": {"type": "object", "properties": {"amount": {"type": "number"}}},
+        },
+    },
+    {"name": "book_flight", "description": "Book a flight.", "inputSchema": {"type": "object"}},
+]
+CITIES = ["paris", "london", "tokyo", "berlin", "rome"]
+
+
+def org_events(org: str, hotel_success: bool) -> list[dict]:
+    """~30 events: repeated phrasings, tool-name aliases, and the contested hotel phrase."""
+    ev: list[dict] = []
+    for c in CITIES:
+        ev.append({"query": f"what is the weather in {c} today", "tool": "GetWeather", "success": True, "org": org})
+        ev.append({"query": f"weather forecast for {c}", "tool": "get-weather", "success": True, "org": org})
+        ev.append(
+            {"query": f"book a flight to {c}", "tool": "Book Flight", "success": True, "org": org, "prev_tool": "get_weather"}
+        )
+        # the contradiction: acme's successes are globex's failures (both orgs non-private)
+        ev.append({"query": f"cheap hotel booking in {c}", "tool": "book_flight", "success": hotel_success, "org": org})
+    for amount in (10, 20, 50, 100, 200):
+        ev.append({"query": f"convert {amount} euros to dollars", "tool": "ConvertCurrency", "success": True, "org": org})
+    ev += [{"query": "weather forecast for paris", "tool": "get_weather", "success": True, "org": org}] * 5
+    return ev
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("cli")
+    paths = {
+        "catalog": d / "catalog.json",
+        "acme": write_jsonl(d / "acme.jsonl", org_events("acme", hotel_success=True)),
+        "globex": write_jsonl(d / "globex.jsonl", org_events("globex", hotel_success=False)),
+        "bad_catalog": d / "bad_catalog.jsonl",
+        "invalid": d / "invalid.json",
+        "dir": d,
+    }
+    paths["catalog"].write_text(json.dumps(CATALOG, indent=2))
+    paths["bad_catalog"].write_text(json.dumps(CATALOG[0]) + "\n" + '{"name": "x", "description": \n')
+    doc = {"issuer": {"org": "acme"}, "tools": [{"tool_id": "t", "when": [{"text": "x", "support": -1}]}]}
+    paths["invalid"].write_text(json.dumps(doc))
+    assert len(org_events("acme", True)) + len(org_events("globex", False)) == 60
+    return paths
+
+
+@pytest.fixture(scope="module", autouse=True)
+def procs(data) -> dict[str, subprocess.Popen]:
+    """Real ``synapse`` processes, started first so that they run alongside the in-process tests."""
+    assert SYNAPSE.exists(), SYNAPSE
+    env = {**os.environ, **ENV}
+    d = data["dir"]
+    commands = {
+        "bad_catalog": ["build", "--experience", str(data["acme"]), "--catalog", str(data["bad_catalog"]),
+                        "--org", "acme", "-o", str(d / "never.json")],
+        "bad_policy": ["merge", str(data["invalid"]), "--policy", "majority-vote", "-o", str(d / "never.json")],
+        "invalid_artifact": ["merge", str(data["invalid"]), "-o", str(d / "never.json")],
+        "missing_artifact": ["merge", str(d / "nope.json"), "-o", str(d / "never.json")],
+    }
+    started = {
+        name: subprocess.Popen([str(SYNAPSE), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for name, args in commands.items()
+    }
+    yield started
+    for p in started.values():
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def finished(proc: subprocess.Popen) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, out, err
+
+
+def invoke(*args: str):
+    return runner.invoke(cli.app, [str(a) for a in args], env=ENV)
+
+
+def ok(result) -> None:
+    assert result.exit_code == 0, (result.output, result.exception)
+
+
+@pytest.fixture(scope="module")
+def built(data) -> dict[str, Path]:
+    d = data["dir"]
+    out = {"acme": d / "acme.art.json", "globex": d / "globex.art.json.gz", "global": d / "global.json"}
+    for org in ("acme", "globex"):
+        ok(invoke("build", "--experience", data[org], "--catalog", data["catalog"], "--org", org,
+                  "--epsilon", "inf", "-o", out[org]))
+    ok(invoke("merge", out["acme"], out["globex"], "-o", out["global"]))
+    return out
+
+
+# --------------------------------------------------------------------------- build / merge / inspect
+
+
+def test_build_writes_valid_org_artifacts(built):
+    acme, globex = load_artifact(built["acme"]), load_artifact(built["globex"])
+    assert built["globex"].read_bytes()[:2] == b"\x1f\x8b"  # '.gz' compresses
+    for art, org in ((acme, "acme"), (globex, "globex")):
+        assert isinstance(art, Compendium) and art.kind == "org" and art.issuer.org == org
+        assert [t.tool_id for t in art.tools] == ["book_flight", "convert_currency", "get_weather"]
+        assert art.privacy.mechanism == "none" and art.privacy.epsilon is None
+        assert art.conflicts == []
+        weather = art.tool("get_weather")
+        assert weather.description == "Current weather for a city."
+        assert weather.when and weather.stats.calls == 15 and weather.stats.successes == 15
+        assert weather.provenance.orgs == [org]
+        assert art.tool("book_flight").stats.calls == 10
+        assert {n.tool for n in art.tool("get_weather").next_tools} == {"book_flight"}
+    assert any("hotel" in s.text for s in acme.tool("book_flight").when)
+    assert any("hotel" in s.text for s in globex.tool("book_flight").when_not)
+    assert not any("hotel" in s.text for s in globex.tool("book_flight").when)
+
+
+def test_merge_keeps_the_contradiction_as_conflict_and_dissent(built):
+    merged = load_artifact(built["global"])
+    acme, globex = load_artifact(built["acme"]), load_artifact(built["globex"])
+    assert isinstance(merged, Compendium) and merged.kind == "global" and merged.policy == "typed"
+    assert merged.inputs == sorted([content_hash(acme), content_hash(globex)])
+    assert [t.tool_id for t in merged.tools] == ["book_flight", "convert_currency", "get_weather"]
+    assert merged.tool("get_weather").provenance.orgs == ["acme", "globex"]
+    assert merged.tool("get_weather").stats.calls == 30
+    assert merged.conflicts, "the cross-org contradiction must be logged"
+    hotel = [c for c in merged.conflicts if c.tool_id == "book_flight" and c.field == "when"
+             and any(w in c.subject for w in ("hotel", "cheap", "booking"))]
+    assert hotel, merged.conflicts
+    book = merged.tool("book_flight")
+    dissent = [p for p in book.precautions if p.kind == "dissent"]
+    assert dissent
+    for c in hotel:
+        when_claim = next(cl for cl in c.claims if cl.view == "when")
+        not_claim = next(cl for cl in c.claims if cl.view.startswith("when_not"))
+        assert when_claim.orgs == ["acme"] and not_claim.orgs == ["globex"]
+        minority = when_claim if when_claim.support <= not_claim.support else not_claim
+        assert any(
+            c.subject in p.text and set(minority.orgs) <= set(p.orgs) for p in dissent
+        ), (c, dissent)
+
+
+def test_merge_is_order_independent_and_idempotent(built, data):
+    d = data["dir"]
+    ok(invoke("merge", built["globex"], built["acme"], "-o", d / "g2.json"))
+    assert (d / "g2.json").read_bytes() == built["global"].read_bytes()
+    ok(invoke("merge", built["global"], built["acme"], "-o", d / "g3.json"))
+    assert load_artifact(d / "g3.json").inputs == load_artifact(built["global"]).inputs
+
+
+@pytest.mark.parametrize("policy", ["support-weighted", "flat-majority"])
+def test_other_merge_policies(built, data, policy):
+    out = data["dir"] / f"{policy}.json.gz"
+    ok(invoke("merge", built["acme"], built["globex"], "--policy", policy, "-o", out))
+    art = load_artifact(out)
+    assert art.kind == "global" and art.policy == policy
+    if policy == "flat-majority":
+        assert isinstance(art, FlatCompendium) and set(art.texts) <= {"book_flight", "convert_currency", "get_weather"}
+        res = invoke("merge", out, built["acme"], "-o", data["dir"] / "never.json")
+        assert res.exit_code != 0 and isinstance(res.exception, SynapseError)
+        assert "flat-majority" in str(res.exception)
+        res = invoke("inspect", out)
+        ok(res)
+        assert "flat text" in res.stdout
+
+
+def test_inspect_prints_the_tool_table(built):
+    res = invoke("inspect", built["global"])
+    ok(res)
+    out = res.stdout
+    assert "global artifact from global" in out and "policy typed" in out
+    assert "tools: 3" in out and "conflicts:" in out and "sha256" in out
+    for header in ("tool", "when_not", "precautions", "calls", "success", "orgs"):
+        assert header in out
+    for tool in ("book_flight", "convert_currency", "get_weather"):
+        assert tool in out
+    assert "acme,globex" in out
+    res = invoke("inspect", built["acme"], "--limit", "1")
+    ok(res)
+    assert "org artifact from acme" in res.stdout
+    assert sum(t in res.stdout for t in ("book_flight", "convert_currency", "get_weather")) == 1
+
+
+def test_build_with_privacy(data):
+    out = data["dir"] / "private.json"
+    ok(invoke("build", "--experience", data["acme"], "--catalog", data["catalog"], "--org", "acme",
+              "--epsilon", "8", "--rounds", "2", "--round", "1", "-o", out))
+    art = load_artifact(out)
+    assert art.privacy.mechanism == "gaussian" and art.privacy.epsilon_target == 8
+    assert 0 < art.privacy.epsilon <= 8 and art.issuer.round == 1
+
+
+def test_build_round_beyond_budget_is_a_user_error(data):
+    res = invoke("build", "--experience", data["acme"], "--catalog", data["catalog"], "--org", "acme",
+                 "--epsilon", "8", "--rounds", "1", "--round", "2", "-o", data["dir"] / "never.json")
+    assert res.exit_code != 0 and isinstance(res.exception, SynapseError)
+
+
+# --------------------------------------------------------------------------- validate / schema
+
+
+def test_validate_valid_files(built):
+    res = invoke("validate", built["acme"], built["globex"], built["global"])
+    ok(res)
+    assert res.stdout.splitlines() == [f"{built[k]}: valid" for k in ("acme", "globex", "global")]
+
+
+def test_validate_invalid_file_prints_one_line_per_error(built, data, tmp_path):
+    bad = tmp_path / "bad.json"
+    doc = json.loads(built["acme"].read_text())
+    doc["tools"][0]["when"][0]["support"] = -3
+    doc["tools"][1]["tool_id"] = "Not Valid"
+    doc["issuer"]["extra"] = 1
+    bad.write_text(json.dumps(doc))
+    res = invoke("validate", built["acme"], bad)
+    assert res.exit_code == 1
+    lines = res.stdout.splitlines()
+    assert lines[0] == f"{built['acme']}: valid"
+    errors = lines[1:]
+    assert len(errors) == 3 and all(line.startswith(f"{bad}: ") for line in errors)
+    paths = {line[len(f"{bad}: "):].split(":")[0] for line in errors}
+    assert paths == {"tools.0.when.0.support", "tools.1.tool_id", "issuer.extra"}
+    res = invoke("validate", data["invalid"], tmp_path / "missing.json")
+    assert res.exit_code == 1
+    assert f"{data['invalid']}: tools.0.when.0.support:" in res.stdout
+    assert f"{tmp_path / 'missing.json'}: (file): cannot read" in res.stdout
+
+
+def test_schema_command(tmp_path):
+    res = invoke("schema")
+    ok(res)
+    schema = json.loads(res.stdout)
+    assert schema["$schema"].startswith("https://json-schema.org/")
+    assert schema["required"] == ["issuer"] and "Conflict" in schema["$defs"]
+    ok(invoke("schema", "-o", tmp_path / "s.json"))
+    assert json.loads((tmp_path / "s.json").read_text()) == schema
+
+
+# --------------------------------------------------------------------------- help
+
+HELP = {
+    "build": ["--experience", "--catalog", "--org", "--output", "--epsilon", "--delta", "--rounds", "--round", "--seed"],
+    "validate": ["FILES"],
+    "merge": ["FILES", "--output", "--policy"],
+    "schema": ["--output"],
+    "inspect": ["FILE", "--limit"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(HELP))
+def test_help(command):
+    res = invoke(command, "--help")
+    ok(res)
+    for option in HELP[command]:
+        assert option in res.stdout, (command, option)
+
+
+def test_root_help_lists_commands():
+    res = invoke("--help")
+    ok(res)
+    for command in HELP:
+        assert command in res.stdout
+
+
+# --------------------------------------------------------------------------- user mistakes, in process
+
+
+def test_missing_experience_file(data):
+    res = invoke("build", "--experience", data["dir"] / "nope.jsonl", "--catalog", data["catalog"],
+                 "--org", "acme", "-o", data["dir"] / "never.json")
+    assert res.exit_code != 0 and isinstance(res.exception, InputError)
+    assert str(res.exception) == f"{data['dir'] / 'nope.jsonl'}: file not found"
+    assert not (data["dir"] / "never.json").exists()
+
+
+def test_bad_experience_line_names_line_and_field(data, tmp_path):
+    exp = write_jsonl(tmp_path / "e.jsonl", [{"query": "q", "tool": "get_weather", "success": True},
+                                              {"query": "q", "tool": "teleport", "success": True}])
+    res = invoke("build", "--experience", exp, "--catalog", data["catalog"], "--org", "acme", "-o", tmp_path / "o.json")
+    assert isinstance(res.exception, InputError)
+    assert str(res.exception).startswith(f"{exp}:2: field 'tool':")
+    exp = write_jsonl(tmp_path / "e2.jsonl", [{"query": "q", "tool": "get_weather", "success": "yes"}])
+    res = invoke("build", "--experience", exp, "--catalog", data["catalog"], "--org", "acme", "-o", tmp_path / "o.json")
+    assert isinstance(res.exception, InputError)
+    assert str(res.exception).startswith(f"{exp}:1: field 'success':")
+
+
+def test_unknown_policy_and_invalid_artifact_in_process(data, built):
+    res = invoke("merge", built["acme"], "--policy", "nope", "-o", data["dir"] / "never.json")
+    assert isinstance(res.exception, SynapseError) and "unknown merge policy 'nope'" in str(res.exception)
+    res = invoke("merge", built["acme"], data["invalid"], "-o", data["dir"] / "never.json")
+    assert isinstance(res.exception, SynapseError)
+    assert str(data["invalid"]) in str(res.exception) and "tools.0.when.0.support" in str(res.exception)
+    res = invoke("inspect", data["invalid"])
+    assert isinstance(res.exception, SynapseError) and "tools.0.when.0.support" in str(res.exception)
+    assert not (data["dir"] / "never.json").exists()
+
+
+def test_main_turns_user_errors_into_exit_2(data, monkeypatch, caplog):
+    monkeypatch.setattr(
+        sys, "argv",
+        ["synapse", "build", "--experience", str(data["dir"] / "nope.jsonl"), "--catalog", str(data["catalog"]),
+         "--org", "acme", "-o", str(data["dir"] / "never.json")],
+    )
+    with caplog.at_level(logging.ERROR, logger="synapse_flwr"), pytest.raises(SystemExit) as info:
+        cli.main()
+    assert info.value.code == 2
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].exc_info is None
+    assert errors[0].getMessage() == f"{data['dir'] / 'nope.jsonl'}: file not found"
+
+
+# --------------------------------------------------------------------------- user mistakes, real processes
+
+
+def assert_one_line_error(proc: subprocess.Popen, *needles: str) -> str:
+    code, out, err = finished(proc)
+    assert code == 2, (code, out, err)
+    assert "Traceback" not in err and "Traceback" not in out
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("ERROR ")
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+def test_subprocess_bad_json_line_in_catalog(procs, data):
+    line = assert_one_line_error(procs["bad_catalog"], f"{data['bad_catalog']}:2:", "invalid JSON")
+    assert not (data["dir"] / "never.json").exists(), line
+
+
+def test_subprocess_unknown_merge_policy(procs):
+    assert_one_line_error(procs["bad_policy"], "unknown merge policy 'majority-vote'", "typed")
+
+
+def test_subprocess_invalid_artifact_to_merge(procs, data):
+    assert_one_line_error(procs["invalid_artifact"], str(data["invalid"]), "tools.0.when.0.support")
+
+
+def test_subprocess_missing_artifact_to_merge(procs, data):
+    assert_one_line_error(procs["missing_artifact"], str(data["dir"] / "nope.json"), "cannot read")

@@ -1,0 +1,510 @@
+"""Input formats: catalogs (three shapes), experience logs, test sets, atomic writes."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from synapse_flwr.catalog import (
+    Catalog,
+    alias_key,
+    load_catalog,
+    make_catalog,
+    normalize_tool_id,
+    parse_tool,
+)
+from synapse_flwr.errors import InputError, SynapseError
+from synapse_flwr.experience import Event, load_experience, load_testset, write_jsonl
+from synapse_flwr.files import read_records, write_atomic
+from synapse_flwr.schema import MAX_DESCRIPTION
+
+PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+PLAIN = {"name": "get_weather", "description": "Current  weather\nfor a city.", "parameters": PARAMS}
+OPENAI = {
+    "type": "function",
+    "function": {"name": "get_weather", "description": "Current weather for a city.", "parameters": PARAMS},
+}
+MCP = {"name": "get_weather", "description": "Current weather for a city.", "inputSchema": PARAMS}
+
+
+def write_jsonl_file(path: Path, records: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def raises_input_error(fn, *args, **kwargs) -> InputError:
+    with pytest.raises(InputError) as info:
+        fn(*args, **kwargs)
+    assert isinstance(info.value, SynapseError)
+    return info.value
+
+
+# --------------------------------------------------------------------------- catalog
+
+
+def test_three_shapes_parse_to_the_same_tool():
+    docs = [parse_tool(obj) for obj in (PLAIN, OPENAI, MCP)]
+    for doc in docs:
+        assert doc.tool_id == "get_weather"
+        assert doc.name == "get_weather"
+        assert doc.description == "Current weather for a city."  # whitespace collapsed
+        assert dict(doc.parameters) == PARAMS
+        assert doc.aliases == ()
+    assert docs[0] == docs[1] == docs[2]
+
+
+@pytest.mark.parametrize("shape", [PLAIN, OPENAI, MCP])
+def test_each_shape_loads_from_a_file(tmp_path, shape):
+    cat = load_catalog(write_jsonl_file(tmp_path / "c.jsonl", [shape]))
+    assert cat.ids == ["get_weather"]
+    assert cat.get("get_weather").description == "Current weather for a city."
+
+
+def test_mixed_shapes_in_one_catalog(tmp_path):
+    records = [
+        {"name": "Book Flight", "description": "Book a flight."},
+        {"type": "function", "function": {"name": "convertCurrency", "description": "FX."}},
+        {"name": "search-web", "description": "Search.", "inputSchema": {"type": "object"}},
+    ]
+    cat = load_catalog(write_jsonl_file(tmp_path / "c.jsonl", records))
+    assert cat.ids == ["book_flight", "convertcurrency", "search-web"]  # sorted by id
+    assert len(cat) == 3
+    assert cat.descriptions() == {"book_flight": "Book a flight.", "convertcurrency": "FX.", "search-web": "Search."}
+    assert cat.resolve("convert_currency") == "convertcurrency"
+    assert cat.resolve("SEARCH_WEB") == "search-web"
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("Get Weather!", "get_weather"),
+        ("  get_weather  ", "get_weather"),
+        ("GetWeather", "getweather"),
+        ("get-weather", "get-weather"),
+        ("api.v2/Search", "api.v2_search"),
+        ("__private__", "private"),
+        ("Café au lait", "caf_au_lait"),
+        ("x" * 200, "x" * 128),
+    ],
+)
+def test_normalize_tool_id(name, expected):
+    assert normalize_tool_id(name) == expected
+
+
+@pytest.mark.parametrize("name", ["", "   ", "!!!", "___", "天気"])
+def test_normalize_rejects_names_without_letters_or_digits(name):
+    with pytest.raises(ValueError, match="no letters or digits"):
+        normalize_tool_id(name)
+
+
+def test_alias_collapse_first_id_wins():
+    docs = [
+        parse_tool({"name": "get_weather", "description": ""}),
+        parse_tool({"name": "GetWeather", "description": "Weather now."}),
+        parse_tool({"name": "get-weather", "description": "other", "aliases": ["weather"]}),
+    ]
+    cat = make_catalog(docs)
+    assert cat.ids == ["get_weather"]
+    doc = cat.tools[0]
+    assert doc.name == "get_weather"
+    assert doc.description == "Weather now."  # missing description filled from a later duplicate
+    assert set(doc.aliases) == {"GetWeather", "get-weather", "weather"}
+    for spelling in ("GetWeather", "get-weather", "get_weather", "GET WEATHER", "weather", "Get.Weather"):
+        assert cat.resolve(spelling) == "get_weather", spelling
+        assert cat.get(spelling) is doc
+    assert cat.resolve("get_forecast") is None
+    assert cat.get("get_forecast") is None
+
+
+def test_alias_collapse_order_decides_the_id():
+    cat = make_catalog([parse_tool({"name": "GetWeather"}), parse_tool({"name": "get_weather"})])
+    assert cat.ids == ["getweather"]
+    assert cat.tools[0].aliases == ("get_weather",)
+    assert cat.resolve("get_weather") == "getweather"
+
+
+def test_alias_collapse_from_file(tmp_path):
+    path = write_jsonl_file(
+        tmp_path / "c.jsonl",
+        [{"name": "get_weather", "description": "W."}, {"name": "GetWeather"}, {"name": "get-weather"}],
+    )
+    cat = load_catalog(path)
+    assert len(cat) == 1 and cat.ids == ["get_weather"]
+    assert set(cat.tools[0].aliases) == {"GetWeather", "get-weather"}
+
+
+def test_declared_aliases_resolve():
+    cat = make_catalog([parse_tool({"name": "get_weather", "aliases": ["forecast", "Wetter"]})])
+    assert cat.resolve("Forecast") == "get_weather"
+    assert cat.resolve("wetter") == "get_weather"
+    assert alias_key("Get-Weather") == alias_key("get_weather") == "getweather"
+
+
+def test_catalog_equality_ignores_index():
+    a = make_catalog([parse_tool(PLAIN)])
+    b = Catalog(a.tools)
+    assert a == b
+
+
+def test_description_truncated_to_schema_limit():
+    doc = parse_tool({"name": "t", "description": "d" * (MAX_DESCRIPTION + 50)})
+    assert len(doc.description) == MAX_DESCRIPTION
+
+
+def test_json_list_and_jsonl_both_accepted(tmp_path):
+    records = [PLAIN, {"name": "book_flight", "description": "Book."}]
+    as_list = tmp_path / "c.json"
+    as_list.write_text(json.dumps(records, indent=2))
+    as_jsonl = write_jsonl_file(tmp_path / "c.jsonl", records)
+    with_blank = tmp_path / "blank.jsonl"
+    with_blank.write_text("\n" + json.dumps(records[0]) + "\n\n   \n" + json.dumps(records[1]) + "\n")
+    cats = [load_catalog(p) for p in (as_list, as_jsonl, with_blank)]
+    assert cats[0] == cats[1] == cats[2]
+    assert cats[0].ids == ["book_flight", "get_weather"]
+
+
+def test_read_records_line_numbers(tmp_path):
+    p = tmp_path / "r.jsonl"
+    p.write_text('{"a": 1}\n\n{"a": 2}\n')
+    assert list(read_records(p)) == [(1, {"a": 1}), (3, {"a": 2})]
+    q = tmp_path / "r.json"
+    q.write_text('[{"a": 1}, {"a": 2}]')
+    assert list(read_records(q)) == [(1, {"a": 1}), (2, {"a": 2})]
+
+
+# --------------------------------------------------------------------------- catalog errors
+
+
+def test_missing_name_names_file_line_and_field(tmp_path):
+    path = write_jsonl_file(tmp_path / "cat.jsonl", [PLAIN, {"description": "no name"}])
+    err = raises_input_error(load_catalog, path)
+    assert (err.path, err.line, err.field) == (str(path), 2, "name")
+    assert str(err).startswith(f"{path}:2: field 'name':")
+    assert "\n" not in str(err)
+
+
+def test_openai_shape_errors_name_nested_field(tmp_path):
+    bad = {"type": "function", "function": {"name": "x", "description": 5}}
+    path = write_jsonl_file(tmp_path / "cat.jsonl", [bad])
+    err = raises_input_error(load_catalog, path)
+    assert (err.line, err.field) == (1, "function.description")
+    assert "not a string" in err.message
+
+
+@pytest.mark.parametrize(
+    ("record", "field"),
+    [
+        ({"name": "x", "description": ["a"]}, "description"),
+        ({"name": "x", "description": None}, "description"),
+        ({"name": 7}, "name"),
+        ({"name": "   "}, "name"),
+        ({"name": "!!!"}, "name"),
+        ({"name": "x", "parameters": "string"}, "parameters"),
+        ({"name": "x", "inputSchema": [1]}, "inputSchema"),
+        ({"name": "x", "aliases": "y"}, "aliases"),
+        ({"name": "x", "aliases": [1]}, "aliases"),
+        ({"type": "function", "function": {"description": "no name"}}, "function.name"),
+    ],
+)
+def test_bad_catalog_fields(tmp_path, record, field):
+    path = write_jsonl_file(tmp_path / "cat.jsonl", [PLAIN, PLAIN, record])
+    err = raises_input_error(load_catalog, path)
+    assert (err.path, err.line, err.field) == (str(path), 3, field)
+    assert f":3: field '{field}':" in str(err)
+
+
+def test_json_list_errors_name_item_number(tmp_path):
+    path = tmp_path / "cat.json"
+    path.write_text(json.dumps([PLAIN, {"name": "x", "description": 1}]))
+    err = raises_input_error(load_catalog, path)
+    assert (err.line, err.field) == (2, "description")
+    path.write_text(json.dumps([PLAIN, "not an object"]))
+    err = raises_input_error(load_catalog, path)
+    assert err.line == 2 and "not a JSON object" in err.message
+
+
+def test_bad_json_line(tmp_path):
+    path = tmp_path / "cat.jsonl"
+    path.write_text(json.dumps(PLAIN) + "\n" + '{"name": "x", "description": \n')
+    err = raises_input_error(load_catalog, path)
+    assert err.line == 2 and "invalid JSON" in err.message
+    assert str(err).startswith(f"{path}:2:")
+
+
+def test_bad_json_in_list_names_line(tmp_path):
+    path = tmp_path / "cat.json"
+    path.write_text('[\n  {"name": "a"},\n  {"name": }\n]\n')
+    err = raises_input_error(load_catalog, path)
+    assert err.line == 3 and "invalid JSON" in err.message
+
+
+@pytest.mark.parametrize("line", ['["a", "b"]', '"just a string"', "42", "null"])
+def test_non_object_line(tmp_path, line):
+    path = tmp_path / "cat.jsonl"
+    path.write_text(json.dumps(PLAIN) + "\n" + line + "\n")
+    err = raises_input_error(load_catalog, path)
+    assert err.line == 2 and "not a JSON object" in err.message
+
+
+@pytest.mark.parametrize("text", ["", "\n\n  \n", "[]"])
+def test_empty_catalog(tmp_path, text):
+    path = tmp_path / "cat.jsonl"
+    path.write_text(text)
+    err = raises_input_error(load_catalog, path)
+    assert err.path == str(path) and "no tools" in err.message
+
+
+def test_missing_catalog_file(tmp_path):
+    err = raises_input_error(load_catalog, tmp_path / "nope.jsonl")
+    assert err.path == str(tmp_path / "nope.jsonl") and "not found" in err.message
+
+
+def test_undecodable_catalog_file(tmp_path):
+    path = tmp_path / "cat.jsonl"
+    path.write_bytes(b"\xff\xfe\x00bad")
+    err = raises_input_error(load_catalog, path)
+    assert "cannot read" in err.message
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        '{"name": "x", "description": ' + "1" * 5000 + "}",  # beyond int digit limit
+        "[" * 100_000,  # nested too deeply for the JSON parser
+        '{"a":' * 100_000,
+    ],
+)
+def test_hostile_json_is_an_input_error_not_a_crash(tmp_path, payload):
+    path = tmp_path / "cat.jsonl"
+    path.write_text(json.dumps(PLAIN) + "\n" + payload + "\n")
+    err = raises_input_error(load_catalog, path)
+    assert "invalid JSON" in err.message and err.line in (1, 2, None)
+
+
+# --------------------------------------------------------------------------- experience
+
+
+@pytest.fixture
+def catalog(tmp_path):
+    return load_catalog(
+        write_jsonl_file(
+            tmp_path / "cat.jsonl",
+            [PLAIN, {"name": "geocode", "description": "Geocode."}, {"name": "BookFlight"}],
+        )
+    )
+
+
+def test_valid_events_load_and_resolve_through_catalog(tmp_path, catalog):
+    path = write_jsonl_file(
+        tmp_path / "exp.jsonl",
+        [
+            {"query": "  weather in Paris ", "tool": "GetWeather", "success": True},
+            {
+                "query": "fly to Rome",
+                "tool": "book-flight",
+                "success": False,
+                "gold": "book_flight",
+                "org": "acme",
+                "ts": "2026-01-02T10:00:00Z",
+                "prev_tool": "Geocode",
+            },
+            {"query": "where is it", "tool": "geocode", "success": True, "ts": 1700000000},
+            {"query": "and now", "tool": "geocode", "success": True, "ts": 1.5},
+        ],
+    )
+    events = load_experience(path, catalog)
+    assert [e.tool for e in events] == ["get_weather", "bookflight", "geocode", "geocode"]
+    assert events[0].query == "weather in Paris"  # stripped
+    assert events[1].gold == "bookflight" and events[1].prev_tool == "geocode"
+    assert events[1].org == "acme" and events[1].ts == "2026-01-02T10:00:00Z"
+    assert events[2].ts == 1700000000 and events[3].ts == 1.5
+    assert events[0].gold is None and events[0].prev_tool is None
+
+
+def test_events_without_catalog_are_normalised(tmp_path):
+    path = write_jsonl_file(tmp_path / "exp.jsonl", [{"query": "q", "tool": "Get Weather!", "success": True}])
+    assert load_experience(path)[0].tool == "get_weather"
+    bad = write_jsonl_file(tmp_path / "bad.jsonl", [{"query": "q", "tool": "!!!", "success": True}])
+    err = raises_input_error(load_experience, bad)
+    assert (err.line, err.field) == (1, "tool")
+
+
+def test_experience_as_json_list(tmp_path, catalog):
+    path = tmp_path / "exp.json"
+    path.write_text(json.dumps([{"query": "q", "tool": "get_weather", "success": True}]))
+    assert len(load_experience(path, catalog)) == 1
+
+
+@pytest.mark.parametrize("field", ["tool", "gold", "prev_tool"])
+def test_unknown_tool_names_line_and_field(tmp_path, catalog, field):
+    event = {"query": "q", "tool": "get_weather", "success": True, field: "teleport"}
+    path = write_jsonl_file(tmp_path / "exp.jsonl", [{"query": "ok", "tool": "geocode", "success": True}, event])
+    err = raises_input_error(load_experience, path, catalog)
+    assert (err.path, err.line, err.field) == (str(path), 2, field)
+    assert "'teleport' is not in the catalog" in err.message
+    assert str(err).startswith(f"{path}:2: field '{field}':")
+
+
+@pytest.mark.parametrize(
+    ("patch", "field"),
+    [
+        ({"success": "yes"}, "success"),
+        ({"success": 1}, "success"),
+        ({"success": "true"}, "success"),
+        ({"success": None}, "success"),
+        ({"query": 5}, "query"),
+        ({"query": "   "}, "query"),
+        ({"query": "q" * 4001}, "query"),
+        ({"tool": ["get_weather"]}, "tool"),
+        ({"gold": 3}, "gold"),
+        ({"org": ""}, "org"),
+        ({"ts": [1]}, "ts"),
+    ],
+)
+def test_wrong_field_types_name_the_field(tmp_path, catalog, patch, field):
+    event = {"query": "q", "tool": "get_weather", "success": True, **patch}
+    path = write_jsonl_file(tmp_path / "exp.jsonl", [event])
+    err = raises_input_error(load_experience, path, catalog)
+    assert err.line == 1 and err.field is not None and err.field.split(".")[0] == field
+    assert f"field '{field}" in str(err)
+
+
+@pytest.mark.parametrize("missing", ["query", "tool", "success"])
+def test_missing_required_field(tmp_path, catalog, missing):
+    event = {"query": "q", "tool": "get_weather", "success": True}
+    del event[missing]
+    err = raises_input_error(load_experience, write_jsonl_file(tmp_path / "e.jsonl", [event]), catalog)
+    assert err.field == missing and "required" in err.message.lower()
+
+
+def test_extra_event_field_rejected(tmp_path, catalog):
+    event = {"query": "q", "tool": "get_weather", "success": True, "latency_ms": 12}
+    err = raises_input_error(load_experience, write_jsonl_file(tmp_path / "e.jsonl", [event]), catalog)
+    assert err.field == "latency_ms" and err.line == 1
+
+
+def test_bad_json_line_in_experience(tmp_path, catalog):
+    path = tmp_path / "e.jsonl"
+    path.write_text('{"query": "q", "tool": "get_weather", "success": true}\n{"query": "q",\n')
+    err = raises_input_error(load_experience, path, catalog)
+    assert err.line == 2 and "invalid JSON" in err.message
+
+
+def test_missing_experience_file(tmp_path, catalog):
+    err = raises_input_error(load_experience, tmp_path / "missing.jsonl", catalog)
+    assert "not found" in err.message and err.path.endswith("missing.jsonl")
+
+
+def test_write_jsonl_round_trips(tmp_path, catalog):
+    events = [Event(query="q", tool="get_weather", success=True), Event(query="r", tool="geocode", success=False, org="a")]
+    text = write_jsonl(events)
+    assert "null" not in text and text.count("\n") == 2
+    path = tmp_path / "e.jsonl"
+    path.write_text(text)
+    assert load_experience(path, catalog) == events
+
+
+# --------------------------------------------------------------------------- test sets
+
+
+def test_testset_gold_as_string_or_list(tmp_path, catalog):
+    path = write_jsonl_file(
+        tmp_path / "test.jsonl",
+        [
+            {"query": "weather?", "gold": "GetWeather"},
+            {"query": "fly", "gold": ["book-flight", "geocode", "BookFlight"]},
+        ],
+    )
+    items = load_testset(path, catalog)
+    assert items[0].gold == ("get_weather",)
+    assert items[1].gold == ("bookflight", "geocode")  # resolved, de-duplicated, order kept
+    no_cat = load_testset(path)
+    assert no_cat[0].gold == ("getweather",)
+
+
+@pytest.mark.parametrize(
+    ("record", "field"),
+    [
+        ({"query": "q", "gold": []}, "gold"),
+        ({"query": "q"}, "gold"),
+        ({"query": "q", "gold": 5}, "gold"),
+        ({"query": "", "gold": "get_weather"}, "query"),
+        ({"query": "q", "gold": "teleport"}, "gold"),
+        ({"query": "q", "gold": "get_weather", "extra": 1}, "extra"),
+    ],
+)
+def test_testset_errors(tmp_path, catalog, record, field):
+    path = write_jsonl_file(tmp_path / "t.jsonl", [{"query": "ok", "gold": "geocode"}, record])
+    err = raises_input_error(load_testset, path, catalog)
+    assert err.line == 2 and err.field is not None and err.field.split(".")[0] == field
+
+
+# --------------------------------------------------------------------------- atomic writes
+
+
+def test_write_atomic_writes_and_creates_folders(tmp_path):
+    out = write_atomic(tmp_path / "a" / "b" / "out.json", "héllo")
+    assert out.read_bytes() == "héllo".encode()
+    write_atomic(out, b"\x00bytes")
+    assert out.read_bytes() == b"\x00bytes"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["out.json"]
+
+
+@pytest.mark.parametrize("fail_at", ["replace", "fsync", "write"])
+def test_write_atomic_failure_leaves_no_partial_or_temp_file(tmp_path, monkeypatch, fail_at):
+    existing = tmp_path / "out.json"
+    existing.write_text("original")
+    fresh = tmp_path / "new.json"
+
+    def boom(*args, **kwargs):
+        raise OSError("disk on fire")
+
+    if fail_at == "replace":
+        monkeypatch.setattr(os, "replace", boom)
+    elif fail_at == "fsync":
+        monkeypatch.setattr(os, "fsync", boom)
+    else:
+        real_fdopen = os.fdopen
+
+        class HalfWriter:
+            def __init__(self, fh):
+                self.fh = fh
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                self.fh.close()
+
+            def write(self, data):
+                self.fh.write(data[: len(data) // 2])
+                raise OSError("disk full")
+
+        monkeypatch.setattr(os, "fdopen", lambda fd, mode: HalfWriter(real_fdopen(fd, mode)))
+
+    for target in (existing, fresh):
+        with pytest.raises(OSError):
+            write_atomic(target, "new content " * 1000)
+    monkeypatch.undo()
+    assert existing.read_text() == "original"
+    assert not fresh.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
+
+
+def test_write_atomic_keyboard_interrupt_cleans_up(tmp_path, monkeypatch):
+    target = tmp_path / "out.json"
+    target.write_text("original")
+
+    def interrupt(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        write_atomic(target, "new")
+    monkeypatch.undo()
+    assert target.read_text() == "original"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
