@@ -73,7 +73,9 @@ class MergeConfig:
         Success rates further apart than this (between orgs with at least
         ``min_calls`` calls) are a conflict.
     min_calls : float
-        Noised calls an org needs for its success rate to be compared.
+        Calls an org needs for its success rate to be compared ...
+    noise_calls : float
+        ... plus this many times the org's noise sigma.
     max_share : float
         ``support-weighted`` only: the most support mass an org may carry,
         relative to the median org.
@@ -82,6 +84,7 @@ class MergeConfig:
     similarity: float = 0.5
     rate_gap: float = 0.5
     min_calls: float = 5.0
+    noise_calls: float = 10.0
     max_share: float = 1.0
 
 
@@ -252,11 +255,15 @@ def resolve_scenario_conflicts(
 
 
 def rate_conflict(
-    tool_id: str, org_stats: Sequence[tuple[str, ToolStats]], config: MergeConfig, policy: str
+    tool_id: str, org_stats: Sequence[tuple[str, ToolStats, float]], config: MergeConfig, policy: str
 ) -> tuple[Conflict, list[Precaution]] | None:
     """Log success rates that disagree across orgs; the outliers become precautions."""
+    # A rate is compared only when its calls dwarf the org's noise: noised counts
+    # of a handful of calls give rates anywhere in [0, 1] and spurious conflicts.
     rated = [
-        (org, s.successes / s.calls, s.calls) for org, s in org_stats if s.calls >= config.min_calls
+        (org, s.successes / s.calls, s.calls)
+        for org, s, sigma in org_stats
+        if s.calls >= config.min_calls + config.noise_calls * sigma
     ]
     if len(rated) < 2:
         return None
@@ -348,7 +355,7 @@ def merge_tool(
     when, when_not, conflicts, precautions = resolve_scenario_conflicts(
         tool_id, when, when_not, config.similarity, policy
     )
-    org_stats = [(c.issuer.org, e.stats) for c, e in entries if c.kind == "org"]
+    org_stats = [(c.issuer.org, e.stats, c.privacy.sigma) for c, e in entries if c.kind == "org"]
     rated = rate_conflict(tool_id, org_stats, config, policy)
     if rated:
         conflicts.append(rated[0])

@@ -1,0 +1,60 @@
+"""Committed results: a results file next to a manifest that lets a reader regenerate it."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from synapse_flwr.files import write_atomic
+
+
+def code_commit(repo: Path | None = None) -> str:
+    """The git commit of the code (``+dirty`` when the tree has changes), or ``unknown``."""
+    cwd = repo or Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd, capture_output=True, text=True, check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit + ("+dirty" if dirty else "")
+
+
+def write_results(
+    out_dir: Path, results: dict[str, Any], config: dict[str, Any], data: dict[str, str], command: str
+) -> None:
+    """Write ``results.json`` and ``manifest.json`` (config, command, commit, data sha256).
+
+    Parameters
+    ----------
+    out_dir : Path
+        Destination folder.
+    results : dict
+        The measurements.
+    config : dict
+        The experiment config as loaded (TOML).
+    data : dict
+        Data file -> sha256 of the inputs that were read.
+    command : str
+        The command that regenerates the folder.
+    """
+    write_atomic(out_dir / "results.json", json.dumps(results, indent=2, sort_keys=True) + "\n")
+    manifest = {
+        "command": command,
+        "config": config,
+        "code_commit": code_commit(),
+        "data_sha256": data,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    write_atomic(out_dir / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,440 @@
+"""Benchmark data: pins, loaders, leak filter, splits and non-IID partitions.
+
+Tests marked ``data`` read the real MetaTool / tau-bench files and are skipped
+when no data folder is found (set SYNAPSE_DATA_DIR to run them).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+
+from synapse_flwr import datasets
+from synapse_flwr.catalog import make_catalog, parse_tool
+from synapse_flwr.datasets import (
+    PINNED,
+    leak_filter,
+    load_metatool,
+    load_taubench,
+    make_splits,
+    near_duplicates,
+    partition_noniid,
+    tasks_module_to_json,
+    taubench_events,
+    taubench_step_items,
+    verify,
+)
+from synapse_flwr.errors import SynapseError
+from synapse_flwr.experience import Event
+from synapse_flwr.phrases import normalize_text
+
+
+def _find_data() -> Path | None:
+    try:
+        return datasets.data_dir()
+    except SynapseError:
+        return None
+
+
+DATA = _find_data()
+_skip_without_data = pytest.mark.skipif(
+    DATA is None or not (DATA / "metatool").is_dir(),
+    reason="benchmark data not found: set SYNAPSE_DATA_DIR to the shared data folder",
+)
+
+
+def needs_data(test):
+    """Mark a test as reading the real data (marker ``data``); skipped without it."""
+    return pytest.mark.data(_skip_without_data(test))
+
+
+@pytest.fixture(scope="module")
+def data() -> Path:
+    assert DATA is not None
+    return DATA
+
+
+@pytest.fixture(scope="module")
+def metatool(data):
+    return load_metatool(data)
+
+
+@pytest.fixture(scope="module")
+def split42(metatool):
+    return make_splits(metatool.catalog, metatool.events, seed=42)
+
+
+def _event(query: str, tool: str = "weather") -> Event:
+    return Event(query=query, tool=tool, success=True, gold=tool)
+
+
+# --------------------------------------------------------------------------- location
+
+
+def test_data_dir_env(tmp_path, monkeypatch):
+    monkeypatch.setenv(datasets.ENV_VAR, str(tmp_path))
+    assert datasets.data_dir() == tmp_path
+    monkeypatch.setenv(datasets.ENV_VAR, str(tmp_path / "missing"))
+    with pytest.raises(SynapseError, match=datasets.ENV_VAR):
+        datasets.data_dir()
+
+
+def test_data_dir_relative_and_missing(tmp_path, monkeypatch):
+    monkeypatch.delenv(datasets.ENV_VAR, raising=False)
+    (tmp_path / "shared" / "data").mkdir(parents=True)
+    (tmp_path / "main").mkdir()
+    monkeypatch.chdir(tmp_path / "main")
+    assert datasets.data_dir() == (tmp_path / "shared" / "data").resolve()
+    # Neither the working directory nor the repository root has ../shared/data.
+    (tmp_path / "shared" / "data").rmdir()
+    monkeypatch.setattr(datasets, "__file__", str(tmp_path / "x" / "pkg" / "datasets.py"))
+    with pytest.raises(SynapseError, match="SYNAPSE_DATA_DIR"):
+        datasets.data_dir()
+
+
+# --------------------------------------------------------------------------- pins
+
+
+def test_pins_cover_the_shipped_checksums():
+    assert {p.path for p in PINNED} == {
+        "metatool/LICENSE",
+        "metatool/all_clean_data.csv",
+        "metatool/multi_tool_query_golden.json",
+        "metatool/plugin_des.json",
+        "metatool/plugin_info.json",
+        "taubench-retail/LICENSE",
+        "taubench-retail/tasks_dev.json",
+        "taubench-retail/tasks_test.json",
+        "taubench-retail/tasks_train.json",
+        "taubench-retail/tools.json",
+        "taubench-retail/wiki.md",
+    }
+    for pin in PINNED:
+        assert len(pin.sha256) == 64 and len(pin.commit) == 40
+        assert all(
+            u.startswith(f"https://raw.githubusercontent.com/{pin.repo}/{pin.commit}/")
+            for u in pin.urls()
+        )
+
+
+@needs_data
+def test_verify_real_files_match_sha256sums(data):
+    assert len(verify(data)) == len(PINNED)
+    sums = dict(
+        reversed(line.split()) for line in (data / "SHA256SUMS").read_text().splitlines() if line
+    )
+    assert {f"./{p.path}": p.sha256 for p in PINNED} == sums
+
+
+@needs_data
+def test_verify_catches_tampered_file(data, tmp_path):
+    target = tmp_path / "metatool" / "plugin_des.json"
+    target.parent.mkdir()
+    shutil.copyfile(data / "metatool" / "plugin_des.json", target)
+    assert verify(tmp_path) == ["metatool/plugin_des.json"]  # absent files are skipped
+    target.write_bytes(target.read_bytes().replace(b"calculator", b"calculat0r", 1))
+    with pytest.raises(SynapseError, match="sha256"):
+        verify(tmp_path)
+    with pytest.raises(SynapseError, match="sha256"):
+        load_metatool(tmp_path)
+
+
+# --------------------------------------------------------------------------- download
+
+
+def _tasks_module(tasks: list[dict], name: str) -> str:
+    """An upstream-style tasks module (Task/Action calls) holding these tasks."""
+    items = []
+    for t in tasks:
+        actions = ", ".join(
+            f"Action(name={a['name']!r}, kwargs={a['kwargs']!r})" for a in t["actions"]
+        )
+        items.append(
+            f"    Task(\n        annotator='0',\n        user_id={t['user_id']!r},\n"
+            f"        instruction={t['instruction']!r},\n        actions=[{actions}],\n"
+            f"        outputs={t['outputs']!r},\n    ),"
+        )
+    return (
+        "from tau_bench.types import Task, Action\n\n"
+        + f"{name} = [\n"
+        + "\n".join(items)
+        + "\n]\n"
+    )
+
+
+def _tool_module(info: dict) -> str:
+    return (
+        "import json\nfrom typing import Any, Dict\nfrom tau_bench.envs.tool import Tool\n\n\n"
+        "class T(Tool):\n    @staticmethod\n    def invoke(data: Dict[str, Any]) -> str:\n"
+        "        return json.dumps(data)\n\n    @staticmethod\n"
+        f"    def get_info() -> Dict[str, Any]:\n        return {info!r}\n"
+    )
+
+
+@needs_data
+def test_download_offline_reproduces_every_pin(data, tmp_path, monkeypatch):
+    """Serve upstream-shaped sources from the local copy; download must rebuild every file."""
+    served: dict[str, bytes] = {}
+    tools = {
+        t["function"]["name"]: t
+        for t in json.loads((data / "taubench-retail/tools.json").read_text())
+    }
+    for pin in PINNED:
+        if pin.convert == "tasks":
+            tasks = json.loads((data / pin.path).read_text())
+            split = Path(pin.path).stem.split("_")[1].upper()
+            served[pin.urls()[0]] = _tasks_module(tasks, f"TASKS_{split}").encode()
+        elif pin.convert == "tools":
+            for url in pin.urls():
+                served[url] = _tool_module(tools[Path(url).stem]).encode()
+        else:
+            served[pin.urls()[0]] = (data / pin.path).read_bytes()
+    monkeypatch.setattr(datasets, "_fetch", lambda url, timeout: served[url])
+    written = datasets.download(tmp_path)
+    assert len(written) == len(PINNED)
+    assert len(verify(tmp_path)) == len(PINNED)
+    assert datasets.download(tmp_path) == []  # already there, nothing fetched again
+
+    bad = tmp_path / "bad"
+    monkeypatch.setattr(datasets, "_fetch", lambda url, timeout: served[url] + b" ")
+    with pytest.raises(SynapseError, match="sha256"):
+        datasets.download(bad)
+    assert not bad.exists() or not any(p.is_file() for p in bad.rglob("*"))
+
+
+def test_task_conversion_never_runs_code():
+    source = (
+        "import os\nTASKS_TEST = [Task(user_id='u', instruction='i', "
+        "actions=[Action(name=__import__('os').system('echo pwned'), kwargs={})])]\n"
+    )
+    with pytest.raises(SynapseError, match="not a literal"):
+        tasks_module_to_json(source, "tasks_test.py")
+    ok = "TASKS_DEV = [Task(annotator='', user_id='u', instruction='i', actions=[], outputs=[])]"
+    assert json.loads(tasks_module_to_json(ok)) == [
+        {"task_id": 0, "user_id": "u", "instruction": "i", "actions": [], "outputs": []}
+    ]
+
+
+# --------------------------------------------------------------------------- MetaTool
+
+
+@needs_data
+def test_metatool_catalog_and_events(metatool):
+    catalog, events, report = metatool
+    assert len(catalog) == 199
+    # Every label of the CSV is spelled exactly as in plugin_des.json: no garbage,
+    # no unknown label, nothing resolved only through an alias.
+    assert report.rows == 20614 and report.kept == len(events) == 20614
+    assert (report.garbage_query, report.unknown_label, report.alias_labels) == (0, 0, 0)
+    assert {e.gold for e in events} == set(catalog.ids)
+    assert all(e.success and e.tool == e.gold for e in events)
+    assert catalog.resolve("PDF&URLTool") == "pdf_urltool"
+
+
+@needs_data
+def test_metatool_extra_tools(data, metatool):
+    catalog, events, report = load_metatool(data, with_extra_tools=True)
+    # 390 manifests: 154 describe one of the 199 labelled tools, 3 repeat another
+    # manifest, 233 are new unlabelled tools.
+    assert (report.extra_tools, report.skipped_manifests) == (233, 157)
+    assert len(catalog) == 199 + 233
+    assert set(metatool.catalog.ids) < set(catalog.ids)
+    assert len(events) == 20614
+    labelled = {e.gold for e in events}
+    assert len(set(catalog.ids) - labelled) == 233
+    # A labelled tool keeps its plugin_des.json description.
+    assert catalog.get("calculator").description == metatool.catalog.get("calculator").description
+
+
+def test_metatool_garbage_is_dropped_and_counted(tmp_path):
+    root = tmp_path / "metatool"
+    root.mkdir()
+    (root / "plugin_des.json").write_text(
+        json.dumps({"WeatherTool": "Forecasts.", "NewsTool": "Headlines."})
+    )
+    (root / "all_clean_data.csv").write_text(
+        "Query,Tool\n"
+        "Will it rain tomorrow?,WeatherTool\n"
+        "Latest headlines please,news-tool\n"
+        '"",WeatherTool\n'
+        "???,NewsTool\n"
+        "Book me a flight,FlightTool\n"
+    )
+    catalog, events, report = load_metatool(tmp_path, check=False)
+    assert [e.gold for e in events] == ["weathertool", "newstool"]
+    assert (report.rows, report.kept, report.garbage_query, report.unknown_label) == (5, 2, 2, 1)
+    assert report.alias_labels == 1
+
+
+# --------------------------------------------------------------------------- tau-bench
+
+
+@needs_data
+@pytest.mark.parametrize(
+    ("split", "n_tasks", "n_calls"), [("train", 500, 768), ("test", 115, 582), ("dev", 20, 25)]
+)
+def test_taubench_splits(data, split, n_tasks, n_calls):
+    catalog, tasks = load_taubench(data, split)
+    assert len(catalog) == 16
+    assert len(tasks) == n_tasks
+    items = taubench_step_items(tasks)
+    assert len(items) == sum(len(t.actions) for t in tasks) == n_calls
+    for item in items:
+        task = tasks[item.task_id]
+        assert item.gold == task.actions[item.step]
+        assert item.prev_tool == (task.actions[item.step - 1] if item.step else None)
+        assert item.query.startswith(task.instruction)
+        assert ("previous calls: " in item.query) == (item.step > 0)
+
+
+@needs_data
+def test_taubench_events(data):
+    _, tasks = load_taubench(data, "test")
+    task = next(t for t in tasks if len(t.actions) >= 3)
+    events = taubench_events([task])
+    assert [e.gold for e in events] == list(task.actions)
+    assert [e.prev_tool for e in events] == [None, *task.actions[:-1]]
+    assert events[2].query.endswith(f"previous calls: {task.actions[0]}, {task.actions[1]}")
+    assert all(e.success for e in events)
+
+
+def test_taubench_unknown_split():
+    with pytest.raises(ValueError, match="split"):
+        load_taubench(Path("."), "validation")
+
+
+# --------------------------------------------------------------------------- leak filter
+
+
+def test_leak_filter_synthetic():
+    catalog = make_catalog([parse_tool({"name": "weather"}), parse_tool({"name": "news"})])
+    test = ["Will it rain in Paris tomorrow morning?", "Show me today's football results"]
+    train = [
+        _event("will it RAIN in paris,   tomorrow morning"),  # exact after normalisation
+        _event("Will it rain in Paris tomorrow mornings?"),  # near duplicate
+        _event("What are the top headlines in Berlin?", "news"),  # distinct
+        _event("???"),  # non-text
+        Event(query="Book a flight to Rome", tool="flights", success=True),  # not in catalog
+    ]
+    kept, report = leak_filter(train, test, jaccard=0.8, catalog=catalog)
+    assert [e.query for e in kept] == ["What are the top headlines in Berlin?"]
+    assert (report.total, report.exact, report.near, report.garbage, report.kept) == (5, 1, 1, 2, 1)
+    # Without a catalog the unknown tool is not garbage.
+    _, report = leak_filter(train, test)
+    assert (report.garbage, report.kept) == (1, 2)
+
+
+@needs_data
+def test_near_duplicates_is_exact(metatool):
+    """The prefix-filtered search finds exactly what an all-pairs scan finds."""
+
+    def shingles(key: str) -> set[str]:
+        key = key.ljust(3, "\0")
+        return {key[i : i + 3] for i in range(len(key) - 2)}
+
+    keys = [normalize_text(e.query) for e in metatool.events[::40]]
+    queries = keys[:300] + [k[:-2] for k in keys[300:400]] + ["ab", "x"]
+    reference = keys[300:500] + ["ab"]
+    ref_sets = [shingles(k) for k in reference]
+    for threshold in (0.5, 0.8, 1.0):
+        fast = near_duplicates(queries, reference, threshold)
+        slow = [
+            any(len(a & b) >= threshold * len(a | b) for b in ref_sets)
+            for a in map(shingles, queries)
+        ]
+        assert fast.tolist() == slow
+
+
+# --------------------------------------------------------------------------- splits
+
+
+@needs_data
+def test_real_split_seed42(metatool, split42):
+    assert len(split42.heldout_tools) == 40  # 20% of 199
+    heldout = set(split42.heldout_tools)
+    assert not {e.gold for e in split42.train} & heldout
+    assert {g for t in split42.heldout_test for g in t.gold} == heldout
+    assert not {g for t in split42.seen_test for g in t.gold} & heldout
+    # Measured: 12,968 training candidates, 30 exact and 26 near (Jaccard >= 0.8)
+    # duplicates of test queries, no garbage.
+    leak = split42.leak
+    assert (leak.total, leak.exact, leak.near, leak.garbage, leak.kept) == (12968, 30, 26, 0, 12912)
+    assert (len(split42.train), len(split42.seen_test), len(split42.heldout_test)) == (
+        12912,
+        3250,
+        4383,
+    )
+    test_keys = {normalize_text(t.query) for t in (*split42.seen_test, *split42.heldout_test)}
+    assert not {normalize_text(e.query) for e in split42.train} & test_keys
+
+
+@needs_data
+def test_splits_deterministic_per_seed(metatool):
+    events = metatool.events[::5]
+    a = make_splits(metatool.catalog, events, seed=7, test_per_tool=5)
+    b = make_splits(metatool.catalog, events, seed=7, test_per_tool=5)
+    c = make_splits(metatool.catalog, events, seed=8, test_per_tool=5)
+    assert a == b
+    assert a.heldout_tools != c.heldout_tools
+    per_tool = Counter(g for t in (*a.seen_test, *a.heldout_test) for g in t.gold)
+    assert max(per_tool.values()) <= 5
+
+
+def test_splits_exclude_heldout_tools_in_every_role():
+    tools = [f"t{i}" for i in range(10)]
+    catalog = make_catalog(parse_tool({"name": t}) for t in tools)
+    events = [
+        Event(
+            query=f"query {i} about {t} number {i * 7}",
+            tool=t,
+            success=True,
+            gold=t,
+            prev_tool=tools[(j + 1) % 10],
+        )
+        for j, t in enumerate(tools)
+        for i in range(10)
+    ]
+    s = make_splits(catalog, events, seed=0, heldout_frac=0.2)
+    heldout = set(s.heldout_tools)
+    assert len(heldout) == 2
+    assert not {n for e in s.train for n in (e.tool, e.gold, e.prev_tool)} & heldout
+    assert len(s.heldout_test) == 20  # every event of both held-out tools
+    assert len(s.seen_test) == 8 * 2  # 20% of 10 events of each seen tool
+
+
+# --------------------------------------------------------------------------- partition
+
+
+@needs_data
+def test_partition_noniid(metatool):
+    events = metatool.events
+    parts = partition_noniid(events, k=5, alpha=0.1, seed=0)
+    assert len(parts) == 5
+    flat = [e for p in parts for e in p]
+    assert len(flat) == len(events)
+    assert Counter((e.query, e.gold) for e in flat) == Counter((e.query, e.gold) for e in events)
+    assert all(e.org == f"org{i}" for i, p in enumerate(parts) for e in p)
+    per_tool: dict[str, Counter] = defaultdict(Counter)
+    for e in flat:
+        per_tool[e.gold][e.org] += 1
+    top2 = [
+        sum(c for _, c in orgs.most_common(2)) / sum(orgs.values()) for orgs in per_tool.values()
+    ]
+    # Measured with seed 0: 86% of tools have >= 90% of their events in two orgs.
+    assert sum(share >= 0.9 for share in top2) / len(top2) > 0.75
+    again = partition_noniid(events, k=5, alpha=0.1, seed=0)
+    assert [[e.query for e in p] for p in again] == [[e.query for e in p] for p in parts]
+
+
+def test_partition_iid_limit_and_arguments():
+    events = [_event(f"query {i}", f"tool{i % 4}") for i in range(4000)]
+    parts = partition_noniid(events, k=4, alpha=1000.0, seed=1)
+    assert all(900 <= len(p) <= 1100 for p in parts)
+    with pytest.raises(ValueError):
+        partition_noniid(events, k=0, alpha=1.0, seed=0)
+    with pytest.raises(ValueError):
+        partition_noniid(events, k=2, alpha=0.0, seed=0)
