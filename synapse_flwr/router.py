@@ -256,6 +256,8 @@ class Router:
                 texts.append(_scenario_text(w.text, w.variants))
                 owners.append(i)
                 kinds.append(2)
+        if hasattr(self.embedder, "fit") and not self.embedder.dim:
+            self.embedder.fit(texts)  # a lexical embedder learns its vocabulary from the index
         vectors = self._embed(texts)
         self.owners = np.array(owners)
         self.kinds = np.array(kinds)
@@ -271,8 +273,6 @@ class Router:
             self.flat_vectors = self._embed([render_flat(self.entries[t]) for t in self.tool_ids])
 
     def _embed(self, texts: Sequence[str]) -> np.ndarray:
-        if hasattr(self.embedder, "fit") and not getattr(self.embedder, "fitted", False):
-            self.embedder.fit(texts)
         return np.asarray(self.embedder.encode(list(texts)), dtype=np.float32)
 
     # ------------------------------------------------------------- retrieval

@@ -1,0 +1,114 @@
+"""Router: hybrid retrieval and typed-field reranking (lexical embedder: no model needed)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from synapse_flwr.builder import build_compendium
+from synapse_flwr.catalog import ToolDoc, make_catalog
+from synapse_flwr.cli import app
+from synapse_flwr.embed import TfidfEmbedder
+from synapse_flwr.experience import Event
+from synapse_flwr.merge import merge_flat_majority
+from synapse_flwr.router import Router, evaluate_routes
+from synapse_flwr.schema import Compendium, Issuer, ToolEntry, WhenNot
+
+CATALOG = make_catalog(
+    [
+        ToolDoc("get_weather", "get_weather", "Weather forecast: rain, snow and temperature for a city."),
+        ToolDoc("book_hotel", "book_hotel", "Book a hotel room for given dates."),
+        ToolDoc("convert_currency", "convert_currency", "Convert an amount between fiat currencies."),
+        ToolDoc("crypto_ticker", "crypto_ticker", "Live prices of bitcoin, ether and other crypto coins."),
+        ToolDoc("visa_rules", "visa_rules", "Visa and passport entry requirements for travellers."),
+    ]
+)
+
+# Experience that teaches what the descriptions do not say: "umbrella" means weather,
+# "stay" means hotel. visa_rules and crypto_ticker have no experience at all.
+EVENTS = [
+    *(Event(query=f"do I need an umbrella in {c}", tool="get_weather", success=True) for c in "abcdefgh"),
+    *(Event(query=f"somewhere to stay in {c} tonight", tool="book_hotel", success=True) for c in "abcdefgh"),
+    *(Event(query=f"change {n} euros into dollars", tool="convert_currency", success=True) for n in range(8)),
+]
+
+
+def router(compendium, reranker="fields", render="typed"):
+    return Router(compendium, CATALOG, embedder=TfidfEmbedder(), reranker=reranker, render=render)
+
+
+@pytest.fixture(scope="module")
+def central() -> Compendium:
+    return build_compendium(EVENTS, CATALOG, "acme")
+
+
+def test_experience_teaches_what_docs_do_not(central):
+    assert router(None, "none").route("umbrella needed in Paris?").tool != "get_weather"
+    assert router(central, "none").route("umbrella needed in Paris?").tool == "get_weather"
+    assert router(central).route("a place to stay near the station").tool == "book_hotel"
+
+
+def test_docs_only_tools_are_not_drowned_by_experience(central):
+    r = router(central)
+    assert r.route("what are the visa entry requirements for my passport").tool == "visa_rules"
+    assert r.route("price of bitcoin and ether now").tool == "crypto_ticker"
+
+
+def test_when_not_with_prefer_redirects_to_the_named_tool():
+    entry = ToolEntry(
+        tool_id="convert_currency",
+        description="Convert an amount between fiat currencies.",
+        when_not=[WhenNot(text="convert bitcoin euros", support=9.0, prefer="crypto_ticker")],
+    )
+    comp = Compendium(kind="global", issuer=Issuer(org="global"), tools=[entry])
+    result = router(comp).route("convert bitcoin to euros")
+    assert result.tool == "crypto_ticker"
+    assert "redirected" in result.decided_by
+
+
+def test_result_lists_k_ranked_candidates_and_the_deciding_fields(central):
+    result = router(central).route("umbrella needed in Oslo?")
+    assert len(result.candidates) >= 5
+    scores = [c.score for c in result.candidates]
+    assert scores == sorted(scores, reverse=True)
+    assert result.decided_by and not result.fallback
+    json.dumps(result.to_dict())  # JSON-ready
+
+
+def test_flat_render_and_flat_compendium_route(central):
+    flat = merge_flat_majority([central])
+    assert router(flat).route("umbrella needed in Oslo?").tool == "get_weather"
+    assert router(central, render="flat").route("somewhere to stay tonight").tool == "book_hotel"
+
+
+def test_route_many_matches_route_and_evaluate_counts(central):
+    r = router(central)
+    queries = ["umbrella in Rome?", "somewhere to stay in Rome", "visa for Japan"]
+    batch = r.route_many(queries, batch_size=2)
+    assert [b.tool for b in batch] == [r.route(q).tool for q in queries]
+    metrics = evaluate_routes(batch, [("get_weather",), ("book_hotel",), ("visa_rules",)])
+    assert metrics == {"acc": 1.0, "r5": 1.0, "n": 3}
+
+
+def test_bad_arguments_are_clear_errors(central):
+    with pytest.raises(ValueError, match="unknown reranker"):
+        router(central, reranker="magic")
+    with pytest.raises(ValueError, match="unknown render"):
+        router(central, render="pretty")
+
+
+def test_cli_route_prints_json(tmp_path, central):
+    from typer.testing import CliRunner
+
+    from synapse_flwr.wire import save_artifact
+
+    cat = tmp_path / "catalog.json"
+    cat.write_text(json.dumps([{"name": d.tool_id, "description": d.description} for d in CATALOG.tools]))
+    comp = save_artifact(tmp_path / "g.json", central)
+    res = CliRunner().invoke(
+        app, ["route", "--catalog", str(cat), "--compendium", str(comp), "--embedder", "tfidf",
+              "umbrella in Lima?"]
+    )
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["tool"] == "get_weather"
