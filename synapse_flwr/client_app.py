@@ -21,7 +21,7 @@ from strategies.records import from_record, to_record
 from synapse_flwr.builder import build_compendium
 from synapse_flwr.catalog import Catalog, load_catalog
 from synapse_flwr.experience import Event, load_experience
-from synapse_flwr.federation import load_federated
+from synapse_flwr.federation import load_dataset, load_federated
 from synapse_flwr.wire import decode, encode
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def org_data(context: Context) -> OrgData:
         if catalog_path:
             catalog = load_catalog(str(catalog_path))
         else:
-            catalog = load_federated(str(rc["dataset"]), 1, seed).catalog
+            catalog = load_dataset(str(rc["dataset"]), seed).catalog
         org = str(nc.get("org", data_path.stem.removeprefix("org_")))
         return OrgData(org, catalog, load_experience(data_path, catalog))
     k = int(nc["num-partitions"])

@@ -113,20 +113,15 @@ def metatool_dataset(seed: int, heldout_frac: float = 0.2, test_frac: float = 0.
 
 
 @lru_cache(maxsize=4)
-def load_federated(name: str, num_orgs: int, seed: int = 42, alpha: float = 0.5) -> FederatedDataset:
-    """Load a federated dataset by name (cached per process: Ray workers reuse it).
+def load_dataset(name: str, seed: int = 42) -> FederatedDataset:
+    """Load a dataset by name as it comes (cached per process: Ray workers reuse it).
 
     Parameters
     ----------
     name : str
         ``demo``, ``metatool`` or a dataset folder.
-    num_orgs : int
-        Organisations to split the experience over (the demo keeps its own
-        three orgs when ``num_orgs`` is 3).
     seed : int
-        Split and partition seed.
-    alpha : float
-        Dirichlet concentration of the non-IID partition (small: skewed).
+        Split seed (MetaTool).
 
     Raises
     ------
@@ -134,13 +129,33 @@ def load_federated(name: str, num_orgs: int, seed: int = 42, alpha: float = 0.5)
         For an unknown name or missing data.
     """
     if name == "demo":
-        ds = load_folder(demo_dir(), "demo")
-    elif name == "metatool":
-        ds = metatool_dataset(seed)
-    elif Path(name).is_dir():
-        ds = load_folder(Path(name))
-    else:
-        raise SynapseError(f"unknown dataset {name!r}: use 'demo', 'metatool' or a dataset folder")
+        return load_folder(demo_dir(), "demo")
+    if name == "metatool":
+        return metatool_dataset(seed)
+    if Path(name).is_dir():
+        return load_folder(Path(name))
+    raise SynapseError(f"unknown dataset {name!r}: use 'demo', 'metatool' or a dataset folder")
+
+
+@lru_cache(maxsize=4)
+def load_federated(name: str, num_orgs: int, seed: int = 42, alpha: float = 0.5) -> FederatedDataset:
+    """A dataset's experience over ``num_orgs`` organisations.
+
+    A dataset that already has ``num_orgs`` orgs (the demo has three) keeps
+    them; otherwise the pooled experience is re-partitioned non-IID.
+
+    Parameters
+    ----------
+    name : str
+        ``demo``, ``metatool`` or a dataset folder.
+    num_orgs : int
+        Organisations.
+    seed : int
+        Split and partition seed.
+    alpha : float
+        Dirichlet concentration of the non-IID partition (small: skewed).
+    """
+    ds = load_dataset(name, seed)
     if len(ds.orgs) != num_orgs:
         ds = repartition(ds, num_orgs, alpha, seed)
     log.info("dataset %s: %d tools, %d orgs, %d events", name, len(ds.catalog), len(ds.orgs),

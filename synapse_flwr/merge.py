@@ -59,6 +59,7 @@ from synapse_flwr.schema import (
 from synapse_flwr.wire import content_hash
 
 GLOBAL_ORG = "global"
+MIN_DISPUTE_SUPPORT = 2.0
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,9 @@ class MergeConfig:
         Calls an org needs for its success rate to be compared ...
     noise_calls : float
         ... plus this many times the org's noise sigma.
+    min_dissent : float
+        The weaker side of a when/when_not clash needs at least this share of
+        the stronger side's support to count as a conflict.
     max_share : float
         ``support-weighted`` only: the most support mass an org may carry,
         relative to the median org.
@@ -85,6 +89,7 @@ class MergeConfig:
     rate_gap: float = 0.5
     min_calls: float = 5.0
     noise_calls: float = 10.0
+    min_dissent: float = 0.2
     max_share: float = 1.0
 
 
@@ -195,12 +200,15 @@ def resolve_scenario_conflicts(
     when_not: list[WhenNot],
     similarity: float,
     policy: str,
+    min_dissent: float = 0.2,
 ) -> tuple[list[Scenario], list[WhenNot], list[Conflict], list[Precaution]]:
     """Find scenarios that orgs place on opposite sides; keep the majority side.
 
     A ``when`` and a ``when_not`` scenario of the same tool conflict when they
-    are near-identical and not held by exactly the same orgs (one org seeing
-    both outcomes is ordinary noise). The side with more support stays in its
+    are near-identical, not held by exactly the same orgs (one org seeing
+    both outcomes is ordinary noise), and the weaker side has at least
+    ``min_dissent`` of the stronger side's support and at least
+    :data:`MIN_DISPUTE_SUPPORT` supporting queries. The side with more support stays in its
     list (ties go to ``when_not``: the conservative reading); the other leaves
     its list and becomes a ``dissent`` precaution, and the disagreement is
     logged as a :class:`Conflict`.
@@ -213,6 +221,9 @@ def resolve_scenario_conflicts(
         for j, w in enumerate(when_not):
             if j in drop_not or token_jaccard(s.text, w.text) < similarity or s.orgs == w.orgs:
                 continue
+            weak = min(s.support, w.support)
+            if weak < MIN_DISPUTE_SUPPORT or weak < min_dissent * max(s.support, w.support):
+                continue  # a stray outcome, or one against a strong consensus, is noise
             keep_when = s.support > w.support
             loser, loser_view = (w, "when_not") if keep_when else (s, "when")
             (drop_not if keep_when else drop_when).add(j if keep_when else i)
@@ -353,7 +364,7 @@ def merge_tool(
         for g in group_scenarios(by_prefer[prefer], config.similarity)
     ]
     when, when_not, conflicts, precautions = resolve_scenario_conflicts(
-        tool_id, when, when_not, config.similarity, policy
+        tool_id, when, when_not, config.similarity, policy, config.min_dissent
     )
     org_stats = [(c.issuer.org, e.stats, c.privacy.sigma) for c, e in entries if c.kind == "org"]
     rated = rate_conflict(tool_id, org_stats, config, policy)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import platform
 import subprocess
 import sys
@@ -29,6 +30,17 @@ def code_commit(repo: Path | None = None) -> str:
     return commit + ("+dirty" if dirty else "")
 
 
+def _jsonable(value: Any) -> Any:
+    """Replace non-finite floats (not valid JSON) by their names."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
 def write_results(
     out_dir: Path, results: dict[str, Any], config: dict[str, Any], data: dict[str, str], command: str
 ) -> None:
@@ -47,6 +59,7 @@ def write_results(
     command : str
         The command that regenerates the folder.
     """
+    results, config = _jsonable(results), _jsonable(config)
     write_atomic(out_dir / "results.json", json.dumps(results, indent=2, sort_keys=True) + "\n")
     manifest = {
         "command": command,

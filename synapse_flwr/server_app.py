@@ -1,9 +1,10 @@
 """Flower ServerApp: R rounds of validate -> merge -> broadcast, with outputs and resume.
 
 Every round the merged global compendium is written to
-``<output-dir>/global_round_<r>.json`` and the round's record (nodes accepted
-and rejected with reasons, bytes in and out, conflicts, epsilon, wall time)
-is appended to ``<output-dir>/metrics.json``, both atomically. A run that
+``<output-dir>/global_round_<r>.json``, evaluated on the dataset's held-out
+queries when it has any (routing accuracy and recall@5, seen and held-out
+tools), and the round's record (nodes accepted and rejected with reasons,
+bytes in and out, conflicts, epsilon, accuracy, wall time) is appended to ``<output-dir>/metrics.json``, both atomically. A run that
 crashed resumes from the last completed round: the global of that round is
 broadcast again and only the remaining rounds run.
 """
@@ -14,6 +15,7 @@ import json
 import logging
 import time
 from dataclasses import asdict
+from collections.abc import Callable
 from pathlib import Path
 
 from flwr.app import Context, MetricRecord
@@ -22,9 +24,12 @@ from flwr.serverapp import Grid, ServerApp
 from strategies import make_strategy
 from strategies.base import CompendiumStrategy, RoundReport
 from strategies.records import from_record, to_record
+from synapse_flwr.embed import get_embedder
+from synapse_flwr.federation import load_dataset
 from synapse_flwr.files import write_atomic
 from synapse_flwr.merge import GLOBAL_ORG
 from synapse_flwr.schema import Compendium, Issuer
+from synapse_flwr.router import Router, evaluate_routes
 from synapse_flwr.wire import ArtifactError, canonical_json, decode, encode, load_artifact
 
 log = logging.getLogger(__name__)
@@ -75,8 +80,40 @@ def empty_global() -> bytes:
     return encode(Compendium(kind="global", issuer=Issuer(org=GLOBAL_ORG, round=0), policy="none"))
 
 
-def make_evaluate_fn(strategy: CompendiumStrategy, recorder: RunRecorder, offset: int):
-    """Per-round hook (called by ``Strategy.start`` after each round): record outputs."""
+def make_evaluator(rc: dict) -> Callable[[bytes], dict] | None:
+    """Server-side evaluation of a global compendium on the dataset's test sets.
+
+    Returns None when ``eval-embedder`` is ``"none"`` or the dataset has no
+    test set. Metrics: top-1 accuracy and recall@5 of the ``fields`` router,
+    on seen-tool and held-out-tool queries.
+    """
+    name = str(rc.get("eval-embedder", "static"))
+    if name == "none":
+        return None
+    ds = load_dataset(str(rc["dataset"]), int(rc.get("seed", 42)))
+    splits = {k: v for k, v in (("seen", ds.seen_test), ("heldout", ds.heldout_test)) if v}
+    if not splits:
+        return None
+    embedder = get_embedder(name)
+
+    def evaluate(global_bytes: bytes) -> dict:
+        router = Router(decode(global_bytes), ds.catalog, embedder=embedder, reranker="fields")
+        out = {}
+        for split, items in splits.items():
+            m = evaluate_routes(router.route_many([i.query for i in items]), [i.gold for i in items])
+            out[f"{split}_acc"], out[f"{split}_r5"], out[f"{split}_n"] = m["acc"], m["r5"], m["n"]
+        return out
+
+    return evaluate
+
+
+def make_evaluate_fn(
+    strategy: CompendiumStrategy,
+    recorder: RunRecorder,
+    offset: int,
+    evaluator: Callable[[bytes], dict] | None,
+):
+    """Per-round hook (called by ``Strategy.start`` after each round): evaluate, record outputs."""
     t0 = time.perf_counter()
 
     def evaluate_fn(server_round: int, arrays) -> MetricRecord | None:
@@ -88,8 +125,11 @@ def make_evaluate_fn(strategy: CompendiumStrategy, recorder: RunRecorder, offset
         replies = len(summary["accepted"]) + len(summary["rejected"])
         summary["bytes_per_client"] = summary["bytes_in"] // max(replies, 1)
         summary["wall_s"] = round(time.perf_counter() - t0, 3)
-        recorder.record(rnd, from_record(arrays), summary, {})
-        return MetricRecord({"accepted": len(summary["accepted"]), "rejected": len(summary["rejected"])})
+        global_bytes = from_record(arrays)
+        scores = evaluator(global_bytes) if evaluator else {}
+        recorder.record(rnd, global_bytes, summary, scores)
+        return MetricRecord({"accepted": len(summary["accepted"]), "rejected": len(summary["rejected"]),
+                             **{k: float(v) for k, v in scores.items()}})
 
     return evaluate_fn
 
@@ -117,6 +157,6 @@ def main(grid: Grid, context: Context) -> None:
         initial_arrays=to_record(resume_bytes or empty_global()),
         num_rounds=num_rounds - done,
         timeout=float(rc.get("round-timeout", 600.0)),
-        evaluate_fn=make_evaluate_fn(strategy, recorder, done),
+        evaluate_fn=make_evaluate_fn(strategy, recorder, done, make_evaluator(rc)),
     )
     log.warning("federation finished: outputs in %s", out_dir)

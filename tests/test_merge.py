@@ -96,6 +96,13 @@ def test_majority_when_not_wins_and_tie_is_conservative():
     assert entry.when == [] and [w.text for w in entry.when_not] == ["crypto prices"]
 
 
+def test_a_stray_outcome_against_a_strong_consensus_is_not_a_conflict():
+    a = _org("a", when=[("crypto prices", 40.0)])
+    b = _org("b", when_not=[("crypto prices", 2.0, None)])
+    g = merge_typed([a, b])
+    assert g.conflicts == [] and [w.text for w in g.tools[0].when_not] == ["crypto prices"]
+
+
 def test_same_org_seeing_both_outcomes_is_not_a_conflict():
     a = _org("a", when=[("crypto prices", 3.0)], when_not=[("crypto prices", 1.0, None)])
     g = merge_typed([a])
@@ -131,8 +138,9 @@ def test_support_weighted_caps_a_loud_org():
     loud = _org("z", when_not=[("crypto prices", 500.0, None)], calls=1000, successes=900)
     typed = merge_typed([*quiet, loud]).tools[0]
     weighted = merge_support_weighted([*quiet, loud]).tools[0]
-    # plain typed: the loud org's 500 outvotes three orgs; weighted: capped, the three win
-    assert typed.when == [] and typed.when_not
+    # plain typed: the loud org's 500 dwarfs three orgs (no dispute even logged);
+    # weighted: capped, the three orgs win the now genuine dispute
+    assert typed.when_not[0].support == 500.0 and typed.when[0].support == 12.0
     assert [s.text for s in weighted.when] == ["crypto prices"] and weighted.when_not == []
 
 

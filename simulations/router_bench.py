@@ -1,0 +1,148 @@
+"""Router quality (top-1, recall@5) per embedder x reranker x compendium, and speed.
+
+Usage: ``python simulations/router_bench.py configs/router.toml``
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import time
+import tomllib
+from pathlib import Path
+
+import numpy as np
+
+from synapse_flwr.builder import build_compendium
+from synapse_flwr.catalog import Catalog, ToolDoc, make_catalog
+from synapse_flwr.datasets import PINNED, load_metatool, verify
+from synapse_flwr.embed import get_embedder
+from synapse_flwr.federation import metatool_dataset
+from synapse_flwr.results import write_results
+from synapse_flwr.router import Router, evaluate_routes
+
+log = logging.getLogger("router_bench")
+
+
+def scaled_catalog(base: Catalog, extra: Catalog, size: int, seed: int) -> Catalog:
+    """Real tools (MetaTool + unlabelled plugin manifests), topped up with generated ones.
+
+    Generated tools splice sentences of two real descriptions, so their text
+    is realistic in length and vocabulary; they only serve speed measurements.
+    """
+    real = {d.tool_id: d for d in (*base.tools, *extra.tools)}
+    rng = np.random.default_rng(seed)
+    texts = [d.description for d in real.values() if d.description]
+    docs = list(real.values())
+    for i in range(size - len(docs)):
+        a, b = rng.choice(len(texts), 2, replace=False)
+        desc = f"{texts[a].split('. ')[0]}. {texts[b].split('. ')[-1]}"
+        docs.append(ToolDoc(f"generated_{i:05d}", f"generated_{i:05d}", desc))
+    return make_catalog(docs)
+
+
+def quality(ds, compendia: dict, cfg: dict, seed: int) -> dict:
+    out = {}
+    splits = {"seen": ds.seen_test, "heldout": ds.heldout_test}
+    for emb_name in cfg["embedders"]:
+        for comp_name, comp in compendia.items():
+            router = Router(comp, ds.catalog, embedder=get_embedder(emb_name), reranker="none", k=cfg["k"])
+            for reranker in cfg["rerankers"]:
+                router.reranker = reranker
+                for split, items in splits.items():
+                    res = router.route_many([i.query for i in items])
+                    m = evaluate_routes(res, [i.gold for i in items], cfg["k"])
+                    out[f"{comp_name}/{emb_name}/{reranker}/{split}/{seed}"] = m
+                    log.info("seed %d %s %s %s %s: %s", seed, comp_name, emb_name, reranker, split, m)
+    return out
+
+
+def llm_quality(ds, compendia: dict, cfg: dict) -> dict:
+    out = {}
+    rng = np.random.default_rng(0)
+    for comp_name, comp in compendia.items():
+        router = Router(comp, ds.catalog, embedder=get_embedder("minilm"), reranker="llm",
+                        k=cfg["k"], model=cfg["llm_model"])
+        for split, items in {"seen": ds.seen_test, "heldout": ds.heldout_test}.items():
+            sample = [items[i] for i in sorted(rng.choice(len(items), cfg["llm_sample"], replace=False))]
+            t0 = time.perf_counter()
+            res = router.route_many([i.query for i in sample])
+            secs = time.perf_counter() - t0
+            m = evaluate_routes(res, [i.gold for i in sample], cfg["k"])
+            m.update(queries_per_s=len(sample) / secs, fallbacks=sum(r.fallback for r in res))
+            out[f"{comp_name}/minilm/llm/{split}/42"] = m
+            log.info("llm %s %s: %s", comp_name, split, m)
+    return out
+
+
+def speed(catalog: Catalog, compendium, queries: list[str], cfg: dict) -> dict:
+    out = {}
+    for emb_name in cfg["embedders"]:
+        router = Router(compendium, catalog, embedder=get_embedder(emb_name), reranker="fields", k=cfg["k"])
+        router.route_many(queries[:8])  # warm-up: model load, caches
+        lat = []
+        for q in queries[: cfg["latency_queries"]]:
+            t0 = time.perf_counter()
+            router.route(q)
+            lat.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        router.route_many(queries)
+        batch = time.perf_counter() - t0
+        out[emb_name] = {
+            "tools": len(catalog),
+            "p50_ms": 1000 * statistics.median(lat),
+            "p99_ms": 1000 * float(np.quantile(lat, 0.99)),
+            "batch_queries_per_s": len(queries) / batch,
+        }
+        log.info("speed %d tools %s: %s", len(catalog), emb_name, out[emb_name])
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config", type=Path, help="experiment TOML (see configs/router.toml)")
+    parser.add_argument("--skip-llm", action="store_true", help="leave out the local LLM reranker arm")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    cfg = tomllib.loads(args.config.read_text())["experiment"]
+    results: dict = {"quality": {}, "split_sizes": {}}
+    for seed in cfg["seeds"]:
+        ds = metatool_dataset(seed)
+        results["split_sizes"][seed] = {"train": len(ds.all_events), "seen": len(ds.seen_test),
+                                        "heldout": len(ds.heldout_test), "leak_filter": ds.info["leak_filter"]}
+        compendia = {
+            "docs_only": None,
+            "central": build_compendium(ds.all_events, ds.catalog, "central"),
+            "central_private": build_compendium(ds.all_events, ds.catalog, "central", round_=cfg["rounds"],
+                                                epsilon=cfg["private_epsilon"], delta=cfg["delta"],
+                                                rounds=cfg["rounds"], seed=seed),
+        }
+        results["quality"].update(quality(ds, compendia, cfg, seed))
+        if seed == cfg["seeds"][0]:
+            queries = [i.query for i in ds.seen_test + ds.heldout_test][:2000]
+            extra = load_metatool(with_extra_tools=True).catalog
+            results["speed"] = {
+                "real": speed(ds.catalog, compendia["central"], queries, cfg),
+                "scaled": speed(scaled_catalog(ds.catalog, extra, cfg["scaled_tools"], seed),
+                                compendia["central"], queries, cfg),
+            }
+            if not args.skip_llm:
+                results["llm"] = llm_quality(ds, {k: compendia[k] for k in ("docs_only", "central")}, cfg)
+    summary = {}
+    for key in {k.rsplit("/", 1)[0] for k in results["quality"]}:
+        runs = [v for k, v in results["quality"].items() if k.rsplit("/", 1)[0] == key]
+        summary[key] = {
+            "acc_mean": statistics.mean(r["acc"] for r in runs),
+            "acc_sd": statistics.stdev(r["acc"] for r in runs) if len(runs) > 1 else 0.0,
+            "r5_mean": statistics.mean(r["r5"] for r in runs),
+            "n": runs[0]["n"], "seeds": len(runs),
+        }
+    results["summary"] = dict(sorted(summary.items()))
+    pins = {p.path: p.sha256 for p in PINNED if p.path.startswith("metatool/")}
+    data = {path: pins[path] for path in verify(None, pins)}
+    write_results(Path(cfg["output"]), results, cfg, data, f"python simulations/router_bench.py {args.config}")
+
+
+if __name__ == "__main__":
+    main()
