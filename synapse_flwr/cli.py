@@ -232,6 +232,30 @@ def route(
     k: Annotated[int, typer.Option(help="Candidates retrieved per query.")] = 5,
 ) -> None:
     """Route queries to tools and print one JSON result per query."""
+    router = _load_router(catalog, compendium, reranker, model, embedder, render, k)
+    for result in router.route_many(query):
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+
+
+@app.command()
+def serve(
+    catalog: Annotated[Path, typer.Option(help="Tool catalog (JSON list or JSONL).")],
+    compendium: Annotated[
+        Optional[Path], typer.Option(help="Global compendium; omit to route on docs alone.")
+    ] = None,
+    reranker: Annotated[str, typer.Option(help="fields, llm or none.")] = "fields",
+    model: Annotated[str, typer.Option(help="litellm model for --reranker llm.")] = "local/smollm2",
+    embedder: Annotated[str, typer.Option(help="minilm, static or tfidf.")] = "minilm",
+    transport: Annotated[str, typer.Option(help="MCP transport: stdio, sse or streamable-http.")] = "stdio",
+) -> None:
+    """Serve routing to agents as an MCP server with one tool, `route`."""
+    from synapse_flwr.serve import build_server
+
+    router = _load_router(catalog, compendium, reranker, model, embedder, "typed", 5)
+    build_server(router).run(transport=transport)
+
+
+def _load_router(catalog, compendium, reranker, model, embedder, render, k):
     from synapse_flwr.catalog import load_catalog
     from synapse_flwr.router import Router
     from synapse_flwr.wire import load_artifact
@@ -244,11 +268,9 @@ def route(
         except ArtifactError as exc:
             raise SynapseError(f"{compendium} is not a valid artifact: {exc}") from None
     try:
-        router = Router(comp, cat, embedder=embedder, reranker=reranker, k=k, render=render, model=model)
+        return Router(comp, cat, embedder=embedder, reranker=reranker, k=k, render=render, model=model)
     except ValueError as exc:
         raise SynapseError(str(exc)) from None
-    for result in router.route_many(query):
-        typer.echo(json.dumps(result.to_dict(), indent=2))
 
 
 def main() -> None:

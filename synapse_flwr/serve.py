@@ -1,0 +1,39 @@
+"""Expose routing to agents as an MCP server (``synapse serve``).
+
+An agent connected over MCP calls the ``route`` tool with its user's request
+and gets back the tool to call, the ranked candidates and the fields that
+decided. The router (compendium, catalog, embedder) is built once at start.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from synapse_flwr.router import Router
+
+INSTRUCTIONS = (
+    "Before calling one of your tools for a user request, call `route` with the request: "
+    "it answers which tool fits, using knowledge federated across organisations."
+)
+
+
+def build_server(router: Router, name: str = "synapse-router") -> Any:
+    """An MCP server with one ``route`` tool backed by ``router``.
+
+    Parameters
+    ----------
+    router : Router
+        The router to serve.
+    name : str
+        Server name announced to clients.
+    """
+    from mcp.server.mcpserver import MCPServer
+
+    server = MCPServer(name=name, instructions=INSTRUCTIONS)
+
+    @server.tool(name="route", description="Pick the tool that should answer a user request.")
+    def route(query: str) -> dict:
+        """Route ``query``; returns the chosen tool, ranked candidates and deciding fields."""
+        return router.route(query).to_dict()
+
+    return server
