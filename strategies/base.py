@@ -53,6 +53,8 @@ class RoundReport:
         Replies that were not.
     bytes_in : int
         Wire bytes of all received artifacts.
+    artifacts_in : int
+        Replies that carried an artifact (valid or not).
     bytes_out : int
         Wire bytes of the broadcast global.
     epsilon : float or None
@@ -67,6 +69,7 @@ class RoundReport:
     accepted: list[int] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
     bytes_in: int = 0
+    artifacts_in: int = 0
     bytes_out: int = 0
     epsilon: float | None = None
     conflicts: int = 0
@@ -182,6 +185,7 @@ class CompendiumStrategy(Strategy):
             node = msg.metadata.src_node_id
             art, size, reason = check_reply(msg, self.max_bytes)
             report.bytes_in += size
+            report.artifacts_in += size > 0
             if reason is None and art is not None:
                 owner = self.latest.get(art.issuer.org)
                 if owner is not None and owner[0] != node:

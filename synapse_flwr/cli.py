@@ -255,6 +255,52 @@ def serve(
     build_server(router).run(transport=transport)
 
 
+SetOption = Annotated[
+    list[str],
+    typer.Option("--set", help="Run-config override KEY=VALUE (TOML value), repeatable: "
+                 "--set epsilon=inf --set policy='flat-majority'."),
+]
+
+
+@app.command()
+def simulate(
+    app_dir: Annotated[Path, typer.Option(help="The Flower app (this project's root).")] = Path("."),
+    nodes: Annotated[int, typer.Option(help="Simulated organisations (SuperNodes).")] = 3,
+    set_: SetOption = [],
+    flwr_home: Annotated[Optional[Path], typer.Option(help="Flower home (default: a new temp folder).")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds before the run is abandoned.")] = 900.0,
+) -> None:
+    """Run the federation under Flower's Ray simulation engine, isolated, and clean up after."""
+    from synapse_flwr.deploy import parse_overrides, run_simulation
+
+    res = run_simulation(app_dir, nodes, parse_overrides(set_), flwr_home, timeout)
+    log.info("run %s %s in %.1fs; outputs in %s (log: %s)", res.run_id, res.status, res.wall_s,
+             res.output_dir, res.log_path)
+
+
+@app.command("deploy-local")
+def deploy_local(
+    app_dir: Annotated[Path, typer.Option(help="The Flower app (this project's root).")] = Path("."),
+    nodes: Annotated[int, typer.Option(help="SuperNodes, one per organisation of the dataset.")] = 3,
+    node: Annotated[
+        list[str], typer.Option(help="ORG=DATA_PATH of one SuperNode, repeatable (overrides --nodes).")
+    ] = [],
+    catalog: Annotated[Optional[Path], typer.Option(help="Catalog for --node experience files.")] = None,
+    set_: SetOption = [],
+    flwr_home: Annotated[Optional[Path], typer.Option(help="Flower home (default: a new temp folder).")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds before the run is abandoned.")] = 900.0,
+) -> None:
+    """Start a real SuperLink and SuperNodes on 127.0.0.1, run the federation, shut all down."""
+    from synapse_flwr.deploy import DeploymentConfig, parse_node, parse_overrides, run_local_deployment
+
+    specs = [parse_node(n, catalog) for n in node] or nodes
+    cfg = DeploymentConfig(app_dir=app_dir, nodes=specs, run_config=parse_overrides(set_),
+                           flwr_home=flwr_home, timeout=timeout)
+    res = run_local_deployment(cfg)
+    log.info("run %s %s in %.1fs on nodes %s; outputs in %s (log: %s)", res.run_id, res.status,
+             res.wall_s, res.node_ids, res.output_dir, res.log_path)
+
+
 def _load_router(catalog, compendium, reranker, model, embedder, render, k):
     from synapse_flwr.catalog import load_catalog
     from synapse_flwr.router import Router

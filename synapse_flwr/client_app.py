@@ -20,6 +20,7 @@ from flwr.clientapp import ClientApp
 from strategies.records import from_record, to_record
 from synapse_flwr.builder import build_compendium
 from synapse_flwr.catalog import Catalog, load_catalog
+from synapse_flwr.errors import InputError
 from synapse_flwr.experience import Event, load_experience
 from synapse_flwr.federation import load_dataset, load_federated
 from synapse_flwr.wire import decode, encode
@@ -73,7 +74,13 @@ def train(msg: Message, context: Context) -> Message:
     config = msg.content["config"]
     server_round = int(config["server-round"])
     incoming = decode(from_record(msg.content["arrays"]))  # raises on an invalid global
-    data = org_data(context)
+    try:
+        data = org_data(context)
+    except InputError as exc:
+        # The reason travels to the server: keep the org's file paths out of it.
+        log.error("cannot load this org's experience: %s", exc)
+        where = f"line {exc.line}" if exc.line is not None else "file"
+        raise RuntimeError(f"invalid local experience data ({where}): {exc.message}") from None
     epsilon = float(rc.get("epsilon", math.inf))
     artifact = build_compendium(
         data.events,

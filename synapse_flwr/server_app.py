@@ -122,8 +122,7 @@ def make_evaluate_fn(
         rnd = offset + server_round
         report = strategy.reports.get(rnd)
         summary = asdict(report or RoundReport(round=rnd))
-        replies = len(summary["accepted"]) + len(summary["rejected"])
-        summary["bytes_per_client"] = summary["bytes_in"] // max(replies, 1)
+        summary["bytes_per_client"] = summary["bytes_in"] // max(summary["artifacts_in"], 1)
         summary["wall_s"] = round(time.perf_counter() - t0, 3)
         global_bytes = from_record(arrays)
         scores = evaluator(global_bytes) if evaluator else {}

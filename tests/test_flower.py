@@ -1,0 +1,261 @@
+"""Integration tests: the Flower app under simulation and as a real local deployment.
+
+Each test starts real Flower processes (a managed SuperLink with the Ray
+simulation engine, or a SuperLink with SuperNodes) with its own FLWR_HOME
+under ``tmp_path`` and free ports, and checks that none of them outlives it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from synapse_flwr import deploy
+from synapse_flwr.deploy import (
+    DeploymentConfig,
+    NodeSpec,
+    nodes_from_dataset,
+    processes_using_home,
+    read_metrics,
+    run_local_deployment,
+    run_simulation,
+)
+from synapse_flwr.errors import SynapseError
+from synapse_flwr.federation import demo_dir
+from synapse_flwr.schema import Compendium
+from synapse_flwr.wire import load_artifact
+
+
+APP_DIR = Path(__file__).resolve().parent.parent
+INF = math.inf
+
+CATALOG = [
+    {"name": "get_weather", "description": "Weather forecast for a city."},
+    {"type": "function", "function": {"name": "book_hotel", "description": "Book a hotel room.",
+                                      "parameters": {"type": "object"}}},
+    {"name": "convert_currency", "description": "Convert money.", "inputSchema": {"type": "object"}},
+]
+TEMPLATES = {
+    "get_weather": ["weather forecast for berlin", "is it sunny in rome today", "will it rain in paris"],
+    "book_hotel": ["book a hotel room in paris", "hotel booking near the airport",
+                   "reserve a hotel in rome for two nights"],
+    "convert_currency": ["convert 5 usd to eur", "exchange rate dollar to yen", "convert money to pounds"],
+}
+
+
+def small_dataset(folder: Path, seed: int = 0) -> Path:
+    """Three orgs in the generic formats, with a planted cross-org contradiction.
+
+    Orgs ``a`` and ``c`` route crypto price questions to ``convert_currency``
+    successfully; org ``b`` logs the same calls as failures.
+    """
+    rng = random.Random(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "catalog.json").write_text(json.dumps(CATALOG))
+    for org in ("a", "b", "c"):
+        events = []
+        for i in range(40):
+            tool = rng.choice(sorted(TEMPLATES))
+            query = f"{rng.choice(TEMPLATES[tool])} {i}"
+            events.append({"query": query, "tool": tool, "success": True, "gold": tool, "org": org})
+        for i in range(6):
+            events.append({"query": f"crypto prices bitcoin now {i}", "tool": "convert_currency",
+                           "success": org != "b", "org": org})
+        (folder / f"org_{org}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    return folder
+
+
+def dataset(tmp_path: Path) -> str:
+    """The embedded demo when it is there, else a small folder dataset."""
+    if (demo_dir() / "catalog.json").is_file() and len(list(demo_dir().glob("org_*.jsonl"))) == 3:
+        return "demo"
+    return str(small_dataset(tmp_path / "dataset"))
+
+
+def assert_nothing_left(home: Path) -> None:
+    """No process started with this FLWR_HOME is alive (SuperLink, SuperNodes, apps, Ray)."""
+    assert processes_using_home(home) == []
+
+
+def assert_global(path: Path) -> Compendium:
+    """The file is a valid global compendium with tools, scenarios and conflicts."""
+    art = load_artifact(path)
+    assert isinstance(art, Compendium)
+    assert art.kind == "global"
+    assert art.tools
+    assert any(t.when for t in art.tools)
+    assert art.conflicts, "the planted cross-org contradictions must show up as conflicts"
+    return art
+
+
+@pytest.mark.slow
+def test_simulation(tmp_path):
+    home, out = tmp_path / "flwr", tmp_path / "out"
+    rc = {"dataset": dataset(tmp_path), "num-rounds": 2, "epsilon": INF, "output-dir": str(out)}
+    try:
+        res = run_simulation(APP_DIR, num_supernodes=3, run_config=rc, flwr_home=home, timeout=300)
+    finally:
+        assert_nothing_left(home)
+    assert res.status == "finished:completed"
+    assert res.peak_rss_bytes  # the sampler saw the started processes
+    rounds = read_metrics(out)
+    assert [r["round"] for r in rounds] == [1, 2]
+    for r in rounds:
+        assert len(r["accepted"]) == 3 and r["rejected"] == [] and r["merged"]
+        assert r["bytes_per_client"] > 0
+    assert_global(out / "global_round_2.json")
+
+
+@pytest.mark.slow
+def test_rejected_artifact(tmp_path):
+    """A SuperNode whose experience file is malformed is rejected; the round completes."""
+    home, out = tmp_path / "flwr", tmp_path / "out"
+    ds = dataset(tmp_path)
+    good = nodes_from_dataset(ds, 3, tmp_path / "nodes")[:2]
+    bad_file = tmp_path / "bad.jsonl"
+    bad_file.write_text('{"query": "weather in rome", "tool": "get_weather", "success": true}\n{not json\n')
+    bad = NodeSpec("broken", bad_file, good[0].catalog_path)
+    rc = {"dataset": ds, "num-rounds": 1, "min-nodes": 2, "epsilon": INF, "output-dir": str(out)}
+    cfg = DeploymentConfig(APP_DIR, [*good, bad], rc, flwr_home=home, timeout=300)
+    try:
+        res = run_local_deployment(cfg)
+    finally:
+        assert_nothing_left(home)
+    (record,) = read_metrics(out)
+    assert sorted(record["accepted"]) == sorted(res.node_ids[s.org] for s in good)
+    (rejection,) = record["rejected"]
+    assert rejection["node_id"] == res.node_ids["broken"]
+    assert rejection["round"] == 1
+    assert rejection["reason"].startswith("client error")
+    assert "rejected reply from node %d" % res.node_ids["broken"] in res.log_path.read_text()
+    assert record["merged"]
+    load_artifact(out / "global_round_1.json")
+
+
+@pytest.mark.slow
+def test_deployment(tmp_path):
+    home, out = tmp_path / "flwr", tmp_path / "out"
+    rc = {"dataset": dataset(tmp_path), "num-rounds": 2, "epsilon": INF, "output-dir": str(out)}
+    try:
+        res = run_local_deployment(DeploymentConfig(APP_DIR, 3, rc, flwr_home=home, timeout=300))
+    finally:
+        assert_nothing_left(home)
+    assert res.status == "finished:completed"
+    assert len(set(res.node_ids.values())) == 3
+    rounds = read_metrics(out)
+    assert [r["round"] for r in rounds] == [1, 2]
+    for r in rounds:
+        assert sorted(r["accepted"]) == sorted(res.node_ids.values())
+        assert r["rejected"] == []
+    assert_global(out / "global_round_2.json")
+    print("deployment metrics:", json.dumps(rounds))
+
+
+@pytest.mark.slow
+def test_resume(tmp_path):
+    """A second run with more rounds into the same output dir runs only the missing round."""
+    out = tmp_path / "out"
+    ds = dataset(tmp_path)
+    rc = {"dataset": ds, "epsilon": INF, "output-dir": str(out)}
+    home1, home2 = tmp_path / "flwr1", tmp_path / "flwr2"
+    try:
+        run_simulation(APP_DIR, 2, {**rc, "num-rounds": 1}, flwr_home=home1, timeout=300)
+    finally:
+        assert_nothing_left(home1)
+    (first,) = read_metrics(out)
+    global_1 = (out / "global_round_1.json").read_bytes()
+    try:
+        res = run_simulation(APP_DIR, 2, {**rc, "num-rounds": 2}, flwr_home=home2, timeout=300)
+    finally:
+        assert_nothing_left(home2)
+    rounds = read_metrics(out)
+    assert [r["round"] for r in rounds] == [1, 2]
+    assert rounds[0] == first
+    assert (out / "global_round_1.json").read_bytes() == global_1
+    assert len(rounds[1]["accepted"]) == 2
+    assert "resuming after round 1" in res.log_path.read_text()
+    load_artifact(out / "global_round_2.json")
+
+
+@pytest.mark.slow
+def test_failed_run_reports_the_log(tmp_path):
+    """A ServerApp that fails ends the run as failed: the error quotes `flwr log`."""
+    home = tmp_path / "flwr"
+    rc = {"dataset": dataset(tmp_path), "num-rounds": 1, "policy": "no-such-policy",
+          "output-dir": str(tmp_path / "out")}
+    try:
+        with pytest.raises(SynapseError, match="finished:failed") as err:
+            run_local_deployment(DeploymentConfig(APP_DIR, 1, rc, flwr_home=home, timeout=120))
+    finally:
+        assert_nothing_left(home)
+    assert "unknown policy 'no-such-policy'" in str(err.value)
+
+
+@pytest.mark.slow
+def test_node_not_online(tmp_path):
+    home = tmp_path / "flwr"
+    rc = {"dataset": dataset(tmp_path), "output-dir": str(tmp_path / "out")}
+    try:
+        with pytest.raises(SynapseError, match="not online after 0s") as err:
+            run_local_deployment(DeploymentConfig(APP_DIR, 2, rc, flwr_home=home, online_timeout=0.1))
+    finally:
+        assert_nothing_left(home)
+    assert "log tail of org" in str(err.value)
+
+
+@pytest.mark.slow
+def test_interrupt_tears_down(tmp_path):
+    """Ctrl-C in the middle of a run stops every process the deployment started."""
+    home, out = tmp_path / "flwr", tmp_path / "out"
+    script = (
+        "import logging, sys; from pathlib import Path\n"
+        "from synapse_flwr.deploy import DeploymentConfig, run_local_deployment\n"
+        "logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n"
+        f"rc = {{'dataset': {dataset(tmp_path)!r}, 'num-rounds': 5, 'output-dir': {str(out)!r}}}\n"
+        f"run_local_deployment(DeploymentConfig(Path({str(APP_DIR)!r}), 2, rc, Path({str(home)!r})))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:
+            if "submitted run" in line:
+                break
+        time.sleep(2)
+        assert processes_using_home(home), "the deployment should be running"
+        proc.send_signal(signal.SIGINT)
+        rest = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "KeyboardInterrupt" in rest
+    assert "deployment stopped" in rest
+    assert_nothing_left(home)
+
+
+def test_errors_before_starting_anything(tmp_path, monkeypatch):
+    data = tmp_path / "org.jsonl"
+    data.write_text("")
+    node = NodeSpec("a", data)
+    with pytest.raises(SynapseError, match="not a Flower app"):
+        run_local_deployment(DeploymentConfig(tmp_path, [node]))
+    with pytest.raises(SynapseError, match="experience file of org 'b' not found"):
+        run_local_deployment(DeploymentConfig(APP_DIR, [node, NodeSpec("b", tmp_path / "nope.jsonl")]))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        with pytest.raises(SynapseError, match=f"port {port} for the SuperLink is busy"):
+            run_local_deployment(DeploymentConfig(APP_DIR, [node], flwr_home=tmp_path / "h",
+                                                  superlink_port=port))
+    monkeypatch.setattr(deploy, "flower_bin_dir", lambda: tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(SynapseError, match="Flower binaries not found on PATH: flwr, flower-superlink"):
+        run_simulation(APP_DIR, 2, {"output-dir": str(tmp_path / "out")}, flwr_home=tmp_path / "h2")
