@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 
 from synapse_flwr.builder import build_compendium
-from synapse_flwr.datasets import PINNED, verify
+from synapse_flwr.datasets import verified_hashes
 from synapse_flwr.federation import load_federated
 from synapse_flwr.merge import POLICIES, merge
 from synapse_flwr.results import write_results
@@ -63,9 +63,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     cfg = tomllib.loads(args.config.read_text())["experiment"]
     results = measure(cfg)
-    # verify() raises unless every present file matches its pinned sha256
-    pins = {p.path: p.sha256 for p in PINNED if p.path.startswith(cfg["dataset"] + "/")}
-    data = {path: pins[path] for path in verify(None, pins)}
+    data = verified_hashes([cfg["dataset"]])
     write_results(Path(cfg["output"]), results, cfg, data, f"python simulations/artifacts.py {args.config}")
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from synapse_flwr.builder import build_compendium
 from synapse_flwr.catalog import Catalog, ToolDoc, make_catalog
-from synapse_flwr.datasets import PINNED, load_metatool, verify
+from synapse_flwr.datasets import load_metatool, verified_hashes
 from synapse_flwr.embed import get_embedder
 from synapse_flwr.federation import metatool_dataset
 from synapse_flwr.results import write_results
@@ -139,8 +139,7 @@ def main() -> None:
             "n": runs[0]["n"], "seeds": len(runs),
         }
     results["summary"] = dict(sorted(summary.items()))
-    pins = {p.path: p.sha256 for p in PINNED if p.path.startswith("metatool/")}
-    data = {path: pins[path] for path in verify(None, pins)}
+    data = verified_hashes(["metatool"])
     write_results(Path(cfg["output"]), results, cfg, data, f"python simulations/router_bench.py {args.config}")
 
 

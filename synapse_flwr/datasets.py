@@ -1226,3 +1226,14 @@ def partition_noniid(events: Sequence[Event], k: int, alpha: float, seed: int) -
     for i, event in enumerate(events):
         parts[owner[i]].append(event.model_copy(update={"org": f"org{owner[i]}"}))
     return parts
+
+
+def verified_hashes(datasets: Iterable[str], directory: str | Path | None = None) -> dict[str, str]:
+    """sha256 of every pinned file of these datasets (``metatool``, ``taubench-retail``), verified.
+
+    For a results manifest: the files present in the data folder, each
+    checked against its pin (a mismatch raises :class:`SynapseError`).
+    """
+    wanted = set(datasets)
+    pins = {p.path: p.sha256 for p in PINNED if p.path.split("/")[0] in wanted}
+    return {path: pins[path] for path in verify(directory, pins)} if pins else {}

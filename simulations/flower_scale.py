@@ -1,0 +1,51 @@
+"""Time and size federations under Flower's simulation engine at several numbers of orgs.
+
+Usage: ``python simulations/flower_scale.py configs/flower_scale.toml``
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import tempfile
+import tomllib
+from pathlib import Path
+
+from synapse_flwr.datasets import verified_hashes
+from synapse_flwr.deploy import read_metrics, run_simulation
+from synapse_flwr.results import write_results
+
+log = logging.getLogger("flower_scale")
+APP_DIR = Path(__file__).resolve().parent.parent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config", type=Path, help="experiment TOML (see configs/flower_scale.toml)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    cfg = tomllib.loads(args.config.read_text())["experiment"]
+    results = {}
+    for run in cfg["runs"]:
+        key = f"{run['dataset']}_k{run['nodes']}"
+        with tempfile.TemporaryDirectory(prefix="synapse-scale-") as tmp:
+            out = Path(tmp) / "out"
+            overrides = {**cfg["run_config"], "dataset": run["dataset"], "num-rounds": run["rounds"],
+                         "min-nodes": run["nodes"], "output-dir": str(out)}
+            res = run_simulation(APP_DIR, run["nodes"], overrides, Path(tmp) / "flwr", timeout=1800)
+            rounds = read_metrics(out)
+        results[key] = {
+            "nodes": run["nodes"], "rounds": run["rounds"], "status": res.status,
+            "wall_s": round(res.wall_s, 1), "peak_rss_mb": round(res.peak_rss_bytes / 2**20),
+            "per_round": [{k: r.get(k) for k in ("round", "bytes_per_client", "bytes_out", "conflicts",
+                                                   "epsilon", "seen_acc", "heldout_acc", "wall_s")}
+                          | {"accepted": len(r["accepted"]), "rejected": len(r["rejected"])}
+                          for r in rounds],
+        }
+        log.info("%s: %s", key, results[key])
+    data = verified_hashes(run["dataset"] for run in cfg["runs"])
+    write_results(Path(cfg["output"]), results, cfg, data, f"python simulations/flower_scale.py {args.config}")
+
+
+if __name__ == "__main__":
+    main()
