@@ -53,20 +53,30 @@ def build(
     rounds: Annotated[int, typer.Option(help="Planned releases the budget must cover.")] = 1,
     round_: Annotated[int, typer.Option("--round", help="Which release this is (0: standalone).")] = 0,
     seed: Annotated[int, typer.Option(help="Noise seed (combined with org and round).")] = 0,
+    summarise_model: Annotated[
+        Optional[str],
+        typer.Option(help="litellm model that rewrites released scenario phrases into a line "
+                     "(off by default; it only sees already-privatised phrases)."),
+    ] = None,
 ) -> None:
     """Build this organisation's privatised typed compendium from its experience."""
-    from synapse_flwr.builder import build_compendium
+    from synapse_flwr.builder import BuildConfig, build_compendium
     from synapse_flwr.catalog import load_catalog
     from synapse_flwr.experience import load_experience
     from synapse_flwr.wire import content_hash, encode, save_artifact
+
+    if summarise_model:
+        from synapse_flwr.llm import scenario_rewriter
 
     t0 = time.perf_counter()
     cat = load_catalog(catalog)
     events = load_experience(experience, cat)
     log.info("loaded %d events over %d catalog tools", len(events), len(cat))
     try:
+        config = BuildConfig(rewrite=scenario_rewriter(summarise_model) if summarise_model else None)
         comp = build_compendium(
-            events, cat, org, round_=round_, epsilon=epsilon, delta=delta, rounds=rounds, seed=seed
+            events, cat, org, round_=round_, epsilon=epsilon, delta=delta, rounds=rounds, seed=seed,
+            config=config,
         )
     except ValueError as exc:
         raise SynapseError(str(exc)) from None

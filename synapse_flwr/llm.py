@@ -19,6 +19,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 # Must precede the litellm import: litellm otherwise fetches its model cost map
@@ -413,3 +414,34 @@ def parse_choice(text: str, choices: list[str]) -> int | None:
 
 
 register_local_provider()
+
+
+def scenario_rewriter(model: str, **kw: Any) -> Callable[[str, Sequence[str]], str]:
+    """An optional builder hook: an LLM turns a released phrase group into one scenario line.
+
+    It only ever sees phrases that already passed privacy (post-processing),
+    and a failed or empty reply keeps the phrase as it was.
+
+    Parameters
+    ----------
+    model : str
+        litellm model string.
+    **kw
+        Passed to :func:`complete` (e.g. ``mock_response`` in tests).
+    """
+
+    def rewrite(text: str, variants: Sequence[str]) -> str:
+        phrases = ", ".join([text, *variants])
+        messages = [
+            {"role": "system", "content": "Write one short line (under 15 words) describing the "
+             "kind of user request these key phrases come from. No names, numbers or quotes."},
+            {"role": "user", "content": f"Key phrases: {phrases}"},
+        ]
+        try:
+            line = complete(model, messages, **{"max_tokens": 40, "temperature": 0, **kw})
+        except LLMError as exc:
+            logger.warning("scenario rewrite failed, keeping %r: %s", text, exc)
+            return text
+        return " ".join(line.split()) or text
+
+    return rewrite

@@ -139,3 +139,16 @@ def test_contribution_bound_holds_for_long_queries():
 def test_round_beyond_the_budget_is_refused():
     with pytest.raises(ValueError, match="exceeds"):
         build_compendium(_events(), CATALOG, "acme", epsilon=1.0, rounds=2, round_=3)
+
+
+def test_optional_llm_summariser_rewrites_released_scenarios_through_litellm():
+    from synapse_flwr.llm import scenario_rewriter
+
+    rewrite = scenario_rewriter("openai/gpt-4o-mini", mock_response="asks about rain or snow")
+    comp = build_compendium(_events(), CATALOG, "acme", config=BuildConfig(rewrite=rewrite))
+    texts = {s.text for s in comp.tool("get_weather").when}
+    assert texts == {"asks about rain or snow"}
+    # a failing model keeps the released phrase
+    failing = scenario_rewriter("openai/gpt-4o-mini", mock_response=Exception("down"))
+    comp = build_compendium(_events(), CATALOG, "acme", config=BuildConfig(rewrite=failing))
+    assert "weather" in {s.text for s in comp.tool("get_weather").when}
