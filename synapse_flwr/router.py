@@ -263,6 +263,9 @@ class Router:
         self.kinds = np.array(kinds)
         self.vectors = vectors
         self.doc_rows = np.flatnonzero(self.kinds == 0)
+        # entries are laid out tool by tool: doc, when..., when_not...
+        self.row_end = np.append(self.doc_rows[1:], len(self.kinds))
+        self.position = {tool_id: i for i, tool_id in enumerate(self.tool_ids)}
         self.doc_index = faiss.IndexFlatIP(vectors.shape[1])
         self.doc_index.add(vectors[self.kinds == 0])
         self.scenario_index = faiss.IndexFlatIP(vectors.shape[1])
@@ -311,7 +314,7 @@ class Router:
 
     # ------------------------------------------------------------- reranking
     def _field_signals(self, qv: np.ndarray, tool: int, best_doc: float) -> dict[str, float]:
-        rows = np.flatnonzero(self.owners == tool)
+        rows = slice(self.doc_rows[tool], self.row_end[tool])
         sims = self.vectors[rows] @ qv
         kinds = self.kinds[rows]
 
@@ -334,7 +337,8 @@ class Router:
 
     def _prefer_target(self, qv: np.ndarray, tool: int) -> tuple[str | None, float]:
         """The ``prefer`` tool of the best-matching when_not scenario, with its similarity."""
-        rows = np.flatnonzero((self.owners == tool) & (self.kinds == 2))
+        start = self.row_end[tool] - len(self.entries[self.tool_ids[tool]].when_not)
+        rows = range(start, self.row_end[tool])
         best, best_sim = None, -1.0
         for row, w in zip(rows, self.entries[self.tool_ids[tool]].when_not):
             sim = float(self.vectors[row] @ qv)
@@ -366,7 +370,7 @@ class Router:
             scores[tool_id] = Candidate(tool_id, float(score), float(fused[t]), s)
         for target, score in redirects.items():
             old = scores.get(target)
-            t = self.tool_ids.index(target)
+            t = self.position[target]
             if old is None or old.score < score:
                 signals = {**(old.signals if old else {}), "redirected": 1.0}
                 scores[target] = Candidate(target, score, float(fused[t]), signals)
