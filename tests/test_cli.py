@@ -276,6 +276,10 @@ HELP = {
     "merge": ["FILES", "--output", "--policy"],
     "schema": ["--output"],
     "inspect": ["FILE", "--limit"],
+    "route": ["QUERY", "--catalog", "--compendium", "--reranker", "--model", "--embedder", "--render"],
+    "serve": ["--catalog", "--compendium", "--transport"],
+    "simulate": ["--nodes", "--set", "--flwr-home"],
+    "deploy-local": ["--nodes", "--node", "--catalog", "--set"],
 }
 
 
@@ -340,6 +344,15 @@ def test_main_turns_user_errors_into_exit_2(data, monkeypatch, caplog):
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and errors[0].exc_info is None
     assert errors[0].getMessage() == f"{data['dir'] / 'nope.jsonl'}: file not found"
+
+
+def test_federation_commands_reject_bad_arguments_before_starting_anything(tmp_path):
+    res = invoke("simulate", "--set", "epsilon")
+    assert isinstance(res.exception, SynapseError) and "KEY=VALUE" in str(res.exception)
+    res = invoke("deploy-local", "--node", "just-a-name")
+    assert isinstance(res.exception, SynapseError) and "ORG=DATA_PATH" in str(res.exception)
+    res = invoke("simulate", "--app-dir", str(tmp_path))
+    assert isinstance(res.exception, SynapseError)
 
 
 # --------------------------------------------------------------------------- user mistakes, real processes
