@@ -219,6 +219,7 @@ class TfidfEmbedder:
     def fit(self, texts: Sequence[str]) -> TfidfEmbedder:
         """Learn vocabulary and idf from ``texts``; returns ``self``."""
         self._vectorizer.fit(list(texts))
+        # numpy ints (from max_features) are not JSON-serialisable
         vocab = sorted(((k, int(v)) for k, v in self._vectorizer.vocabulary_.items()), key=lambda kv: kv[1])
         digest = hashlib.sha256(json.dumps(vocab).encode())
         digest.update(self._vectorizer.idf_.astype(np.float64).tobytes())
@@ -239,47 +240,6 @@ class TfidfEmbedder:
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """Embed texts densely; see :class:`Embedder`."""
         return self.encode_sparse(texts).toarray()
-
-
-class BM25Scorer:
-    """Okapi BM25 relevance of queries to a fixed document set.
-
-    Parameters
-    ----------
-    k1 : float
-        Term-frequency saturation.
-    b : float
-        Document-length normalisation.
-    """
-
-    def __init__(self, k1: float = 1.5, b: float = 0.75) -> None:
-        from sklearn.feature_extraction.text import CountVectorizer
-
-        self.k1 = k1
-        self.b = b
-        self._counter = CountVectorizer()
-        self._weights: scipy.sparse.csr_matrix | None = None
-
-    def fit(self, docs: Sequence[str]) -> BM25Scorer:
-        """Index ``docs``; returns ``self``."""
-        tf = self._counter.fit_transform(list(docs)).tocsr().astype(np.float64)
-        n_docs = tf.shape[0]
-        df = np.bincount(tf.indices, minlength=tf.shape[1])
-        idf = np.log1p((n_docs - df + 0.5) / (df + 0.5))
-        doc_len = np.asarray(tf.sum(axis=1)).ravel()
-        norm = self.k1 * (1 - self.b + self.b * doc_len / max(doc_len.mean(), 1e-9))
-        # Rewrite each stored tf in place as its BM25 term weight.
-        rows = np.repeat(np.arange(n_docs), np.diff(tf.indptr))
-        tf.data = tf.data * (self.k1 + 1) / (tf.data + norm[rows]) * idf[tf.indices]
-        self._weights = tf
-        return self
-
-    def score(self, queries: Sequence[str]) -> np.ndarray:
-        """Scores as a ``(len(queries), n_docs)`` float32 array; higher is more relevant."""
-        if self._weights is None:
-            raise RuntimeError("BM25Scorer.fit(docs) must be called before scoring")
-        q = self._counter.transform(list(queries))
-        return np.asarray((q @ self._weights.T).todense(), dtype=np.float32)
 
 
 def default_cache_dir() -> Path:

@@ -1,4 +1,4 @@
-"""Tests for synapse_flwr.embed: interface, real models (slow), TF-IDF/BM25, on-disk cache."""
+"""Tests for synapse_flwr.embed: interface, real models (slow), TF-IDF, on-disk cache."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from synapse_flwr.embed import (
-    BM25Scorer,
     CachedEmbedder,
     Embedder,
     MissingModelPackageError,
@@ -98,15 +97,6 @@ def test_tfidf_shapes_norms_and_fit_dependent_name() -> None:
     assert TfidfEmbedder().fit(CORPUS).name == emb.name
     q = emb.encode(["hotel room please"])[0]
     assert int(np.argmax(v @ q)) == 2
-
-
-def test_bm25_ranks_matching_document_first() -> None:
-    bm25 = BM25Scorer().fit(CORPUS)
-    scores = bm25.score(["rain this weekend", "email my colleague", "zzz"])
-    assert scores.shape == (3, len(CORPUS))
-    assert int(np.argmax(scores[0])) == 1
-    assert int(np.argmax(scores[1])) == 3
-    assert not scores[2].any()
 
 
 # --- cache --------------------------------------------------------------------
