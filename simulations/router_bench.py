@@ -6,6 +6,7 @@ Usage: ``python simulations/router_bench.py configs/router.toml``
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import statistics
 import time
@@ -79,7 +80,9 @@ def llm_quality(ds, compendia: dict, cfg: dict) -> dict:
 def speed(catalog: Catalog, compendium, queries: list[str], cfg: dict) -> dict:
     out = {}
     for emb_name in cfg["embedders"]:
-        router = Router(compendium, catalog, embedder=get_embedder(emb_name), reranker="fields", k=cfg["k"])
+        # uncached: latency must include embedding the query
+        router = Router(compendium, catalog, embedder=get_embedder(emb_name, cache=False), reranker="fields",
+                        k=cfg["k"])
         router.route_many(queries[:8])  # warm-up: model load, caches
         lat = []
         for q in queries[: cfg["latency_queries"]]:
@@ -99,18 +102,27 @@ def speed(catalog: Catalog, compendium, queries: list[str], cfg: dict) -> dict:
     return out
 
 
+PARTS = ("quality", "speed", "llm")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config", type=Path, help="experiment TOML (see configs/router.toml)")
-    parser.add_argument("--skip-llm", action="store_true", help="leave out the local LLM reranker arm")
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help="comma-separated subset of quality,speed,llm to (re)run; the others are "
+                             "kept from an existing results.json")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     cfg = tomllib.loads(args.config.read_text())["experiment"]
-    results: dict = {"quality": {}, "split_sizes": {}}
-    for seed in cfg["seeds"]:
+    parts = set(args.parts.split(","))
+    if parts - set(PARTS):
+        parser.error(f"unknown parts {sorted(parts - set(PARTS))}; choose from {', '.join(PARTS)}")
+    previous = Path(cfg["output"]) / "results.json"
+    results: dict = json.loads(previous.read_text()) if previous.exists() else {}
+    if "quality" in parts:
+        results["quality"], results["split_sizes"] = {}, {}
+    for seed in cfg["seeds"] if "quality" in parts else cfg["seeds"][:1]:
         ds = metatool_dataset(seed)
-        results["split_sizes"][seed] = {"train": len(ds.all_events), "seen": len(ds.seen_test),
-                                        "heldout": len(ds.heldout_test), "leak_filter": ds.info["leak_filter"]}
         compendia = {
             "docs_only": None,
             "central": build_compendium(ds.all_events, ds.catalog, "central"),
@@ -118,8 +130,14 @@ def main() -> None:
                                                 epsilon=cfg["private_epsilon"], delta=cfg["delta"],
                                                 rounds=cfg["rounds"], seed=seed),
         }
-        results["quality"].update(quality(ds, compendia, cfg, seed))
-        if seed == cfg["seeds"][0]:
+        if "quality" in parts:
+            results["split_sizes"][str(seed)] = {
+                "train": len(ds.all_events), "seen": len(ds.seen_test), "heldout": len(ds.heldout_test),
+                "leak_filter": ds.info["leak_filter"]}
+            results["quality"].update(quality(ds, compendia, cfg, seed))
+        if seed != cfg["seeds"][0]:
+            continue
+        if "speed" in parts:
             queries = [i.query for i in ds.seen_test + ds.heldout_test][:2000]
             extra = load_metatool(with_extra_tools=True).catalog
             results["speed"] = {
@@ -127,16 +145,16 @@ def main() -> None:
                 "scaled": speed(scaled_catalog(ds.catalog, extra, cfg["scaled_tools"], seed),
                                 compendia["central"], queries, cfg),
             }
-            if not args.skip_llm:
-                results["llm"] = llm_quality(ds, {k: compendia[k] for k in ("docs_only", "central")}, cfg)
+        if "llm" in parts:
+            results["llm"] = llm_quality(ds, {k: compendia[k] for k in ("docs_only", "central")}, cfg)
     summary = {}
-    for key in {k.rsplit("/", 1)[0] for k in results["quality"]}:
+    for key in {k.rsplit("/", 1)[0] for k in results.get("quality", {})}:
         runs = [v for k, v in results["quality"].items() if k.rsplit("/", 1)[0] == key]
         summary[key] = {
             "acc_mean": statistics.mean(r["acc"] for r in runs),
             "acc_sd": statistics.stdev(r["acc"] for r in runs) if len(runs) > 1 else 0.0,
             "r5_mean": statistics.mean(r["r5"] for r in runs),
-            "n": runs[0]["n"], "seeds": len(runs),
+            "n": [r["n"] for r in runs], "seeds": len(runs),
         }
     results["summary"] = dict(sorted(summary.items()))
     data = verified_hashes(["metatool"])
