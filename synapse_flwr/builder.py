@@ -81,6 +81,10 @@ class BuildConfig:
     rewrite : callable or None
         Optional ``(text, variants) -> text`` applied to released scenario
         text (e.g. an LLM summariser); it only sees released data.
+    events_per_record : int
+        Events one private record can give rise to: 2 when an organisation
+        replays its traffic (the original event and its replayed outcome),
+        which doubles the contribution bound the noise is calibrated to.
     """
 
     max_unigrams: int = 5
@@ -88,11 +92,13 @@ class BuildConfig:
     group_threshold: float = 0.5
     max_scenarios: int = MAX_SCENARIOS
     rewrite: Rewriter | None = field(default=None, compare=False)
+    events_per_record: int = 1
 
     @property
     def max_contributions(self) -> int:
-        """Counters one event may touch: its L0 sensitivity."""
-        return self.max_unigrams + self.max_bigrams + _NON_TEXT_CONTRIBUTIONS
+        """Counters one private record may touch: its L0 sensitivity."""
+        per_event = self.max_unigrams + self.max_bigrams + _NON_TEXT_CONTRIBUTIONS
+        return per_event * self.events_per_record
 
 
 @dataclass

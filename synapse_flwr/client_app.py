@@ -3,8 +3,11 @@
 On each train message the client decodes and validates the incoming global
 compendium, loads its own private experience (deployment: ``--node-config
 'data-path="..." org="..."'``; simulation: partition ``partition-id`` of the
-configured dataset), builds and privatises its compendium, and replies with
-the artifact's wire bytes plus metrics. The raw experience never leaves it.
+configured dataset), optionally replays that traffic with the global
+compendium so that the outcomes become new experience (run config
+``replay = true``: the feedback loop), builds and privatises its compendium,
+and replies with the artifact's wire bytes plus metrics. The raw experience
+never leaves it.
 """
 
 from __future__ import annotations
@@ -18,11 +21,14 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from strategies.records import from_record, to_record
-from synapse_flwr.builder import build_compendium
+from synapse_flwr.builder import BuildConfig, build_compendium
 from synapse_flwr.catalog import Catalog, load_catalog
+from synapse_flwr.embed import get_embedder
 from synapse_flwr.errors import InputError
 from synapse_flwr.experience import Event, load_experience
 from synapse_flwr.federation import load_dataset, load_federated
+from synapse_flwr.replay import replay_events
+from synapse_flwr.router import Router
 from synapse_flwr.wire import decode, encode
 
 log = logging.getLogger(__name__)
@@ -82,8 +88,14 @@ def train(msg: Message, context: Context) -> Message:
         where = f"line {exc.line}" if exc.line is not None else "file"
         raise RuntimeError(f"invalid local experience data ({where}): {exc.message}") from None
     epsilon = float(rc.get("epsilon", math.inf))
+    replay = bool(rc.get("replay", False))
+    events, replayed = data.events, []
+    if replay and getattr(incoming, "tools", None):
+        router = Router(incoming, data.catalog, embedder=get_embedder(str(rc.get("replay-embedder", "static"))))
+        replayed = replay_events(data.events, router)
+        events = [*data.events, *replayed]
     artifact = build_compendium(
-        data.events,
+        events,
         data.catalog,
         data.org,
         round_=server_round,
@@ -91,6 +103,8 @@ def train(msg: Message, context: Context) -> Message:
         delta=float(rc.get("delta", 1e-5)),
         rounds=int(rc["num-rounds"]),
         seed=int(rc.get("seed", 42)),
+        # with replay on, every round is calibrated for two events per record
+        config=BuildConfig(events_per_record=2 if replay else 1),
     )
     wire = encode(artifact)
     log.info(
@@ -102,6 +116,8 @@ def train(msg: Message, context: Context) -> Message:
             "events": len(data.events),
             "bytes-sent": len(wire),
             "epsilon": artifact.privacy.epsilon if artifact.privacy.epsilon is not None else -1.0,
+            "replayed": len(replayed),
+            "replay-acc": sum(e.success for e in replayed) / len(replayed) if replayed else -1.0,
         }
     )
     return Message(content=RecordDict({"artifact": to_record(wire), "metrics": metrics}), reply_to=msg)
