@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from synapse_flwr.datasets import ENV_VAR, data_dir
 from synapse_flwr.errors import SynapseError
 
 log = logging.getLogger(__name__)
@@ -264,6 +265,12 @@ def flower_env(flwr_home: Path, tag: str, extra: Mapping[str, str] | None = None
         PYTHONUNBUFFERED="1",
         **{TAG_ENV: tag},
     )
+    # Apps run from an installed copy under FLWR_HOME, where "../shared/data" means
+    # nothing: resolve the data folder here, from the caller's point of view.
+    try:
+        env.setdefault(ENV_VAR, str(data_dir().resolve()))
+    except SynapseError:
+        pass  # no benchmark data: only the demo and dataset folders will work
     env.update(extra or {})
     return env
 
