@@ -90,7 +90,8 @@ def train(msg: Message, context: Context) -> Message:
     epsilon = float(rc.get("epsilon", math.inf))
     replay = bool(rc.get("replay", False))
     events, replayed = data.events, []
-    if replay and getattr(incoming, "tools", None):
+    # a typed global has tools, a flat-majority one texts; round 1's global has neither
+    if replay and (getattr(incoming, "tools", None) or getattr(incoming, "texts", None)):
         router = Router(incoming, data.catalog, embedder=get_embedder(str(rc.get("replay-embedder", "static"))))
         replayed = replay_events(data.events, router)
         events = [*data.events, *replayed]
