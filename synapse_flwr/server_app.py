@@ -138,7 +138,7 @@ def main(grid: Grid, context: Context) -> None:
     """Run the federation described by the run config (see ``[tool.flwr.app.config]``)."""
     rc = dict(context.run_config)
     num_rounds = int(rc["num-rounds"])
-    out_dir = Path(str(rc["output-dir"]))
+    out_dir = Path(str(rc["output-dir"])).resolve()
     recorder = RunRecorder(out_dir, rc)
     done, resume_bytes = recorder.resume_point()
     if done >= num_rounds:
