@@ -20,6 +20,7 @@ from synapse_flwr.catalog import Catalog, ToolDoc, make_catalog
 from synapse_flwr.datasets import load_metatool, verified_hashes
 from synapse_flwr.embed import get_embedder
 from synapse_flwr.federation import metatool_dataset
+from synapse_flwr.files import write_atomic
 from synapse_flwr.results import write_results
 from synapse_flwr.router import Router, evaluate_routes
 
@@ -159,6 +160,34 @@ def main() -> None:
     results["summary"] = dict(sorted(summary.items()))
     data = verified_hashes(["metatool"])
     write_results(Path(cfg["output"]), results, cfg, data, f"python simulations/router_bench.py {args.config}")
+    write_atomic(Path(cfg["output"]) / "tables.md", tables(results))
+
+
+def tables(results: dict) -> str:
+    """Markdown tables of a results dict (quality mean +- SD over seeds, LLM sample, speed)."""
+    lines = ["# Router on MetaTool", "", "Top-1 accuracy (mean +- SD over seeds) / recall@5.", "",
+             "| compendium | embedder | reranker | seen | held-out |", "|---|---|---|---|---|"]
+    for key in sorted({k.rsplit("/", 1)[0] for k in results.get("summary", {})}):
+        comp, emb, rr = key.split("/")
+        cells = []
+        for split in ("seen", "heldout"):
+            m = results["summary"].get(f"{key}/{split}")
+            cells.append(f"{m['acc_mean']:.3f} +- {m['acc_sd']:.3f} / {m['r5_mean']:.3f}" if m else "-")
+        lines.append(f"| {comp} | {emb} | {rr} | {cells[0]} | {cells[1]} |")
+    if results.get("llm"):
+        lines += ["", "Local LLM reranker (sample, seed 42, MiniLM retrieval).", "",
+                  "| arm | acc | r5 | n | queries/s | fallbacks |", "|---|---|---|---|---|---|"]
+        for key, m in sorted(results["llm"].items()):
+            lines.append(f"| {key} | {m['acc']:.3f} | {m['r5']:.3f} | {m['n']} | {m['queries_per_s']:.2f} "
+                         f"| {m['fallbacks']} |")
+    if results.get("speed"):
+        lines += ["", "Speed (`fields` reranker, uncached embeddings).", "",
+                  "| catalog | embedder | tools | p50 ms | p99 ms | batch queries/s |", "|---|---|---|---|---|---|"]
+        for cat, by_emb in results["speed"].items():
+            for emb, m in by_emb.items():
+                lines.append(f"| {cat} | {emb} | {m['tools']} | {m['p50_ms']:.1f} | {m['p99_ms']:.1f} "
+                             f"| {m['batch_queries_per_s']:.0f} |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
