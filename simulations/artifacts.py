@@ -5,18 +5,16 @@ Usage: ``python simulations/artifacts.py configs/artifacts.toml``
 
 from __future__ import annotations
 
-import argparse
 import logging
 import statistics
 import time
-import tomllib
 from pathlib import Path
 
 from synapse_flwr.builder import build_compendium
 from synapse_flwr.datasets import verified_hashes
 from synapse_flwr.federation import load_federated
 from synapse_flwr.merge import POLICIES, merge
-from synapse_flwr.results import write_results
+from synapse_flwr.results import experiment_parser, load_experiment, write_results
 from synapse_flwr.wire import encode
 
 log = logging.getLogger("artifacts")
@@ -57,11 +55,9 @@ def measure(cfg: dict) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("config", type=Path, help="experiment TOML (see configs/artifacts.toml)")
+    parser = experiment_parser(__doc__)
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    cfg = tomllib.loads(args.config.read_text())["experiment"]
+    cfg = load_experiment(args.config)
     results = measure(cfg)
     data = verified_hashes([cfg["dataset"]])
     write_results(Path(cfg["output"]), results, cfg, data, f"python simulations/artifacts.py {args.config}")

@@ -5,26 +5,22 @@ Usage: ``python simulations/flower_scale.py configs/flower_scale.toml``
 
 from __future__ import annotations
 
-import argparse
 import logging
 import tempfile
-import tomllib
 from pathlib import Path
 
 from synapse_flwr.datasets import verified_hashes
 from synapse_flwr.deploy import read_metrics, run_simulation
-from synapse_flwr.results import write_results
+from synapse_flwr.results import experiment_parser, load_experiment, write_results
 
 log = logging.getLogger("flower_scale")
 APP_DIR = Path(__file__).resolve().parent.parent
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("config", type=Path, help="experiment TOML (see configs/flower_scale.toml)")
+    parser = experiment_parser(__doc__)
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    cfg = tomllib.loads(args.config.read_text())["experiment"]
+    cfg = load_experiment(args.config)
     results = {}
     for run in cfg["runs"]:
         key = f"{run['dataset']}_k{run['nodes']}"

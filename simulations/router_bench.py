@@ -5,12 +5,10 @@ Usage: ``python simulations/router_bench.py configs/router.toml``
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import statistics
 import time
-import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +19,7 @@ from synapse_flwr.datasets import load_metatool, verified_hashes
 from synapse_flwr.embed import get_embedder
 from synapse_flwr.federation import metatool_dataset
 from synapse_flwr.files import write_atomic
-from synapse_flwr.results import write_results
+from synapse_flwr.results import experiment_parser, load_experiment, write_results
 from synapse_flwr.router import Router, evaluate_routes
 
 log = logging.getLogger("router_bench")
@@ -107,14 +105,12 @@ PARTS = ("quality", "speed", "llm")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("config", type=Path, help="experiment TOML (see configs/router.toml)")
+    parser = experiment_parser(__doc__)
     parser.add_argument("--parts", default=",".join(PARTS),
                         help="comma-separated subset of quality,speed,llm to (re)run; the others are "
                              "kept from an existing results.json")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    cfg = tomllib.loads(args.config.read_text())["experiment"]
+    cfg = load_experiment(args.config)
     parts = set(args.parts.split(","))
     if parts - set(PARTS):
         parser.error(f"unknown parts {sorted(parts - set(PARTS))}; choose from {', '.join(PARTS)}")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import logging
 import math
 import platform
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,25 @@ def code_commit(repo: Path | None = None) -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return commit + ("+dirty" if dirty else "")
+
+
+def experiment_parser(doc: str) -> argparse.ArgumentParser:
+    """Command line of an experiment driver: one positional TOML config.
+
+    Parameters
+    ----------
+    doc : str
+        The driver's module docstring (its first line becomes the description).
+    """
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("config", type=Path, help="experiment TOML (see configs/)")
+    return parser
+
+
+def load_experiment(config: Path) -> dict[str, Any]:
+    """Set up progress logging and read the ``[experiment]`` table of a TOML config."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    return tomllib.loads(config.read_text())["experiment"]
 
 
 def _jsonable(value: Any) -> Any:

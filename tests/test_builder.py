@@ -75,9 +75,8 @@ def test_non_private_build_keeps_exact_counts_and_singletons():
     assert weather.stats.calls == 40 + len(CANARIES) + 1
     assert comp.privacy.mechanism == "none" and comp.privacy.epsilon is None
     # the nonce tokens zqxv0.. appear once each and are released without privacy
-    assert any("zqxv0" in (s.text, *s.variants) or s.text == "zqxv0" for s in weather.when) or any(
-        "zqxv0" in v for s in weather.when for v in s.variants
-    )
+    released = {p for s in weather.when for p in (s.text, *s.variants)}
+    assert any("zqxv0" in p for p in released)
     currency = comp.tool("convert_currency")
     assert [w.prefer for w in currency.when_not] and currency.when_not[0].prefer == "book_hotel"
     assert currency.confusions[0].tool == "book_hotel"
