@@ -22,7 +22,8 @@ log = logging.getLogger("synapse_flwr")
 app = typer.Typer(
     name="synapse",
     help="Typed federated tool-routing compendia: build one org's artifact from its "
-    "experience, validate and merge artifacts, inspect them, and route queries.",
+    "experience, validate and merge artifacts, inspect them, route queries, run the "
+    "federation, and run the experiments.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -309,6 +310,37 @@ def deploy_local(
     res = run_local_deployment(cfg)
     log.info("run %s %s in %.1fs on nodes %s; outputs in %s (log: %s)", res.run_id, res.status,
              res.wall_s, res.node_ids, res.output_dir, res.log_path)
+
+
+@app.command()
+def experiment(
+    config: Annotated[Path, typer.Argument(help="Experiment TOML with an [experiment] table (see configs/).")],
+    fresh: Annotated[bool, typer.Option(help="Ignore and delete the cache; recompute every unit.")] = False,
+    output: Annotated[
+        Optional[Path], typer.Option("--output", "-o", help="Results folder (default: the config's 'output').")
+    ] = None,
+) -> None:
+    """Run an experiment (arms x seeds x contradiction rates) and write its results folder.
+
+    Every unit of work (a Flower simulation, a build, an evaluation) is cached
+    under the config's 'cache' folder: an interrupted run resumes where it
+    stopped. Writes results.json, tables.md, manifest.json and PNG figures.
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from simulations.experiment import Experiment, ExperimentConfig, run_experiment
+
+    total = Experiment(ExperimentConfig.from_toml(config)).total_units()
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[unit]}"))
+    with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
+        task = bar.add_task("experiment", total=total, unit="")
+
+        def advance(label: str) -> None:
+            bar.update(task, advance=1, unit=label, total=max(total, bar.tasks[0].completed + 1))
+
+        out = run_experiment(config, fresh, output, advance)
+    log.info("wrote %s", out.resolve())
 
 
 def _load_router(catalog, compendium, reranker, model, embedder, render, k):

@@ -3,7 +3,8 @@
 On each train message the client decodes and validates the incoming global
 compendium, loads its own private experience (deployment: ``--node-config
 'data-path="..." org="..."'``; simulation: partition ``partition-id`` of the
-configured dataset), optionally replays that traffic with the global
+configured dataset, with run config ``inject`` > 0 corrupting that share of
+it for robustness experiments), optionally replays that traffic with the global
 compendium so that the outcomes become new experience (run config
 ``replay = true``: the feedback loop), builds and privatises its compendium,
 and replies with the artifact's wire bytes plus metrics. The raw experience
@@ -68,7 +69,9 @@ def org_data(context: Context) -> OrgData:
         org = str(nc.get("org", data_path.stem.removeprefix("org_")))
         return OrgData(org, catalog, load_experience(data_path, catalog))
     k = int(nc["num-partitions"])
-    ds = load_federated(str(rc["dataset"]), k, seed, float(rc.get("alpha", 0.5)))
+    ds = load_federated(
+        str(rc["dataset"]), k, seed, float(rc.get("alpha", 0.5)), float(rc.get("inject", 0.0))
+    )
     org = sorted(ds.orgs)[int(nc["partition-id"])]
     return OrgData(org, ds.catalog, ds.orgs[org])
 

@@ -119,7 +119,7 @@ def load_dataset(name: str, seed: int = 42) -> FederatedDataset:
     Parameters
     ----------
     name : str
-        ``demo``, ``metatool`` or a dataset folder.
+        ``demo``, ``metatool``, ``taubench`` or a dataset folder.
     seed : int
         Split seed (MetaTool).
 
@@ -132,17 +132,27 @@ def load_dataset(name: str, seed: int = 42) -> FederatedDataset:
         return load_folder(demo_dir(), "demo")
     if name == "metatool":
         return metatool_dataset(seed)
+    if name == "taubench":
+        from synapse_flwr.datasets import load_taubench, taubench_events
+
+        catalog, train = load_taubench(split="train")
+        return FederatedDataset("taubench", catalog, {"all": taubench_events(train)})
     if Path(name).is_dir():
         return load_folder(Path(name))
-    raise SynapseError(f"unknown dataset {name!r}: use 'demo', 'metatool' or a dataset folder")
+    raise SynapseError(f"unknown dataset {name!r}: use 'demo', 'metatool', 'taubench' or a dataset folder")
 
 
 @lru_cache(maxsize=4)
-def load_federated(name: str, num_orgs: int, seed: int = 42, alpha: float = 0.5) -> FederatedDataset:
+def load_federated(
+    name: str, num_orgs: int, seed: int = 42, alpha: float = 0.5, inject: float = 0.0
+) -> FederatedDataset:
     """A dataset's experience over ``num_orgs`` organisations.
 
     A dataset that already has ``num_orgs`` orgs (the demo has three) keeps
-    them; otherwise the pooled experience is re-partitioned non-IID.
+    them; otherwise the pooled experience is re-partitioned non-IID. With
+    ``inject`` > 0 a share of every org's events is corrupted
+    (:func:`~synapse_flwr.inject.inject_contradictions`), and
+    ``info["injection"]`` records what was injected.
 
     Parameters
     ----------
@@ -154,10 +164,20 @@ def load_federated(name: str, num_orgs: int, seed: int = 42, alpha: float = 0.5)
         Split and partition seed.
     alpha : float
         Dirichlet concentration of the non-IID partition (small: skewed).
+    inject : float
+        Share of each org's events to corrupt (contradiction injection).
     """
     ds = load_dataset(name, seed)
     if len(ds.orgs) != num_orgs:
         ds = repartition(ds, num_orgs, alpha, seed)
+    if inject:
+        from synapse_flwr.inject import inject_contradictions
+
+        orgs, injection = inject_contradictions(ds.orgs, inject, seed, [d.tool_id for d in ds.catalog.tools])
+        ds = FederatedDataset(ds.name, ds.catalog, orgs, ds.seen_test, ds.heldout_test,
+                              {**ds.info, "injection": injection})
+        log.info("injected contradictions at %.0f%%: %s (sha256 %s)", 100 * inject, injection.counts,
+                 injection.sha256[:12])
     log.info("dataset %s: %d tools, %d orgs, %d events", name, len(ds.catalog), len(ds.orgs),
              len(ds.all_events))
     return ds

@@ -112,3 +112,32 @@ def test_cli_route_prints_json(tmp_path, central):
     )
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["tool"] == "get_weather"
+
+
+def test_force_puts_a_gold_tool_among_the_candidates(central):
+    r = Router(central, CATALOG, embedder=TfidfEmbedder(), reranker="none", k=1)
+    query = "do I need an umbrella in Rome"
+    assert r.route(query).tool == "get_weather"
+    # the gold tool is not retrieved: the oracle swaps it in for the last candidate
+    forced = r.route_many([query], force=[("visa_rules", "crypto_ticker")])[0]
+    assert [c.tool_id for c in forced.candidates] == [max(
+        ("visa_rules", "crypto_ticker"), key=lambda t: r.retrieve([query])[0][r.position[t]])]
+    # a gold tool already retrieved changes nothing; unknown ids are ignored
+    assert r.route_many([query], force=[("get_weather", "no_such_tool")])[0].tool == "get_weather"
+    with pytest.raises(ValueError, match="one sequence"):
+        r.route_many([query, query], force=[("get_weather",)])
+
+
+def test_success_prior_ignores_stats_within_privacy_noise():
+    from synapse_flwr.schema import PrivacyBlock, ToolStats
+
+    entry = ToolEntry(tool_id="visa_rules", description="Visa and passport entry requirements for travellers.",
+                      stats=ToolStats(calls=4.0, successes=0.5))
+    noisy = Compendium(kind="global", issuer=Issuer(org="global"), tools=[entry],
+                       privacy=PrivacyBlock(mechanism="gaussian", sigma=3.0))
+    exact = noisy.model_copy(update={"privacy": PrivacyBlock()})
+    query = "visa rules for my passport"
+    signals = {c.tool_id: c.signals for c in router(noisy).route(query).candidates}
+    assert signals["visa_rules"]["success_prior"] == 0.0
+    signals = {c.tool_id: c.signals for c in router(exact).route(query).candidates}
+    assert signals["visa_rules"]["success_prior"] < 0.0

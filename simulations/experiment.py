@@ -1,0 +1,776 @@
+"""The paper's experiments, reproduced and extended: arms x seeds x contradiction rates.
+
+One TOML config (``configs/metatool.toml``, ``configs/taubench.toml``) names
+the dataset, seeds, organisations, privacy budget, arms, contradiction rates,
+merge policies and renders. :func:`run_experiment` runs every unit of work
+(Flower simulations of the federation, compendium builds, evaluations,
+baselines), caching each one as JSON under ``cache`` so that an interrupted
+run resumes where it stopped, and writes ``results.json``, ``tables.md``,
+``manifest.json`` and PNG figures into ``output``.
+
+Federated arms go through the project's own Flower ``ServerApp`` and
+``ClientApp`` under the simulation engine (:func:`synapse_flwr.deploy.run_simulation`),
+exactly as users run them; every other arm reads the same partition and the
+same injected contradictions (:func:`synapse_flwr.federation.load_federated`).
+
+Usage: ``synapse experiment configs/metatool.toml`` (``--fresh`` ignores the cache).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import shutil
+import statistics
+import time
+import tomllib
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from synapse_flwr.builder import build_compendium
+from synapse_flwr.errors import SynapseError
+from synapse_flwr.federation import FederatedDataset, load_federated
+from synapse_flwr.files import write_atomic
+from synapse_flwr.results import write_results
+from synapse_flwr.router import Router, evaluate_routes
+from synapse_flwr.schema import Compendium
+from synapse_flwr.wire import content_hash, load_artifact
+
+log = logging.getLogger(__name__)
+
+ARMS = ("local_only", "docs_only", "federated", "federated_private", "centralized", "classifier",
+        "oracle", "fedavg_dp")
+MERGES = ("typed", "flat-majority")
+RENDERS = ("typed", "flat")
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# Evaluations are cached under a hash of the code that routes, so a router
+# change re-scores every arm while the (slow) Flower runs stay cached; a
+# change to the builder or the merge needs ``--fresh``.
+ROUTING_CODE = hashlib.sha256(b"".join(
+    (PROJECT_ROOT / "synapse_flwr" / f).read_bytes()
+    for f in ("router.py", "render.py", "embed.py", "taubench_eval.py", "baselines.py"))).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """An experiment, as read from the ``[experiment]`` table of a TOML file.
+
+    Parameters
+    ----------
+    name : str
+        Title of the tables.
+    dataset : str
+        ``metatool``, ``taubench``, ``demo`` or a dataset folder.
+    seeds : list of int
+        One split, partition and noise draw per seed.
+    orgs : int
+        Organisations (K), each a simulated Flower SuperNode.
+    alpha : float
+        Dirichlet concentration of the non-IID partition.
+    rounds : int
+        Federation rounds.
+    epsilon : float
+        Budget of the private arms (``federated_private``, ``fedavg_dp``).
+    delta : float
+        Their delta.
+    embedder : str
+        Embedder of every router arm (and of the ``fedavg_dp`` head).
+    reranker : str
+        Reranker of every router arm.
+    k : int
+        Candidates retrieved (recall is recall@k).
+    arms : list of str
+        Arms to run (see :data:`ARMS`).
+    rates : list of float
+        Contradiction rates; 0 is the clean setting.
+    merges : list of str
+        Merge policies of the 2x2 and of the contradiction sweep.
+    renders : list of str
+        Renders of the 2x2.
+    sweep_epsilon : float
+        Budget of the 2x2 and contradiction federations (``inf``: privacy
+        off, which isolates the merge).
+    replay : bool
+        Also run the feedback loop (clients replay their traffic with the
+        last global; outcomes become experience) for the per-round figure.
+    llm_model : str
+        litellm model of the LLM-reranker sample.
+    llm_sample : int
+        Queries per split for the LLM reranker (first seed only; 0: off).
+    fedavg : dict
+        Extra keyword arguments of :func:`synapse_flwr.baselines.fedavg_dp_arm`.
+    output : str
+        Folder of the committed results.
+    cache : str
+        Folder of the resumable cache (Flower outputs, per-unit JSON).
+    timeout : float
+        Seconds one Flower simulation may take.
+    """
+
+    name: str
+    dataset: str
+    seeds: list[int] = field(default_factory=lambda: [42, 123, 456])
+    orgs: int = 5
+    alpha: float = 0.5
+    rounds: int = 3
+    epsilon: float = 8.0
+    delta: float = 1e-5
+    embedder: str = "minilm"
+    reranker: str = "fields"
+    k: int = 5
+    arms: list[str] = field(default_factory=lambda: list(ARMS))
+    rates: list[float] = field(default_factory=lambda: [0.0, 0.2, 0.4, 0.6])
+    merges: list[str] = field(default_factory=lambda: list(MERGES))
+    renders: list[str] = field(default_factory=lambda: list(RENDERS))
+    sweep_epsilon: float = math.inf
+    replay: bool = True
+    llm_model: str = "local/smollm2"
+    llm_sample: int = 0
+    fedavg: dict = field(default_factory=dict)
+    output: str = "docs/results/experiment"
+    cache: str = "runs/experiments/experiment"
+    timeout: float = 1800.0
+
+    @classmethod
+    def from_toml(cls, path: Path) -> ExperimentConfig:
+        """Read and check a config; every mistake is a :class:`SynapseError` naming the key."""
+        try:
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise SynapseError(f"cannot read experiment config {path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise SynapseError(f"{path}: not valid TOML: {exc}") from None
+        table = raw.get("experiment")
+        if not isinstance(table, dict):
+            raise SynapseError(f"{path}: needs an [experiment] table")
+        known = {f.name for f in fields(cls)}
+        if unknown := sorted(set(table) - known):
+            raise SynapseError(f"{path}: unknown keys in [experiment]: {', '.join(unknown)} "
+                               f"(known: {', '.join(sorted(known))})")
+        for key in ("epsilon", "sweep_epsilon"):
+            if table.get(key) == "inf":
+                table[key] = math.inf
+        try:
+            cfg = cls(**table)
+        except TypeError as exc:
+            raise SynapseError(f"{path}: {exc}") from None
+        cfg.check(path)
+        return cfg
+
+    def check(self, where: Path | str = "config") -> None:
+        """Reject impossible settings with a message naming the key."""
+        problems = []
+        if bad := sorted(set(self.arms) - set(ARMS)):
+            problems.append(f"arms: unknown {bad}; choose from {', '.join(ARMS)}")
+        if bad := sorted(set(self.merges) - set(MERGES)):
+            problems.append(f"merges: unknown {bad}; choose from {', '.join(MERGES)}")
+        if bad := sorted(set(self.renders) - set(RENDERS)):
+            problems.append(f"renders: unknown {bad}; choose from {', '.join(RENDERS)}")
+        if not self.seeds:
+            problems.append("seeds: at least one seed is needed")
+        if any(not 0.0 <= r < 1.0 for r in self.rates):
+            problems.append(f"rates: each must be in [0, 1), got {self.rates}")
+        if self.orgs < 2:
+            problems.append(f"orgs: a federation needs at least 2 organisations, got {self.orgs}")
+        if self.rounds < 1 or self.k < 1:
+            problems.append("rounds and k must be at least 1")
+        if not self.epsilon > 0 or not self.sweep_epsilon > 0:
+            problems.append("epsilon and sweep_epsilon must be positive ('inf' turns privacy off)")
+        if "typed" not in self.merges:
+            problems.append("merges: must include 'typed' (the main arm)")
+        if problems:
+            raise SynapseError(f"{where}: " + "; ".join(problems))
+
+    def fingerprint(self) -> str:
+        """Hash of everything that changes a measurement (not output or cache paths)."""
+        keep = {k: v for k, v in asdict(self).items() if k not in ("output", "cache", "name", "timeout")}
+        return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class UnitCache:
+    """One JSON file per unit of work, tagged with the config fingerprint.
+
+    Parameters
+    ----------
+    root : Path
+        Cache folder.
+    fingerprint : str
+        :meth:`ExperimentConfig.fingerprint`; entries written under another
+        fingerprint are recomputed.
+    """
+
+    def __init__(self, root: Path, fingerprint: str) -> None:
+        self.root, self.fingerprint = root, fingerprint
+        self.hits = self.misses = 0
+
+    def path(self, key: str) -> Path:
+        return self.root / "units" / (key.replace("/", "__") + ".json")
+
+    def get(self, key: str, compute: Callable[[], Any]) -> Any:
+        """The cached value of ``key``, or ``compute()``'s, stored atomically."""
+        path = self.path(key)
+        if path.exists():
+            entry = json.loads(path.read_text())
+            if entry.get("fingerprint") == self.fingerprint:
+                self.hits += 1
+                return entry["value"]
+        self.misses += 1
+        value = compute()
+        write_atomic(path, json.dumps({"fingerprint": self.fingerprint, "key": key, "value": value},
+                                      sort_keys=True) + "\n")
+        return value
+
+
+def _eps_tag(epsilon: float) -> str:
+    return "inf" if math.isinf(epsilon) else f"{epsilon:g}"
+
+
+def summarise(runs: Sequence[dict]) -> dict:
+    """Mean and SD over seeds of ``acc`` and ``r5`` (SD 0 for one seed)."""
+    acc, r5 = [r["acc"] for r in runs], [r["r5"] for r in runs]
+    return {"acc_mean": statistics.mean(acc), "acc_sd": statistics.stdev(acc) if len(acc) > 1 else 0.0,
+            "r5_mean": statistics.mean(r5), "n": [r["n"] for r in runs], "seeds": len(runs)}
+
+
+@lru_cache(maxsize=1)
+def taubench_steps() -> list:
+    """Every step of tau-bench retail's test tasks (see :func:`~synapse_flwr.datasets.taubench_step_items`)."""
+    from synapse_flwr.datasets import load_taubench, taubench_step_items
+
+    return taubench_step_items(load_taubench(split="test")[1])
+
+
+class Experiment:
+    """Runs one :class:`ExperimentConfig`; see the module docstring.
+
+    Parameters
+    ----------
+    cfg : ExperimentConfig
+        What to run.
+    fresh : bool
+        Ignore (and delete) the cache.
+    progress : callable or None
+        Called with a short label after every unit of work.
+    """
+
+    def __init__(self, cfg: ExperimentConfig, fresh: bool = False,
+                 progress: Callable[[str], None] | None = None) -> None:
+        self.cfg = cfg
+        self.cache_dir = Path(cfg.cache).resolve()
+        if fresh and self.cache_dir.exists():
+            shutil.rmtree(self.cache_dir)
+        self.cache = UnitCache(self.cache_dir, cfg.fingerprint())
+        self.progress = progress or (lambda label: None)
+        self._embedder = None
+
+    # ------------------------------------------------------------ plumbing
+    @property
+    def embedder(self):
+        if self._embedder is None:
+            from synapse_flwr.embed import get_embedder
+
+            self._embedder = get_embedder(self.cfg.embedder)
+        return self._embedder
+
+    def dataset(self, seed: int, rate: float = 0.0) -> FederatedDataset:
+        return load_federated(self.cfg.dataset, self.cfg.orgs, seed, self.cfg.alpha, rate)
+
+    def splits(self, ds: FederatedDataset) -> dict[str, list]:
+        """Evaluation sets: ``seen``/``heldout`` queries, or tau-bench's ``step`` items."""
+        if self.cfg.dataset == "taubench":
+            return {"step": taubench_steps()}
+        return {k: v for k, v in (("seen", ds.seen_test), ("heldout", ds.heldout_test)) if v}
+
+    def unit(self, key: str, compute: Callable[[], Any]) -> Any:
+        value = self.cache.get(key, compute)
+        self.progress(key)
+        return value
+
+    # ------------------------------------------------------------ federation
+    def federate(self, seed: int, policy: str, epsilon: float, rate: float, replay: bool = False) -> dict:
+        """One Flower simulation; returns its global's path and per-round records."""
+        key = f"flower/{policy}/eps{_eps_tag(epsilon)}/rate{rate:g}/{'replay-' if replay else ''}seed{seed}"
+        out_dir = self.cache_dir / key
+
+        def compute() -> dict:
+            from synapse_flwr.deploy import read_metrics, run_simulation
+
+            if out_dir.exists():
+                shutil.rmtree(out_dir)  # a half-finished run of an older config
+            rc = {"dataset": str(Path(self.cfg.dataset).resolve()) if Path(self.cfg.dataset).is_dir()
+                  else self.cfg.dataset,
+                  "num-rounds": self.cfg.rounds, "policy": policy, "min-nodes": self.cfg.orgs,
+                  "epsilon": epsilon, "delta": self.cfg.delta, "alpha": self.cfg.alpha, "seed": seed,
+                  "inject": rate, "output-dir": str(out_dir), "eval-embedder": "none", "replay": replay}
+            sim = run_simulation(PROJECT_ROOT, self.cfg.orgs, rc, timeout=self.cfg.timeout)
+            rounds = read_metrics(out_dir)
+            return {"output_dir": str(out_dir), "wall_s": sim.wall_s, "peak_rss_bytes": sim.peak_rss_bytes,
+                    "rounds": [{k: r[k] for k in ("round", "bytes_per_client", "bytes_out", "conflicts",
+                                                  "epsilon", "accepted")} for r in rounds]}
+
+        return self.unit(key, compute)
+
+    def global_of(self, run: dict, round_: int | None = None):
+        return load_artifact(Path(run["output_dir"]) / f"global_round_{round_ or self.cfg.rounds}.json")
+
+    def org_artifacts(self, seed: int, rate: float, epsilon: float) -> dict[str, Compendium]:
+        """Each org's final-round artifact, rebuilt exactly as its ClientApp built it."""
+        ds = self.dataset(seed, rate)
+        return {org: build_compendium(events, ds.catalog, org, round_=self.cfg.rounds, epsilon=epsilon,
+                                      delta=self.cfg.delta, rounds=self.cfg.rounds, seed=seed)
+                for org, events in ds.orgs.items()}
+
+    def verify_inputs(self, seed: int, rate: float, epsilon: float, run: dict) -> dict:
+        """Check that the Flower clients merged exactly the artifacts this process rebuilds.
+
+        The global records the sha256 of every org artifact in it; rebuilding
+        them from :meth:`dataset` (same partition, same injected set, same
+        noise seeds) must give the same hashes.
+        """
+        key = f"verify/eps{_eps_tag(epsilon)}/rate{rate:g}/seed{seed}"
+
+        def compute() -> dict:
+            merged = set(self.global_of(run).inputs)
+            rebuilt = {content_hash(a) for a in self.org_artifacts(seed, rate, epsilon).values()}
+            injection = self.dataset(seed, rate).info.get("injection")
+            return {"verified": rebuilt == merged, "orgs": len(rebuilt),
+                    "injection_sha256": injection.sha256 if injection else None,
+                    "injection_counts": injection.counts if injection else {}}
+
+        return self.unit(key, compute)
+
+    # ------------------------------------------------------------ evaluation
+    def evaluate(self, compendium, seed: int, render: str = "typed", oracle: bool = False,
+                 label: str = "", reranker: str | None = None, sample: int = 0) -> dict:
+        """Metrics per split of one compendium (cached by its content hash)."""
+        tag = content_hash(compendium)[:16] if compendium is not None else "docs"
+        reranker = reranker or self.cfg.reranker
+        key = (f"eval/{label or tag}/{tag}/{render}/{reranker}/oracle{int(oracle)}/n{sample}/seed{seed}"
+               f"/code{ROUTING_CODE}")
+
+        def compute() -> dict:
+            ds = self.dataset(seed)
+            router = Router(compendium, ds.catalog, embedder=self.embedder, reranker=reranker,
+                            k=self.cfg.k, render=render, model=self.cfg.llm_model)
+            out = {}
+            for split, items in self.splits(ds).items():
+                if sample:
+                    items = items[:: max(1, len(items) // sample)][:sample]
+                out[split] = self._score(router, split, items, oracle)
+                if "prior" in out[split]:
+                    out["step_prior"] = out[split].pop("prior")
+            return out
+
+        return self.unit(key, compute)
+
+    def _score(self, router: Router, split: str, items: list, oracle: bool) -> dict:
+        if split == "step":
+            from synapse_flwr.taubench_eval import step_accuracy
+
+            both = step_accuracy(router, items, k=self.cfg.k)
+            # the transition prior from next_tools counts rides along as its own split
+            return {**both["router"], "prior": both["transition"]}
+        golds = [i.gold for i in items]
+        queries = [i.query for i in items]
+        results = router.route_many(queries, force=golds) if oracle else router.route_many(queries)
+        return evaluate_routes(results, golds, self.cfg.k)
+
+    def _golds(self, ds: FederatedDataset) -> dict[str, list]:
+        from synapse_flwr.experience import TestItem
+
+        return {split: [i if isinstance(i, TestItem) else TestItem(query=i.query, gold=(i.gold,))
+                        for i in items] for split, items in self.splits(ds).items()}
+
+    # ------------------------------------------------------------ arms
+    def arms_for_seed(self, seed: int) -> dict[str, dict]:
+        """Every clean-setting arm for one seed: ``arm -> split -> metrics``."""
+        cfg, ds, out = self.cfg, self.dataset(seed), {}
+        arms = set(cfg.arms)
+        need_fed = arms & {"federated", "oracle", "local_only"}
+        fed = self.federate(seed, "typed", math.inf, 0.0) if need_fed else None
+        if "docs_only" in arms:
+            out["docs_only"] = self.evaluate(None, seed)
+        if "centralized" in arms:
+            central = build_compendium(ds.all_events, ds.catalog, "central", round_=cfg.rounds,
+                                       rounds=cfg.rounds, seed=seed)
+            out["centralized"] = self.evaluate(central, seed)
+        if "federated" in arms:
+            out["federated"] = self.evaluate(self.global_of(fed), seed)
+        if "oracle" in arms:
+            out["oracle"] = self.evaluate(self.global_of(fed), seed, oracle=True)
+        if "local_only" in arms:
+            check = self.verify_inputs(seed, 0.0, math.inf, fed)
+            if not check["verified"]:
+                raise SynapseError(f"seed {seed}: the rebuilt org artifacts differ from those Flower merged")
+            per_org = [self.evaluate(art, seed, label=f"local-{org}")
+                       for org, art in sorted(self.org_artifacts(seed, 0.0, math.inf).items())]
+            out["local_only"] = {split: {"acc": statistics.mean(m[split]["acc"] for m in per_org),
+                                         "r5": statistics.mean(m[split]["r5"] for m in per_org),
+                                         "n": per_org[0][split]["n"],
+                                         "per_org_acc": [m[split]["acc"] for m in per_org]}
+                                 for split in per_org[0]}
+        if "federated_private" in arms:
+            private = self.federate(seed, "typed", cfg.epsilon, 0.0)
+            out["federated_private"] = self.evaluate(self.global_of(private), seed)
+        if "classifier" in arms:
+            out["classifier"] = self.unit(f"classifier/seed{seed}", lambda: self._classifier(ds))
+        if "fedavg_dp" in arms:
+            out["fedavg_dp"] = self.unit(f"fedavg_dp/eps{_eps_tag(cfg.epsilon)}/seed{seed}",
+                                         lambda: self._fedavg(ds, seed))
+        return out
+
+    def _classifier(self, ds: FederatedDataset) -> dict:
+        from synapse_flwr.baselines import tfidf_svm_arm
+
+        return {split: tfidf_svm_arm(ds.all_events, ds.catalog, items)
+                for split, items in self._golds(ds).items()}
+
+    def _fedavg(self, ds: FederatedDataset, seed: int) -> dict:
+        from synapse_flwr.baselines import fedavg_dp_arm
+
+        golds = self._golds(ds)
+        first, *rest = golds
+        res = fedavg_dp_arm([ds.orgs[o] for o in sorted(ds.orgs)], ds.catalog, golds[first], self.cfg.epsilon,
+                            self.cfg.delta, self.cfg.rounds, embedder=self.embedder, seed=seed,
+                            extra_tests={s: golds[s] for s in rest}, **self.cfg.fedavg)
+        out = {first: {k: res[k] for k in ("acc", "r5", "n")}}
+        out.update({s: {k: res["extra"][s][k] for k in ("acc", "r5", "n")} for s in rest})
+        out["epsilon_spent"] = res["epsilon_spent"]
+        return out
+
+    def sweep_for_seed(self, seed: int) -> dict:
+        """2x2 (merge x render) and the contradiction sweep for one seed."""
+        cfg, out = self.cfg, {"2x2": {}, "rates": {}, "injection": {}}
+        for rate in cfg.rates:
+            ds = self.dataset(seed, rate)
+            runs = {m: self.federate(seed, m, cfg.sweep_epsilon, rate) for m in cfg.merges}
+            check = self.verify_inputs(seed, rate, cfg.sweep_epsilon, runs["typed"])
+            if not check["verified"]:
+                raise SynapseError(f"seed {seed} rate {rate}: Flower merged other artifacts than the "
+                                   "injected set rebuilt here")
+            out["injection"][f"{rate:g}"] = check
+            row = {}
+            for merge, run in runs.items():
+                globl = self.global_of(run)
+                renders = cfg.renders if rate == 0 else ["typed" if merge == "typed" else "flat"]
+                for render in renders:
+                    metrics = self.evaluate(globl, seed, render=render)
+                    if rate == 0:
+                        out["2x2"][f"{merge}/{render}"] = metrics
+                    row[f"{merge}/{render}"] = metrics
+            central = build_compendium(ds.all_events, ds.catalog, "central", round_=cfg.rounds,
+                                       rounds=cfg.rounds, seed=seed)
+            row["centralized"] = self.evaluate(central, seed)
+            out["rates"][f"{rate:g}"] = row
+        return out
+
+    def rounds_for_seed(self, seed: int) -> dict:
+        """Accuracy of each round's global, for the clean typed federations."""
+        out = {}
+        runs = [("federated", math.inf, False), ("federated_private", self.cfg.epsilon, False)]
+        if self.cfg.replay:
+            runs.append(("federated_replay", math.inf, True))
+        for arm, eps, replay in runs:
+            if arm.removesuffix("_replay") not in self.cfg.arms:
+                continue
+            run = self.federate(seed, "typed", eps, 0.0, replay)
+            out[arm] = {"rounds": [self.evaluate(self.global_of(run, r), seed) for r in
+                                   range(1, self.cfg.rounds + 1)], "records": run["rounds"]}
+        return out
+
+    def llm_sample(self, seed: int) -> dict:
+        """The LLM reranker on a fixed sample of every split, for the router arms."""
+        n, out = self.cfg.llm_sample, {}
+        fed = self.global_of(self.federate(seed, "typed", math.inf, 0.0))
+        ds = self.dataset(seed)
+        central = build_compendium(ds.all_events, ds.catalog, "central", round_=self.cfg.rounds,
+                                   rounds=self.cfg.rounds, seed=seed)
+        for arm, comp, render in (("docs_only", None, "typed"), ("federated", fed, "typed"),
+                                  ("federated/flat", fed, "flat"), ("centralized", central, "typed")):
+            t0 = time.perf_counter()
+            m = self.evaluate(comp, seed, render=render, reranker="llm", sample=n, label=f"llm-{arm}")
+            out[arm] = {**m, "seconds": round(time.perf_counter() - t0, 1)}
+        return out
+
+    # ------------------------------------------------------------ driver
+    def total_units(self) -> int:
+        """A rough count of units, for the progress bar."""
+        cfg = self.cfg
+        per_seed = len(cfg.arms) + cfg.orgs + len(cfg.rates) * (len(cfg.merges) * 2 + 3) + 2 * cfg.rounds + 4
+        return per_seed * len(cfg.seeds) + (5 if cfg.llm_sample else 0)
+
+    def federations(self) -> list[tuple[int, str, float, float, bool]]:
+        """Every Flower run the config needs: ``(seed, policy, epsilon, rate, replay)``."""
+        cfg, runs = self.cfg, []
+        for seed in cfg.seeds:
+            if set(cfg.arms) & {"federated", "oracle", "local_only"}:
+                runs.append((seed, "typed", math.inf, 0.0, False))
+            if "federated_private" in cfg.arms:
+                runs.append((seed, "typed", cfg.epsilon, 0.0, False))
+            if cfg.replay and "federated" in cfg.arms:
+                runs.append((seed, "typed", math.inf, 0.0, True))
+            runs += [(seed, m, cfg.sweep_epsilon, r, False) for r in cfg.rates for m in cfg.merges]
+        return list(dict.fromkeys(runs))
+
+    def run(self) -> dict:
+        """Run everything; returns the results dict (see :func:`aggregate`)."""
+        for run in self.federations():  # the slow part first, all cached
+            self.federate(*run)
+        per_seed = {}
+        for seed in self.cfg.seeds:
+            log.info("seed %d", seed)
+            per_seed[seed] = {"arms": self.arms_for_seed(seed), **self.sweep_for_seed(seed),
+                              "per_round": self.rounds_for_seed(seed), "info": self.seed_info(seed)}
+        llm = self.llm_sample(self.cfg.seeds[0]) if self.cfg.llm_sample else {}
+        return aggregate(self.cfg, per_seed, llm)
+
+    def seed_info(self, seed: int) -> dict:
+        ds = self.dataset(seed)
+        splits = self.splits(ds)
+        return {"train_events": len(ds.all_events), "org_events": {o: len(e) for o, e in sorted(ds.orgs.items())},
+                "test_sizes": {split: len(items) for split, items in splits.items()},
+                "leak_filter": ds.info.get("leak_filter"),
+                "heldout_tools": len(ds.info.get("heldout_tools", [])),
+                "paraphrase_neighbours": self.unit(f"paraphrases/seed{seed}",
+                                                   lambda: self._paraphrases(ds, splits))}
+
+    def _paraphrases(self, ds: FederatedDataset, splits: dict) -> dict:
+        """Diagnostic, nothing is dropped: training queries whose embedding is within
+        cosine ``t`` of some test query (paraphrases the shingle filter keeps)."""
+        import numpy as np
+
+        train = self.embedder.encode([e.query for e in ds.all_events])
+        test = self.embedder.encode([i.query for items in splits.values() for i in items])
+        best = np.zeros(len(train))
+        for start in range(0, len(train), 2048):
+            best[start:start + 2048] = (train[start:start + 2048] @ test.T).max(axis=1)
+        return {f"cosine>={t}": int((best >= t).sum()) for t in (0.9, 0.95, 0.99)}
+
+
+def _split_summary(per_seed: dict, path: Callable[[dict], dict | None]) -> dict:
+    """Mean/SD over seeds of every split under ``path(seed_result)``."""
+    found = [m for m in (path(r) for r in per_seed.values()) if m]
+    if not found:
+        return {}
+    return {split: summarise([m[split] for m in found]) for split in found[0] if isinstance(found[0][split], dict)}
+
+
+def aggregate(cfg: ExperimentConfig, per_seed: dict, llm: dict) -> dict:
+    """Results: per-arm summaries, 2x2, contradiction sweep, per-round curves, targets."""
+    first = next(iter(per_seed.values()))
+    arms = {arm: _split_summary(per_seed, lambda r, a=arm: r["arms"].get(a)) for arm in first["arms"]}
+    cells = {cell: _split_summary(per_seed, lambda r, c=cell: r["2x2"].get(c)) for cell in first["2x2"]}
+    rates = {rate: {cell: _split_summary(per_seed, lambda r, q=rate, c=cell: r["rates"][q][c])
+                    for cell in row} for rate, row in first["rates"].items()}
+    per_round = {}
+    for arm, run in first["per_round"].items():
+        per_round[arm] = [_split_summary(per_seed, lambda r, a=arm, i=i: r["per_round"][a]["rounds"][i])
+                          for i in range(cfg.rounds)]
+    records = [rec for r in per_seed.values() for run in r["per_round"].values() for rec in run["records"]]
+    private = [rec for r in per_seed.values() for rec in r["per_round"].get("federated_private", {})
+               .get("records", [])]
+    results = {
+        "name": cfg.name, "dataset": cfg.dataset, "seeds": cfg.seeds, "orgs": cfg.orgs, "alpha": cfg.alpha,
+        "rounds": cfg.rounds, "embedder": cfg.embedder, "reranker": cfg.reranker, "k": cfg.k,
+        "arms": arms, "ablation_2x2": cells, "contradiction": rates, "per_round": per_round,
+        "bytes_per_client_round": statistics.mean(r["bytes_per_client"] for r in records) if records else None,
+        "bytes_per_client_round_max": max((r["bytes_per_client"] for r in records), default=None),
+        "epsilon": max((r["epsilon"] for r in private if r["epsilon"] is not None), default=None),
+        "epsilon_target": cfg.epsilon, "delta": cfg.delta,
+        "fedavg_dp_epsilon": max((r["arms"]["fedavg_dp"]["epsilon_spent"] for r in per_seed.values()
+                                  if "fedavg_dp" in r["arms"]), default=None),
+        "injection": {str(s): r["injection"] for s, r in per_seed.items()},
+        "leak_filter": {str(s): r["info"]["leak_filter"] for s, r in per_seed.items()},
+        "seed_info": {str(s): r["info"] for s, r in per_seed.items()},
+        "per_seed": {str(s): {"arms": r["arms"], "2x2": r["2x2"], "rates": r["rates"]}
+                     for s, r in per_seed.items()},
+        "llm_sample": llm,
+    }
+    results["targets"] = targets(results)
+    return results
+
+
+def targets(results: dict) -> list[dict]:
+    """The issue's targets, each with its measured value and whether it is met."""
+    arms, out = results["arms"], []
+
+    def acc(arm: str, split: str, table: dict | None = None) -> float | None:
+        m = (table or arms).get(arm, {}).get(split)
+        return m["acc_mean"] if m else None
+
+    def add(name: str, value: float | None, goal: str, ok: Callable[[float], bool]) -> None:
+        if value is not None:
+            out.append({"target": name, "value": round(value, 4), "goal": goal, "met": bool(ok(value))})
+
+    seen = "seen" if "seen" in next(iter(arms.values()), {}) else "step"
+    fed, cen, docs = acc("federated", seen), acc("centralized", seen), acc("docs_only", seen)
+    if fed is not None and cen is not None:
+        add(f"federated - centralized ({seen})", fed - cen, ">= -0.015", lambda v: v >= -0.015)
+    if fed is not None and docs is not None:
+        add(f"federated - docs_only ({seen})", fed - docs, ">= 0.10", lambda v: v >= 0.10)
+    if acc("federated", "heldout") is not None and acc("docs_only", "heldout") is not None:
+        add("federated - docs_only (heldout)", acc("federated", "heldout") - acc("docs_only", "heldout"),
+            ">= 0", lambda v: v >= 0)
+    cells = results["ablation_2x2"]
+    if acc("typed/typed", seen, cells) is not None and acc("typed/flat", seen, cells) is not None:
+        add(f"typed render - flat render, typed merge ({seen})",
+            acc("typed/typed", seen, cells) - acc("typed/flat", seen, cells), ">= 0.05", lambda v: v >= 0.05)
+    rates = results["contradiction"]
+    if "0" in rates and (top := max(rates, key=float)) != "0":
+        drop = acc("typed/typed", seen, rates[top]) - acc("typed/typed", seen, rates["0"])
+        add(f"typed arm change at {float(top):.0%} contradiction ({seen})", drop, ">= -0.03",
+            lambda v: v >= -0.03)
+    if fed is not None and acc("classifier", seen) is not None:
+        add(f"federated - classifier ({seen}, moonshot)", fed - acc("classifier", seen), ">= 0",
+            lambda v: v >= 0)
+    return out
+
+
+# ---------------------------------------------------------------- reports
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def _cell(m: dict | None) -> str:
+    return f"{m['acc_mean']:.3f} ± {m['acc_sd']:.3f} / {m['r5_mean']:.3f}" if m else "-"
+
+
+def tables(results: dict) -> str:
+    """``tables.md``: mean ± SD over seeds, like the paper's tables."""
+    arms = results["arms"]
+    splits = sorted({s for m in arms.values() for s in m}, key=["seen", "heldout", "step", "step_prior"].index)
+    head = "| " + " | ".join(splits) + " |"
+    lines = [f"# {results['name']}", "",
+             f"Dataset `{results['dataset']}`, seeds {results['seeds']}, K={results['orgs']} orgs "
+             f"(Dirichlet alpha {results['alpha']}), {results['rounds']} rounds, embedder "
+             f"`{results['embedder']}`, reranker `{results['reranker']}`. Cells: top-1 accuracy mean ± SD "
+             f"over seeds / recall@{results['k']}.", "", "## Arms", "", "| arm " + head,
+             "|---" * (len(splits) + 1) + "|"]
+    for arm in ARMS:
+        if arm in arms:
+            lines.append(f"| {arm} | " + " | ".join(_cell(arms[arm].get(s)) for s in splits) + " |")
+    lines += ["", f"Privacy: `federated_private` spent epsilon {_round(results.get('epsilon'))} "
+              f"(target {results['epsilon_target']}, delta {results['delta']}) per organisation; "
+              f"`fedavg_dp` spent {_round(results.get('fedavg_dp_epsilon'))}. Wire: "
+              f"{results.get('bytes_per_client_round') or 0:,.0f} bytes per client per round on average "
+              f"(max {results.get('bytes_per_client_round_max') or 0:,})."]
+    lines += ["", "## Merge x render (2x2, clean)", "", "| merge / render " + head, "|---" * (len(splits) + 1) + "|"]
+    for cell, m in results["ablation_2x2"].items():
+        lines.append(f"| {cell} | " + " | ".join(_cell(m.get(s)) for s in splits) + " |")
+    lines += ["", "## Contradiction injection", "", "| rate | arm " + head, "|---" * (len(splits) + 2) + "|"]
+    for rate, row in results["contradiction"].items():
+        for cell, m in row.items():
+            lines.append(f"| {float(rate):.0%} | {cell} | " + " | ".join(_cell(m.get(s)) for s in splits) + " |")
+    lines += ["", "Injected sets (identical for every arm of a rate and seed; verified against the "
+              "artifact hashes Flower merged):", "", "| seed | rate | wrong_tool | inverted | sha256 | verified |",
+              "|---|---|---|---|---|---|"]
+    for seed, by_rate in results["injection"].items():
+        for rate, inj in by_rate.items():
+            if inj["injection_sha256"]:
+                c = inj["injection_counts"]
+                lines.append(f"| {seed} | {float(rate):.0%} | {c['wrong_tool']} | {c['inverted']} | "
+                             f"`{inj['injection_sha256'][:16]}` | {inj['verified']} |")
+    if results["per_round"]:
+        lines += ["", "## Per round", "", "| arm | round " + head, "|---" * (len(splits) + 2) + "|"]
+        for arm, rounds in results["per_round"].items():
+            for i, m in enumerate(rounds, start=1):
+                lines.append(f"| {arm} | {i} | " + " | ".join(_cell(m.get(s)) for s in splits) + " |")
+    if results["llm_sample"]:
+        lines += ["", f"## LLM reranker (sample, seed {results['seeds'][0]})", "",
+                  "| arm | split | acc | r5 | n |", "|---|---|---|---|---|"]
+        for arm, m in results["llm_sample"].items():
+            for split in splits:
+                if split in m:
+                    s = m[split]
+                    lines.append(f"| {arm} | {split} | {s['acc']:.3f} | {s['r5']:.3f} | {s['n']} |")
+    lines += ["", "## Targets", "", "| target | measured | goal | met |", "|---|---|---|---|"]
+    for t in results["targets"]:
+        lines.append(f"| {t['target']} | {t['value']:+.3f} | {t['goal']} | {'yes' if t['met'] else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
+def figures(results: dict, out_dir: Path) -> list[Path]:
+    """PNG figures: accuracy vs contradiction rate, and accuracy per round."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    rates = results["contradiction"]
+    splits = [s for s in ("seen", "heldout", "step") if any(s in m for row in rates.values() for m in row.values())]
+    if rates and splits:
+        fig, axes = plt.subplots(1, len(splits), figsize=(5 * len(splits), 3.6), squeeze=False)
+        xs = sorted(rates, key=float)
+        # only the arms measured at every rate (the 2x2's mixed cells are clean-only)
+        cells = sorted(set.intersection(*(set(row) for row in rates.values())))
+        for ax, split in zip(axes[0], splits):
+            for cell in cells:
+                pts = [(100 * float(r), rates[r][cell][split]) for r in xs if cell in rates[r] and split in rates[r][cell]]
+                if pts:
+                    ax.errorbar([p[0] for p in pts], [p[1]["acc_mean"] for p in pts],
+                                yerr=[p[1]["acc_sd"] for p in pts], marker="o", capsize=3, label=cell)
+            ax.set(xlabel="contradicted contributions (%)", ylabel="top-1 accuracy", title=split)
+            ax.grid(alpha=0.3)
+        axes[0][0].legend(fontsize=8)
+        fig.tight_layout()
+        written.append(out_dir / "accuracy_vs_contradiction.png")
+        fig.savefig(written[-1], dpi=120)
+        plt.close(fig)
+    if results["per_round"]:
+        splits = sorted({s for rounds in results["per_round"].values() for m in rounds for s in m})
+        fig, axes = plt.subplots(1, len(splits), figsize=(5 * len(splits), 3.6), squeeze=False)
+        for ax, split in zip(axes[0], splits):
+            for arm, rounds in results["per_round"].items():
+                ax.errorbar(range(1, len(rounds) + 1), [m[split]["acc_mean"] for m in rounds],
+                            yerr=[m[split]["acc_sd"] for m in rounds], marker="o", capsize=3, label=arm)
+            docs = results["arms"].get("docs_only", {}).get(split)
+            if docs:
+                ax.axhline(docs["acc_mean"], color="grey", ls="--", label="docs_only")
+            ax.set(xlabel="round", ylabel="top-1 accuracy", title=split)
+            ax.grid(alpha=0.3)
+        axes[0][0].legend(fontsize=8)
+        fig.tight_layout()
+        written.append(out_dir / "accuracy_per_round.png")
+        fig.savefig(written[-1], dpi=120)
+        plt.close(fig)
+    return written
+
+
+def data_hashes(dataset: str) -> dict[str, str]:
+    """sha256 of the data files the experiment read."""
+    from synapse_flwr.datasets import verified_hashes
+
+    if dataset in ("metatool", "taubench"):
+        return verified_hashes(["metatool" if dataset == "metatool" else "taubench-retail"])
+    if dataset == "demo":
+        from synapse_flwr.federation import demo_dir
+
+        root = demo_dir()
+    else:
+        root = Path(dataset)
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.glob("*.json*"))}
+
+
+def run_experiment(config: Path, fresh: bool = False, output: Path | None = None,
+                   progress: Callable[[str], None] | None = None) -> Path:
+    """Run a config end to end and write the results folder; returns its path."""
+    cfg = ExperimentConfig.from_toml(config)
+    out_dir = Path(output or cfg.output)
+    exp = Experiment(cfg, fresh, progress)
+    t0 = time.perf_counter()
+    results = exp.run()
+    results["wall_s"] = round(time.perf_counter() - t0, 1)
+    results["cache"] = {"hits": exp.cache.hits, "computed": exp.cache.misses}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_results(out_dir, results, asdict(cfg), data_hashes(cfg.dataset), f"synapse experiment {config}")
+    write_atomic(out_dir / "tables.md", tables(results))
+    figures(results, out_dir)
+    log.info("results in %s (%.0fs, %d units computed, %d from cache)", out_dir.resolve(), results["wall_s"],
+             exp.cache.misses, exp.cache.hits)
+    return out_dir

@@ -1,0 +1,172 @@
+"""Contradiction injection and the experiment runner (``synapse experiment``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from simulations.experiment import ARMS, ExperimentConfig, run_experiment, targets
+from synapse_flwr.errors import SynapseError
+from synapse_flwr.experience import Event
+from synapse_flwr.inject import corrupt_org, inject_contradictions
+
+ROOT = Path(__file__).resolve().parent.parent
+SYNAPSE = Path(sys.executable).with_name("synapse")
+TOOLS = [f"tool_{i}" for i in range(6)]
+
+
+def _events(n: int, org: str = "a") -> list[Event]:
+    return [Event(query=f"query number {i}", tool=TOOLS[i % 6], success=True, gold=TOOLS[i % 6], org=org)
+            for i in range(n)]
+
+
+# ---------------------------------------------------------------- injection
+def test_injection_corrupts_the_share_asked_half_each_way():
+    events = _events(100)
+    out, records = corrupt_org(events, "a", 0.4, seed=1, tools=TOOLS)
+    assert len(records) == 40
+    kinds = [r[2] for r in records]
+    assert kinds.count("wrong_tool") == 20 and kinds.count("inverted") == 20
+    changed = [i for i, (a, b) in enumerate(zip(events, out)) if a != b]
+    assert sorted(changed) == sorted(r[1] for r in records)
+    for org, index, kind, tool in records:
+        before, after = events[index], out[index]
+        if kind == "wrong_tool":
+            assert after.tool == after.gold == tool != before.tool and after.success
+        else:
+            assert after.tool == before.tool and not after.success and after.gold is None
+    assert out[0].query == events[0].query  # queries are never altered
+
+
+def test_injection_is_deterministic_nested_and_hashed():
+    orgs = {"a": _events(50, "a"), "b": _events(30, "b")}
+    same1, inj1 = inject_contradictions(orgs, 0.2, 7, TOOLS)
+    same2, inj2 = inject_contradictions(orgs, 0.2, 7, TOOLS)
+    assert same1 == same2 and inj1 == inj2
+    _, other_seed = inject_contradictions(orgs, 0.2, 8, TOOLS)
+    assert other_seed.sha256 != inj1.sha256
+    # 20% is a subset of 40%: the same events, corrupted the same way
+    low, _ = corrupt_org(orgs["a"], "a", 0.2, 7, TOOLS)
+    high, _ = corrupt_org(orgs["a"], "a", 0.4, 7, TOOLS)
+    for before, lo, hi in zip(orgs["a"], low, high):
+        if lo != before:
+            assert hi == lo
+    none, inj0 = inject_contradictions(orgs, 0.0, 7, TOOLS)
+    assert none == orgs and inj0.counts == {"wrong_tool": 0, "inverted": 0}
+
+
+@pytest.mark.parametrize("rate", [-0.1, 1.5])
+def test_injection_rejects_bad_rates(rate):
+    with pytest.raises(ValueError, match="rate"):
+        corrupt_org(_events(5), "a", rate, 0, TOOLS)
+
+
+# ---------------------------------------------------------------- config
+def _write(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "exp.toml"
+    path.write_text(body)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ('[experiment]\nname="x"\ndataset="demo"\nbogus=1\n', "unknown keys in \\[experiment\\]: bogus"),
+        ('[experiment]\nname="x"\ndataset="demo"\narms=["oracle","magic"]\n', "arms: unknown \\['magic'\\]"),
+        ('[experiment]\nname="x"\ndataset="demo"\nrates=[0.0, 1.0]\n', "rates"),
+        ('[experiment]\nname="x"\ndataset="demo"\norgs=1\n', "orgs"),
+        ('[experiment]\nname="x"\n', "dataset"),
+        ("[other]\n", "needs an \\[experiment\\] table"),
+        ("[experiment\n", "not valid TOML"),
+    ],
+)
+def test_config_mistakes_are_named(tmp_path, body, message):
+    with pytest.raises(SynapseError, match=message):
+        ExperimentConfig.from_toml(_write(tmp_path, body))
+
+
+def test_config_mistake_exits_2_without_traceback(tmp_path):
+    path = _write(tmp_path, '[experiment]\nname="x"\ndataset="demo"\narms=["magic"]\n')
+    proc = subprocess.run([str(SYNAPSE), "experiment", str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "arms: unknown" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_committed_configs_parse():
+    for name in ("metatool", "taubench", "smoke"):
+        cfg = ExperimentConfig.from_toml(ROOT / "configs" / f"{name}.toml")
+        assert set(cfg.arms) == set(ARMS)
+    assert math.isinf(ExperimentConfig.from_toml(ROOT / "configs" / "metatool.toml").sweep_epsilon)
+
+
+def test_targets_compare_the_right_numbers():
+    def arm(seen, heldout=None):
+        out = {"seen": {"acc_mean": seen, "acc_sd": 0.0, "r5_mean": 0.0}}
+        if heldout is not None:
+            out["heldout"] = {"acc_mean": heldout, "acc_sd": 0.0, "r5_mean": 0.0}
+        return out
+
+    results = {
+        "arms": {"federated": arm(0.70, 0.50), "centralized": arm(0.71), "docs_only": arm(0.55, 0.52),
+                 "classifier": arm(0.86, 0.0)},
+        "ablation_2x2": {"typed/typed": arm(0.70), "typed/flat": arm(0.62)},
+        "contradiction": {"0": {"typed/typed": arm(0.70)}, "0.6": {"typed/typed": arm(0.66)}},
+    }
+    got = {t["target"]: (t["value"], t["met"]) for t in targets(results)}
+    assert got["federated - centralized (seen)"] == (-0.01, True)
+    assert got["federated - docs_only (seen)"] == (0.15, True)
+    assert got["federated - docs_only (heldout)"] == (-0.02, False)
+    assert got["typed render - flat render, typed merge (seen)"] == (0.08, True)
+    assert got["typed arm change at 60% contradiction (seen)"] == (-0.04, False)
+    assert got["federated - classifier (seen, moonshot)"] == (-0.16, False)
+
+
+# ---------------------------------------------------------------- the runner, end to end
+@pytest.mark.slow
+def test_smoke_experiment_runs_every_arm_through_flower_and_resumes(tmp_path):
+    """configs/smoke.toml (demo data, every arm, 0 and 40% contradiction), then a cached rerun."""
+    raw = tomllib.loads((ROOT / "configs" / "smoke.toml").read_text())["experiment"]
+    raw.update(output=str(tmp_path / "out"), cache=str(tmp_path / "cache"))
+    lines = ["[experiment]"] + [f"{k} = {json.dumps(v)}" for k, v in raw.items() if k != "fedavg"]
+    lines.append("fedavg = { batch_size = %d }" % raw["fedavg"]["batch_size"])
+    config = _write(tmp_path, "\n".join(lines) + "\n")
+    labels: list[str] = []
+    out = run_experiment(config, progress=labels.append)
+
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["arms"]) == set(ARMS)
+    for arm, splits in results["arms"].items():
+        assert set(splits) == {"seen", "heldout"}, arm
+        for m in splits.values():
+            assert 0.0 <= m["acc_mean"] <= 1.0 and 0.0 <= m["r5_mean"] <= 1.0 and m["n"][0] > 0
+    assert results["arms"]["classifier"]["heldout"]["acc_mean"] == 0.0
+    assert results["arms"]["oracle"]["seen"]["r5_mean"] == 1.0  # gold forced into the candidates
+    assert results["arms"]["oracle"]["heldout"]["r5_mean"] == 1.0
+    assert results["epsilon"] <= 8.0 + 1e-9 and results["fedavg_dp_epsilon"] <= 8.0 + 1e-9
+    assert 0 < results["bytes_per_client_round"] < 100_000
+    assert set(results["ablation_2x2"]) == {"typed/typed", "typed/flat", "flat-majority/typed",
+                                            "flat-majority/flat"}
+    assert set(results["contradiction"]) == {"0", "0.4"}
+    injected = results["injection"]["42"]["0.4"]
+    assert injected["verified"] and injected["injection_counts"]["wrong_tool"] > 0
+    assert len(injected["injection_sha256"]) == 64
+    assert results["injection"]["42"]["0"]["verified"]
+    assert [len(r) for r in results["per_round"].values()] == [2, 2, 2]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["data_sha256"] and manifest["command"].startswith("synapse experiment")
+    for name in ("tables.md", "accuracy_vs_contradiction.png", "accuracy_per_round.png"):
+        assert (out / name).stat().st_size > 0
+    assert "| federated |" in (out / "tables.md").read_text()
+    assert any(k.startswith("flower/") for k in labels)
+
+    # resumable: a second run recomputes nothing and reproduces the results
+    again = run_experiment(config, output=tmp_path / "again")
+    rerun = json.loads((again / "results.json").read_text())
+    assert rerun["cache"]["computed"] == 0
+    assert rerun["arms"] == results["arms"] and rerun["contradiction"] == results["contradiction"]
