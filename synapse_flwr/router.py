@@ -274,7 +274,8 @@ class Router:
     k : int
         Candidates retrieved per query.
     render : {"typed", "flat"}
-        How candidates are shown to the reranker.
+        ``typed`` reads the compendium's fields; ``flat`` (the ablation)
+        reads each tool's entry as one string, for retrieval and reranking.
     model : str
         litellm model string for the ``llm`` reranker.
     weights : tuple of float
@@ -305,6 +306,14 @@ class Router:
         self.embedder = get_embedder(embedder) if isinstance(embedder, str) else embedder
         self.reranker, self.k, self.render, self.model, self.weights = reranker, k, render, model, weights
         self.entries = typed_entries(compendium, catalog)
+        if render == "flat":
+            # The ablation of the typed fields (the paper's flat arm): the router
+            # reads one string per tool, as if it were the tool's documentation,
+            # so it can neither weigh a phrase by its support nor tell "use when"
+            # from "avoid when". (Not validated: a flat string may be longer than
+            # a description is allowed to be.)
+            self.entries = {t: ToolEntry.model_construct(tool_id=t, description=render_flat(e))
+                            for t, e in self.entries.items()}
         self.tool_ids = list(self.entries)
         self.fallbacks = 0
         names = {d.tool_id: d.name for d in catalog.tools}
@@ -339,8 +348,6 @@ class Router:
         privacy = getattr(compendium, "privacy", None)
         self.sigma = privacy.sigma if privacy is not None else 0.0
         self.profile = PhraseProfile(self.entries, names, privacy.threshold if privacy is not None else 1.0)
-        if render == "flat":
-            self.flat_vectors = self._embed([render_flat(self.entries[t]) for t in self.tool_ids])
 
     def _embed(self, texts: Sequence[str]) -> np.ndarray:
         return np.asarray(self.embedder.encode(list(texts)), dtype=np.float32)
@@ -423,20 +430,16 @@ class Router:
         best_doc = max(float(self.vectors[self.doc_rows[t]] @ qv) for t in cand)
         for t in cand:
             tool_id = self.tool_ids[t]
-            if self.render == "flat":
-                # one string: the scorer cannot tell "use when" from "avoid when"
-                s = {"flat": float(self.flat_vectors[t] @ qv)}
-                score = fused[t] + s["flat"]
-            else:
-                s = self._field_signals(qv, t, best_doc)
-                # `when` is reported but not added: retrieval already counts scenario
-                # evidence (weights[2]); counting it twice cost held-out accuracy (seed 7)
-                score = fused[t] - s["when_not"] + FIELD_PRIOR_WEIGHT * s["success_prior"]
-                target, sim = self._prefer_target(qv, t)
-                if target is not None and s["when_not"] > 0:
-                    # the experience says: for this request, use `target` instead
-                    redirects[target] = max(redirects.get(target, -math.inf), score + s["when_not"])
-                    s["prefer_" + target] = sim
+            # (a flat render has no fields to read: its entries are documentation only)
+            s = self._field_signals(qv, t, best_doc)
+            # `when` is reported but not added: retrieval already counts scenario
+            # evidence (weights[2]); counting it twice cost held-out accuracy (seed 7)
+            score = fused[t] - s["when_not"] + FIELD_PRIOR_WEIGHT * s["success_prior"]
+            target, sim = self._prefer_target(qv, t)
+            if target is not None and s["when_not"] > 0:
+                # the experience says: for this request, use `target` instead
+                redirects[target] = max(redirects.get(target, -math.inf), score + s["when_not"])
+                s["prefer_" + target] = sim
             scores[tool_id] = Candidate(tool_id, float(score), float(fused[t]), s)
         for target, score in redirects.items():
             old = scores.get(target)
@@ -456,7 +459,7 @@ class Router:
 
         shown = [
             render_typed(self.entries[self.tool_ids[t]]) if self.render == "typed"
-            else f"tool: {self.tool_ids[t]}\n{render_flat(self.entries[self.tool_ids[t]])}"
+            else f"tool: {self.tool_ids[t]}\n{self.entries[self.tool_ids[t]].description}"
             for t in cand
         ]
         prompt = llm_prompt(query, shown)
