@@ -12,7 +12,8 @@ Policies
 ``typed``
     Field-wise union; near-identical scenarios are de-duplicated with their
     support summed; a scenario that is one org's ``when`` and another's
-    ``when_not``, or success rates that disagree, become typed
+    ``when_not``, a scenario claimed by two tools with very unequal support,
+    or success rates that disagree, become typed
     :class:`~synapse_flwr.schema.Conflict` entries; the minority side is
     kept as a ``dissent`` precaution rather than voted away.
 ``support-weighted``
@@ -390,6 +391,61 @@ def merge_tool(
     return entry, conflicts
 
 
+def resolve_cross_tool_claims(
+    tools: Sequence[ToolEntry], policy: str, min_dissent: float = 0.2
+) -> tuple[list[ToolEntry], list[Conflict]]:
+    """Find scenarios that several tools claim in ``when``; demote the weak claims.
+
+    A claim with less than ``min_dissent`` of the strongest claim's support
+    (the same scenario text, another tool) is a minority: it leaves the weaker
+    tool's ``when`` list, stays on that tool as a ``dissent`` precaution, and
+    the disagreement is logged as a :class:`Conflict`. Claims closer than that
+    are genuine ambiguity and both stay. Without this, an org that credits
+    other tools' requests to the wrong tool (a mislabelled log, a poisoned
+    one) hands each wrong tool phrases that only it seems to release.
+    """
+    claims: dict[str, list[tuple[int, Scenario]]] = defaultdict(list)
+    for i, entry in enumerate(tools):
+        for s in entry.when:
+            claims[normalize_text(s.text)].append((i, s))
+    demoted: dict[int, list[Scenario]] = defaultdict(list)
+    conflicts: list[Conflict] = []
+    for key in sorted(claims):
+        group = claims[key]
+        if len(group) < 2:
+            continue
+        top_i, top = max(group, key=lambda x: (x[1].support, tools[x[0]].tool_id))
+        for i, s in group:
+            if i == top_i or s.support >= min_dissent * top.support:
+                continue
+            demoted[i].append(s)
+            conflicts.append(Conflict(
+                tool_id=tools[i].tool_id,
+                field="when",
+                subject=s.text,
+                claims=[Claim(view=f"when: {tools[top_i].tool_id}"[:MAX_TEXT], support=top.support, orgs=top.orgs),
+                        Claim(view=f"when: {tools[i].tool_id}"[:MAX_TEXT], support=s.support, orgs=s.orgs)],
+                resolution=f"kept on {tools[top_i].tool_id} by support ({_r(top.support)} vs "
+                f"{_r(s.support)}); the minority claim is kept as a dissent precaution"[:MAX_TEXT],
+                policy=policy,
+            ))
+    out = []
+    for i, entry in enumerate(tools):
+        if i not in demoted:
+            out.append(entry)
+            continue
+        gone = {id(s) for s in demoted[i]}
+        dissent = [Precaution(kind="dissent", support=s.support, orgs=s.orgs,
+                              text=f"other orgs ({', '.join(s.orgs)}) report it works for '{s.text}', "
+                              "which is mostly another tool's"[:MAX_TEXT])
+                   for s in demoted[i]]
+        out.append(entry.model_copy(update={
+            "when": [s for s in entry.when if id(s) not in gone],
+            "precautions": _merge_precautions([*entry.precautions, *dissent]),
+        }))
+    return out, conflicts
+
+
 def _conflict_key(c: Conflict) -> tuple:
     return (c.tool_id, c.field, c.subject, c.model_dump_json())
 
@@ -432,6 +488,9 @@ def merge_typed(
         tools.append(entry)
         for k in found:
             conflicts[_conflict_key(k)] = k
+    tools, found = resolve_cross_tool_claims(tools, policy, config.min_dissent)
+    for k in found:
+        conflicts[_conflict_key(k)] = k
     return Compendium(
         kind="global",
         issuer=Issuer(org=GLOBAL_ORG, round=max(c.issuer.round for c in inputs)),
