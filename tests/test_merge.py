@@ -163,3 +163,29 @@ def test_unknown_policy_is_a_clear_error():
         merge([_org("a")], "average")
     with pytest.raises(ValueError, match="nothing to merge"):
         merge_typed([])
+
+
+def _tool(tool_id: str, org: str, when) -> ToolEntry:
+    return ToolEntry(tool_id=tool_id, when=[Scenario(text=t, support=s, orgs=[org]) for t, s in when],
+                     stats=ToolStats(calls=20.0, successes=20.0))
+
+
+def test_a_weak_claim_on_another_tools_scenario_is_demoted_and_logged():
+    # org b credits one of the currency requests to the weather tool (a mislabelled log)
+    a = Compendium(issuer=Issuer(org="a", round=1),
+                   tools=[_tool("convert_currency", "a", [("euro to dollar", 15.0), ("shared phrase", 5.0)])])
+    b = Compendium(issuer=Issuer(org="b", round=1),
+                   tools=[_tool("get_weather", "b", [("euro to dollar", 2.0), ("shared phrase", 4.0),
+                                                     ("rain tomorrow", 9.0)])])
+    g = merge_typed([a, b])
+    tools = {t.tool_id: t for t in g.tools}
+    assert {s.text for s in tools["convert_currency"].when} == {"euro to dollar", "shared phrase"}
+    # 2 < 0.2 * 15: demoted; 4 >= 0.2 * 5: genuine ambiguity, both keep it
+    assert {s.text for s in tools["get_weather"].when} == {"rain tomorrow", "shared phrase"}
+    (conflict,) = [c for c in g.conflicts if c.subject == "euro to dollar"]
+    assert conflict.tool_id == "get_weather" and conflict.field == "when"
+    assert [c.view for c in conflict.claims] == ["when: convert_currency", "when: get_weather"]
+    assert "kept on convert_currency" in conflict.resolution
+    (dissent,) = [p for p in tools["get_weather"].precautions if p.kind == "dissent"]
+    assert dissent.orgs == ["b"] and "euro to dollar" in dissent.text
+    assert len(g.conflicts) == 1
