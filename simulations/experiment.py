@@ -51,9 +51,13 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # Evaluations are cached under a hash of the code that routes, so a router
 # change re-scores every arm while the (slow) Flower runs stay cached; a
 # change to the builder or the merge needs ``--fresh``.
-ROUTING_CODE = hashlib.sha256(b"".join(
-    (PROJECT_ROOT / "synapse_flwr" / f).read_bytes()
-    for f in ("router.py", "render.py", "embed.py", "taubench_eval.py", "baselines.py"))).hexdigest()[:12]
+ROUTING_FILES = ("router.py", "render.py", "embed.py", "baselines.py")
+
+
+def routing_code(dataset: str) -> str:
+    """Hash of the modules that score a dataset's arms."""
+    files = (*ROUTING_FILES, "taubench_eval.py") if dataset == "taubench" else ROUTING_FILES
+    return hashlib.sha256(b"".join((PROJECT_ROOT / "synapse_flwr" / f).read_bytes() for f in files)).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
@@ -266,6 +270,7 @@ class Experiment:
             shutil.rmtree(self.cache_dir)
         self.cache = UnitCache(self.cache_dir, cfg.fingerprint())
         self.progress = progress or (lambda label: None)
+        self.code = routing_code(cfg.dataset)
         self._embedder = None
 
     # ------------------------------------------------------------ plumbing
@@ -351,7 +356,7 @@ class Experiment:
         tag = content_hash(compendium)[:16] if compendium is not None else "docs"
         reranker = reranker or self.cfg.reranker
         key = (f"eval/{label or tag}/{tag}/{render}/{reranker}/oracle{int(oracle)}/n{sample}/seed{seed}"
-               f"/code{ROUTING_CODE}")
+               f"/code{self.code}")
 
         def compute() -> dict:
             ds = self.dataset(seed)
@@ -372,7 +377,7 @@ class Experiment:
         if split == "step":
             from synapse_flwr.taubench_eval import step_accuracy
 
-            both = step_accuracy(router, items, k=self.cfg.k)
+            both = step_accuracy(router, items, k=self.cfg.k, oracle=oracle)
             # the transition prior from next_tools counts rides along as its own split
             return {**both["router"], "prior": both["transition"]}
         golds = [i.gold for i in items]

@@ -174,6 +174,7 @@ def step_accuracy(
     items: Sequence[StepItem],
     transition_weight: float = TRANSITION_WEIGHT,
     k: int = 5,
+    oracle: bool = False,
 ) -> dict[str, dict[str, float]]:
     """Next-tool accuracy of a router over task steps, alone and with the transition prior.
 
@@ -188,13 +189,16 @@ def step_accuracy(
         Weight of the prior, see :func:`rerank_with_transitions`.
     k : int
         Cut-off of the recall (``r5`` is recall@k).
+    oracle : bool
+        Force each step's gold tool into the candidates (oracle retrieval).
 
     Returns
     -------
     dict
         ``{"router": {"acc", "r5", "n"}, "transition": {"acc", "r5", "n"}}``.
     """
-    results = router.route_many([i.query for i in items])
+    force = [(i.gold,) for i in items] if oracle else None
+    results = router.route_many([i.query for i in items], force=force)
     golds = [i.gold for i in items]
     alone = [[c.tool_id for c in r.candidates] for r in results]
     with_prior = [
