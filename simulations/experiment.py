@@ -47,6 +47,7 @@ ARMS = ("local_only", "docs_only", "federated", "federated_private", "centralize
         "oracle", "fedavg_dp")
 MERGES = ("typed", "flat-majority")
 RENDERS = ("typed", "flat")
+SPLITS = ("seen", "heldout", "step", "step_prior")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # Evaluations are cached under a hash of the code that routes, so a router
 # change re-scores every arm while the (slow) Flower runs stay cached; a
@@ -670,7 +671,7 @@ def _cell(m: dict | None) -> str:
 def tables(results: dict) -> str:
     """``tables.md``: mean ± SD over seeds, like the paper's tables."""
     arms = results["arms"]
-    splits = sorted({s for m in arms.values() for s in m}, key=["seen", "heldout", "step", "step_prior"].index)
+    splits = sorted({s for m in arms.values() for s in m}, key=SPLITS.index)
     head = "| " + " | ".join(splits) + " |"
     lines = [f"# {results['name']}", "",
              f"Dataset `{results['dataset']}`, seeds {results['seeds']}, K={results['orgs']} orgs "
@@ -731,7 +732,7 @@ def figures(results: dict, out_dir: Path) -> list[Path]:
 
     written = []
     rates = results["contradiction"]
-    splits = [s for s in ("seen", "heldout", "step") if any(s in m for row in rates.values() for m in row.values())]
+    splits = [s for s in SPLITS if any(s in m for row in rates.values() for m in row.values())]
     if rates and splits:
         fig, axes = plt.subplots(1, len(splits), figsize=(5 * len(splits), 3.6), squeeze=False)
         xs = sorted(rates, key=float)
@@ -751,7 +752,7 @@ def figures(results: dict, out_dir: Path) -> list[Path]:
         fig.savefig(written[-1], dpi=120)
         plt.close(fig)
     if results["per_round"]:
-        splits = sorted({s for rounds in results["per_round"].values() for m in rounds for s in m})
+        splits = [s for s in SPLITS if any(s in m for rounds in results["per_round"].values() for m in rounds)]
         fig, axes = plt.subplots(1, len(splits), figsize=(5 * len(splits), 3.6), squeeze=False)
         for ax, split in zip(axes[0], splits):
             for arm, rounds in results["per_round"].items():
@@ -760,7 +761,8 @@ def figures(results: dict, out_dir: Path) -> list[Path]:
             docs = results["arms"].get("docs_only", {}).get(split)
             if docs:
                 ax.axhline(docs["acc_mean"], color="grey", ls="--", label="docs_only")
-            ax.set(xlabel="round", ylabel="top-1 accuracy", title=split)
+            ax.set(xlabel="round", ylabel="top-1 accuracy", title=split,
+                   xticks=range(1, max(len(r) for r in results["per_round"].values()) + 1))
             ax.grid(alpha=0.3)
         axes[0][0].legend(fontsize=8)
         fig.tight_layout()
