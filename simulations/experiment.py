@@ -273,6 +273,7 @@ class Experiment:
         self.progress = progress or (lambda label: None)
         self.code = routing_code(cfg.dataset)
         self._embedder = None
+        self._built: dict[tuple, Any] = {}
 
     # ------------------------------------------------------------ plumbing
     @property
@@ -321,15 +322,29 @@ class Experiment:
 
         return self.unit(key, compute)
 
+    def _memo(self, key: tuple, compute: Callable[[], Any]) -> Any:
+        # builds and artifact loads that several arms of one seed share
+        if key not in self._built:
+            self._built[key] = compute()
+        return self._built[key]
+
     def global_of(self, run: dict, round_: int | None = None):
-        return load_artifact(Path(run["output_dir"]) / f"global_round_{round_ or self.cfg.rounds}.json")
+        path = Path(run["output_dir"]) / f"global_round_{round_ or self.cfg.rounds}.json"
+        return self._memo(("global", path), lambda: load_artifact(path))
 
     def org_artifacts(self, seed: int, rate: float, epsilon: float) -> dict[str, Compendium]:
         """Each org's final-round artifact, rebuilt exactly as its ClientApp built it."""
         ds = self.dataset(seed, rate)
-        return {org: build_compendium(events, ds.catalog, org, round_=self.cfg.rounds, epsilon=epsilon,
-                                      delta=self.cfg.delta, rounds=self.cfg.rounds, seed=seed)
-                for org, events in ds.orgs.items()}
+        return self._memo(("orgs", seed, rate, epsilon), lambda: {
+            org: build_compendium(events, ds.catalog, org, round_=self.cfg.rounds, epsilon=epsilon,
+                                  delta=self.cfg.delta, rounds=self.cfg.rounds, seed=seed)
+            for org, events in ds.orgs.items()})
+
+    def centralized(self, seed: int, rate: float = 0.0) -> Compendium:
+        """All experience of the federation (same partition, same injected set) pooled in one place."""
+        ds = self.dataset(seed, rate)
+        return self._memo(("central", seed, rate), lambda: build_compendium(
+            ds.all_events, ds.catalog, "central", round_=self.cfg.rounds, rounds=self.cfg.rounds, seed=seed))
 
     def verify_inputs(self, seed: int, rate: float, epsilon: float, run: dict) -> dict:
         """Check that the Flower clients merged exactly the artifacts this process rebuilds.
@@ -402,9 +417,7 @@ class Experiment:
         if "docs_only" in arms:
             out["docs_only"] = self.evaluate(None, seed)
         if "centralized" in arms:
-            central = build_compendium(ds.all_events, ds.catalog, "central", round_=cfg.rounds,
-                                       rounds=cfg.rounds, seed=seed)
-            out["centralized"] = self.evaluate(central, seed)
+            out["centralized"] = self.evaluate(self.centralized(seed), seed)
         if "federated" in arms:
             out["federated"] = self.evaluate(self.global_of(fed), seed)
         if "oracle" in arms:
@@ -450,7 +463,6 @@ class Experiment:
         """2x2 (merge x render) and the contradiction sweep for one seed."""
         cfg, out = self.cfg, {"2x2": {}, "rates": {}, "injection": {}}
         for rate in cfg.rates:
-            ds = self.dataset(seed, rate)
             runs = {m: self.federate(seed, m, cfg.sweep_epsilon, rate) for m in cfg.merges}
             check = self.verify_inputs(seed, rate, cfg.sweep_epsilon, runs["typed"])
             if not check["verified"]:
@@ -466,9 +478,7 @@ class Experiment:
                     if rate == 0:
                         out["2x2"][f"{merge}/{render}"] = metrics
                     row[f"{merge}/{render}"] = metrics
-            central = build_compendium(ds.all_events, ds.catalog, "central", round_=cfg.rounds,
-                                       rounds=cfg.rounds, seed=seed)
-            row["centralized"] = self.evaluate(central, seed)
+            row["centralized"] = self.evaluate(self.centralized(seed, rate), seed)
             out["rates"][f"{rate:g}"] = row
         return out
 
@@ -490,16 +500,11 @@ class Experiment:
         """The LLM reranker on a fixed sample of every split, for the router arms."""
         n, out = self.cfg.llm_sample, {}
         fed = self.global_of(self.federate(seed, "typed", math.inf, 0.0))
-        ds = self.dataset(seed)
-        central = build_compendium(ds.all_events, ds.catalog, "central", round_=self.cfg.rounds,
-                                   rounds=self.cfg.rounds, seed=seed)
+        central = self.centralized(seed)
         # (no flat render here: a whole compendium entry as one string makes
         # prompts of thousands of tokens, minutes per query for the local model)
-        for arm, comp, render in (("docs_only", None, "typed"), ("federated", fed, "typed"),
-                                  ("centralized", central, "typed")):
-            t0 = time.perf_counter()
-            m = self.evaluate(comp, seed, render=render, reranker="llm", sample=n, label=f"llm-{arm}")
-            out[arm] = {**m, "seconds": round(time.perf_counter() - t0, 1)}
+        for arm, comp in (("docs_only", None), ("federated", fed), ("centralized", central)):
+            out[arm] = self.evaluate(comp, seed, reranker="llm", sample=n, label=f"llm-{arm}")
         return out
 
     # ------------------------------------------------------------ driver
@@ -529,6 +534,7 @@ class Experiment:
         per_seed = {}
         for seed in self.cfg.seeds:
             log.info("seed %d", seed)
+            self._built.clear()  # shared within a seed only: keeps memory flat
             per_seed[seed] = {"arms": self.arms_for_seed(seed), **self.sweep_for_seed(seed),
                               "per_round": self.rounds_for_seed(seed), "info": self.seed_info(seed)}
         llm = self.llm_sample(self.cfg.seeds[0]) if self.cfg.llm_sample else {}
@@ -723,52 +729,58 @@ def tables(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def figures(results: dict, out_dir: Path) -> list[Path]:
-    """PNG figures: accuracy vs contradiction rate, and accuracy per round."""
+def _panel_figure(out_dir: Path, name: str, splits: Sequence[str], draw: Callable[[Any, str], None]) -> Path:
+    """One panel per split, drawn by ``draw(ax, split)``, saved as ``out_dir/name``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fig, axes = plt.subplots(1, len(splits), figsize=(5 * len(splits), 3.6), squeeze=False)
+    for ax, split in zip(axes[0], splits):
+        draw(ax, split)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / name, dpi=120)
+    plt.close(fig)
+    return out_dir / name
+
+
+def figures(results: dict, out_dir: Path) -> list[Path]:
+    """PNG figures: accuracy vs contradiction rate, and accuracy per round."""
     written = []
     rates = results["contradiction"]
     splits = [s for s in SPLITS if any(s in m for row in rates.values() for m in row.values())]
     if rates and splits:
-        fig, axes = plt.subplots(1, len(splits), figsize=(5 * len(splits), 3.6), squeeze=False)
         xs = sorted(rates, key=float)
         # only the arms measured at every rate (the 2x2's mixed cells are clean-only)
         cells = sorted(set.intersection(*(set(row) for row in rates.values())))
-        for ax, split in zip(axes[0], splits):
+
+        def by_rate(ax, split: str) -> None:
             for cell in cells:
-                pts = [(100 * float(r), rates[r][cell][split]) for r in xs if cell in rates[r] and split in rates[r][cell]]
+                pts = [(100 * float(r), rates[r][cell][split]) for r in xs if split in rates[r][cell]]
                 if pts:
                     ax.errorbar([p[0] for p in pts], [p[1]["acc_mean"] for p in pts],
                                 yerr=[p[1]["acc_sd"] for p in pts], marker="o", capsize=3, label=cell)
             ax.set(xlabel="contradicted contributions (%)", ylabel="top-1 accuracy", title=split)
-            ax.grid(alpha=0.3)
-        axes[0][0].legend(fontsize=8)
-        fig.tight_layout()
-        written.append(out_dir / "accuracy_vs_contradiction.png")
-        fig.savefig(written[-1], dpi=120)
-        plt.close(fig)
-    if results["per_round"]:
-        splits = [s for s in SPLITS if any(s in m for rounds in results["per_round"].values() for m in rounds)]
-        fig, axes = plt.subplots(1, len(splits), figsize=(5 * len(splits), 3.6), squeeze=False)
-        for ax, split in zip(axes[0], splits):
-            for arm, rounds in results["per_round"].items():
+
+        written.append(_panel_figure(out_dir, "accuracy_vs_contradiction.png", splits, by_rate))
+    per_round = results["per_round"]
+    if per_round:
+        splits = [s for s in SPLITS if any(s in m for rounds in per_round.values() for m in rounds)]
+
+        def by_round(ax, split: str) -> None:
+            for arm, rounds in per_round.items():
                 ax.errorbar(range(1, len(rounds) + 1), [m[split]["acc_mean"] for m in rounds],
                             yerr=[m[split]["acc_sd"] for m in rounds], marker="o", capsize=3, label=arm)
             docs = results["arms"].get("docs_only", {}).get(split)
             if docs:
                 ax.axhline(docs["acc_mean"], color="grey", ls="--", label="docs_only")
             ax.set(xlabel="round", ylabel="top-1 accuracy", title=split,
-                   xticks=range(1, max(len(r) for r in results["per_round"].values()) + 1))
-            ax.grid(alpha=0.3)
-        axes[0][0].legend(fontsize=8)
-        fig.tight_layout()
-        written.append(out_dir / "accuracy_per_round.png")
-        fig.savefig(written[-1], dpi=120)
-        plt.close(fig)
+                   xticks=range(1, max(len(r) for r in per_round.values()) + 1))
+
+        written.append(_panel_figure(out_dir, "accuracy_per_round.png", splits, by_round))
     return written
 
 
