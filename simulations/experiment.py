@@ -9,9 +9,9 @@ run resumes where it stopped, and writes ``results.json``, ``tables.md``,
 ``manifest.json`` and PNG figures into ``output``.
 
 Federated arms go through the project's own Flower ``ServerApp`` and
-``ClientApp`` under the simulation engine (:func:`synapse_flwr.deploy.run_simulation`),
+``ClientApp`` under the simulation engine (:func:`synapse_flwr.flower.deploy.run_simulation`),
 exactly as users run them; every other arm reads the same partition and the
-same injected contradictions (:func:`synapse_flwr.federation.load_federated`).
+same injected contradictions (:func:`synapse_flwr.data.federation.load_federated`).
 
 Usage: ``synapse experiment configs/metatool.toml`` (``--fresh`` ignores the cache).
 """
@@ -19,6 +19,7 @@ Usage: ``synapse experiment configs/metatool.toml`` (``--fresh`` ignores the cac
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import logging
 import math
@@ -32,14 +33,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from synapse_flwr.builder import build_compendium
-from synapse_flwr.errors import SynapseError
-from synapse_flwr.federation import FederatedDataset, load_federated
-from synapse_flwr.files import write_atomic
-from synapse_flwr.results import write_results
-from synapse_flwr.router import Router, evaluate_routes
-from synapse_flwr.schema import Compendium
-from synapse_flwr.wire import content_hash, load_artifact
+from synapse_flwr.core.builder import build_compendium
+from synapse_flwr.core.errors import SynapseError
+from synapse_flwr.core.files import write_atomic
+from synapse_flwr.core.router import Router, evaluate_routes
+from synapse_flwr.core.schema import Compendium
+from synapse_flwr.core.wire import content_hash, load_artifact
+from synapse_flwr.data.federation import FederatedDataset, load_federated
+from synapse_flwr.eval.results import write_results
 
 log = logging.getLogger(__name__)
 
@@ -48,17 +49,17 @@ ARMS = ("local_only", "docs_only", "federated", "federated_private", "centralize
 MERGES = ("typed", "flat-majority")
 RENDERS = ("typed", "flat")
 SPLITS = ("seen", "heldout", "step", "step_prior")
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # Evaluations are cached under a hash of the code that routes, so a router
 # change re-scores every arm while the (slow) Flower runs stay cached; a
 # change to the builder or the merge needs ``--fresh``.
-ROUTING_FILES = ("router.py", "render.py", "embed.py", "baselines.py")
+ROUTING_MODULES = ("core.router", "core.render", "core.embed", "eval.baselines")
 
 
 def routing_code(dataset: str) -> str:
     """Hash of the modules that score a dataset's arms."""
-    files = (*ROUTING_FILES, "taubench_eval.py") if dataset == "taubench" else ROUTING_FILES
-    return hashlib.sha256(b"".join((PROJECT_ROOT / "synapse_flwr" / f).read_bytes() for f in files)).hexdigest()[:12]
+    names = (*ROUTING_MODULES, "eval.taubench_eval") if dataset == "taubench" else ROUTING_MODULES
+    sources = (Path(importlib.import_module(f"synapse_flwr.{n}").__file__).read_bytes() for n in names)
+    return hashlib.sha256(b"".join(sources)).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ class ExperimentConfig:
     llm_sample : int
         Queries per split for the LLM reranker (first seed only; 0: off).
     fedavg : dict
-        Extra keyword arguments of :func:`synapse_flwr.baselines.fedavg_dp_arm`.
+        Extra keyword arguments of :func:`synapse_flwr.eval.baselines.fedavg_dp_arm`.
     output : str
         Folder of the committed results.
     cache : str
@@ -244,8 +245,8 @@ def summarise(runs: Sequence[dict]) -> dict:
 
 @lru_cache(maxsize=1)
 def taubench_steps() -> list:
-    """Every step of tau-bench retail's test tasks (see :func:`~synapse_flwr.datasets.taubench_step_items`)."""
-    from synapse_flwr.datasets import load_taubench, taubench_step_items
+    """Every step of tau-bench retail's test tasks (see :func:`~synapse_flwr.data.datasets.taubench_step_items`)."""
+    from synapse_flwr.data.datasets import load_taubench, taubench_step_items
 
     return taubench_step_items(load_taubench(split="test")[1])
 
@@ -279,7 +280,7 @@ class Experiment:
     @property
     def embedder(self):
         if self._embedder is None:
-            from synapse_flwr.embed import get_embedder
+            from synapse_flwr.core.embed import get_embedder
 
             self._embedder = get_embedder(self.cfg.embedder)
         return self._embedder
@@ -305,7 +306,11 @@ class Experiment:
         out_dir = self.cache_dir / key
 
         def compute() -> dict:
-            from synapse_flwr.deploy import read_metrics, run_simulation
+            from synapse_flwr.flower.deploy import (
+                default_app_dir,
+                read_metrics,
+                run_simulation,
+            )
 
             if out_dir.exists():
                 shutil.rmtree(out_dir)  # a half-finished run of an older config
@@ -314,7 +319,7 @@ class Experiment:
                   "num-rounds": self.cfg.rounds, "policy": policy, "min-nodes": self.cfg.orgs,
                   "epsilon": epsilon, "delta": self.cfg.delta, "alpha": self.cfg.alpha, "seed": seed,
                   "inject": rate, "output-dir": str(out_dir), "eval-embedder": "none", "replay": replay}
-            sim = run_simulation(PROJECT_ROOT, self.cfg.orgs, rc, timeout=self.cfg.timeout)
+            sim = run_simulation(default_app_dir(), self.cfg.orgs, rc, timeout=self.cfg.timeout)
             rounds = read_metrics(out_dir)
             return {"output_dir": str(out_dir), "wall_s": sim.wall_s, "peak_rss_bytes": sim.peak_rss_bytes,
                     "rounds": [{k: r[k] for k in ("round", "bytes_per_client", "bytes_out", "conflicts",
@@ -391,7 +396,7 @@ class Experiment:
 
     def _score(self, router: Router, split: str, items: list, oracle: bool) -> dict:
         if split == "step":
-            from synapse_flwr.taubench_eval import step_accuracy
+            from synapse_flwr.eval.taubench_eval import step_accuracy
 
             both = step_accuracy(router, items, k=self.cfg.k, oracle=oracle)
             # the transition prior from next_tools counts rides along as its own split
@@ -402,7 +407,7 @@ class Experiment:
         return evaluate_routes(results, golds, self.cfg.k)
 
     def _golds(self, ds: FederatedDataset) -> dict[str, list]:
-        from synapse_flwr.experience import TestItem
+        from synapse_flwr.core.experience import TestItem
 
         return {split: [i if isinstance(i, TestItem) else TestItem(query=i.query, gold=(i.gold,))
                         for i in items] for split, items in self.splits(ds).items()}
@@ -444,7 +449,7 @@ class Experiment:
         return out
 
     def _classifier(self, ds: FederatedDataset) -> dict:
-        from synapse_flwr.baselines import tfidf_svm_arm
+        from synapse_flwr.eval.baselines import tfidf_svm_arm
 
         return {split: tfidf_svm_arm(ds.all_events, ds.catalog, items)
                 for split, items in self._golds(ds).items()}
@@ -565,7 +570,7 @@ class Experiment:
 
 def fedavg_run(cfg: ExperimentConfig, seed: int) -> dict:
     """The ``fedavg_dp`` arm for one seed (run in its own process by :class:`Experiment`)."""
-    from synapse_flwr.baselines import fedavg_dp_arm
+    from synapse_flwr.eval.baselines import fedavg_dp_arm
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     exp = Experiment(cfg)
@@ -786,12 +791,12 @@ def figures(results: dict, out_dir: Path) -> list[Path]:
 
 def data_hashes(dataset: str) -> dict[str, str]:
     """sha256 of the data files the experiment read."""
-    from synapse_flwr.datasets import verified_hashes
+    from synapse_flwr.data.datasets import verified_hashes
 
     if dataset in ("metatool", "taubench"):
         return verified_hashes(["metatool" if dataset == "metatool" else "taubench-retail"])
     if dataset == "demo":
-        from synapse_flwr.federation import demo_dir
+        from synapse_flwr.data.federation import demo_dir
 
         root = demo_dir()
     else:

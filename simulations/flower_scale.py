@@ -9,12 +9,11 @@ import logging
 import tempfile
 from pathlib import Path
 
-from synapse_flwr.datasets import verified_hashes
-from synapse_flwr.deploy import read_metrics, run_simulation
-from synapse_flwr.results import experiment_parser, load_experiment, write_results
+from synapse_flwr.data.datasets import verified_hashes
+from synapse_flwr.eval.results import experiment_parser, load_experiment, write_results
+from synapse_flwr.flower.deploy import default_app_dir, read_metrics, run_simulation
 
 log = logging.getLogger("flower_scale")
-APP_DIR = Path(__file__).resolve().parent.parent
 
 
 def main() -> None:
@@ -28,7 +27,7 @@ def main() -> None:
             out = Path(tmp) / "out"
             overrides = {**cfg["run_config"], "dataset": run["dataset"], "num-rounds": run["rounds"],
                          "min-nodes": run["nodes"], "output-dir": str(out)}
-            res = run_simulation(APP_DIR, run["nodes"], overrides, Path(tmp) / "flwr", timeout=1800)
+            res = run_simulation(default_app_dir(), run["nodes"], overrides, Path(tmp) / "flwr", timeout=1800)
             rounds = read_metrics(out)
         results[key] = {
             "nodes": run["nodes"], "rounds": run["rounds"], "status": res.status,

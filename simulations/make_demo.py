@@ -33,7 +33,7 @@ from typing import Any
 
 log = logging.getLogger("make_demo")
 
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "synapse_flwr" / "demo"
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "synapse_flwr" / "data" / "demo"
 DEFAULT_SEED = 20250901
 
 Record = dict[str, Any]

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
-from synapse_flwr.builder import build_compendium
-from synapse_flwr.catalog import Catalog, ToolDoc, make_catalog
-from synapse_flwr.datasets import load_metatool, verified_hashes
-from synapse_flwr.embed import get_embedder
-from synapse_flwr.federation import metatool_dataset
-from synapse_flwr.files import write_atomic
-from synapse_flwr.results import experiment_parser, load_experiment, write_results
-from synapse_flwr.router import Router, evaluate_routes
+from synapse_flwr.core.builder import build_compendium
+from synapse_flwr.core.catalog import Catalog, ToolDoc, make_catalog
+from synapse_flwr.core.embed import get_embedder
+from synapse_flwr.core.files import write_atomic
+from synapse_flwr.core.router import Router, evaluate_routes
+from synapse_flwr.data.datasets import load_metatool, verified_hashes
+from synapse_flwr.data.federation import metatool_dataset
+from synapse_flwr.eval.results import experiment_parser, load_experiment, write_results
 
 log = logging.getLogger("router_bench")
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from strategies.base import CompendiumStrategy
-from strategies.flat_majority import FlatMajorityStrategy
-from strategies.support_weighted import SupportWeightedStrategy
-from strategies.typed import TypedStrategy
+from synapse_flwr.strategies.base import CompendiumStrategy
+from synapse_flwr.strategies.flat_majority import FlatMajorityStrategy
+from synapse_flwr.strategies.support_weighted import SupportWeightedStrategy
+from synapse_flwr.strategies.typed import TypedStrategy
 
 STRATEGIES: dict[str, type[CompendiumStrategy]] = {
     "typed": TypedStrategy,

@@ -7,14 +7,21 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
+from synapse_flwr.strategies.records import from_record, to_record
 
-from strategies.records import from_record, to_record
-from synapse_flwr.schema import Compendium, FlatCompendium
-from synapse_flwr.wire import MAX_WIRE_BYTES, ArtifactError, decode, encode
+from synapse_flwr.core.schema import Compendium, FlatCompendium
+from synapse_flwr.core.wire import MAX_WIRE_BYTES, ArtifactError, decode, encode
 
 Merged = Compendium | FlatCompendium
 MergeFn = Callable[[Sequence[Compendium]], Merged]

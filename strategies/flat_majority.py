@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from strategies.base import CompendiumStrategy
-from synapse_flwr.merge import merge_flat_majority
+from synapse_flwr.strategies.base import CompendiumStrategy
+
+from synapse_flwr.core.merge import merge_flat_majority
 
 
 class FlatMajorityStrategy(CompendiumStrategy):
@@ -12,7 +13,7 @@ class FlatMajorityStrategy(CompendiumStrategy):
     Parameters
     ----------
     **kwargs
-        Passed to :class:`~strategies.base.CompendiumStrategy`.
+        Passed to :class:`~synapse_flwr.strategies.base.CompendiumStrategy`.
     """
 
     def __init__(self, **kwargs) -> None:

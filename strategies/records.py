@@ -15,7 +15,7 @@ ARTIFACT_KEY = "compendium"
 
 
 def to_record(wire_bytes: bytes) -> ArrayRecord:
-    """Wrap wire bytes (see :func:`synapse_flwr.wire.encode`) as an ArrayRecord."""
+    """Wrap wire bytes (see :func:`synapse_flwr.core.wire.encode`) as an ArrayRecord."""
     return ArrayRecord({ARTIFACT_KEY: Array(np.frombuffer(wire_bytes, dtype=np.uint8))})
 
 

@@ -14,8 +14,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from synapse_flwr.errors import SynapseError
-from synapse_flwr.wire import ArtifactError
+from synapse_flwr.core.errors import SynapseError
+from synapse_flwr.core.wire import ArtifactError
 
 log = logging.getLogger("synapse_flwr")
 
@@ -61,13 +61,13 @@ def build(
     ] = None,
 ) -> None:
     """Build this organisation's privatised typed compendium from its experience."""
-    from synapse_flwr.builder import BuildConfig, build_compendium
-    from synapse_flwr.catalog import load_catalog
-    from synapse_flwr.experience import load_experience
-    from synapse_flwr.wire import content_hash, encode, save_artifact
+    from synapse_flwr.core.builder import BuildConfig, build_compendium
+    from synapse_flwr.core.catalog import load_catalog
+    from synapse_flwr.core.experience import load_experience
+    from synapse_flwr.core.wire import content_hash, encode, save_artifact
 
     if summarise_model:
-        from synapse_flwr.llm import scenario_rewriter
+        from synapse_flwr.core.llm import scenario_rewriter
 
     t0 = time.perf_counter()
     cat = load_catalog(catalog)
@@ -103,7 +103,7 @@ def validate(files: Annotated[list[Path], typer.Argument(help="Artifacts to chec
 
     Prints one line per error, naming the file and the field path.
     """
-    from synapse_flwr.wire import load_artifact
+    from synapse_flwr.core.wire import load_artifact
 
     bad = 0
     for path in files:
@@ -127,10 +127,10 @@ def merge(
     ] = "typed",
 ) -> None:
     """Merge artifacts into one global compendium with the chosen policy."""
-    from synapse_flwr.merge import POLICIES
-    from synapse_flwr.merge import merge as merge_artifacts
-    from synapse_flwr.schema import FlatCompendium
-    from synapse_flwr.wire import load_artifact, save_artifact
+    from synapse_flwr.core.merge import POLICIES
+    from synapse_flwr.core.merge import merge as merge_artifacts
+    from synapse_flwr.core.schema import FlatCompendium
+    from synapse_flwr.core.wire import load_artifact, save_artifact
 
     if policy not in POLICIES:
         raise SynapseError(f"unknown merge policy {policy!r}; choose one of {', '.join(POLICIES)}")
@@ -158,8 +158,8 @@ def schema(
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write to a file instead of stdout.")] = None,
 ) -> None:
     """Print the JSON Schema of the compendium (generated from the pydantic models)."""
-    from synapse_flwr.files import write_atomic
-    from synapse_flwr.schema import json_schema
+    from synapse_flwr.core.files import write_atomic
+    from synapse_flwr.core.schema import json_schema
 
     text = json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
     if output:
@@ -174,8 +174,8 @@ def inspect(
     limit: Annotated[int, typer.Option(help="Show at most this many tools (most experience first).")] = 30,
 ) -> None:
     """Summarise an artifact: issuer, privacy, size, and a table of its tools."""
-    from synapse_flwr.schema import FlatCompendium
-    from synapse_flwr.wire import content_hash, encode, load_artifact
+    from synapse_flwr.core.schema import FlatCompendium
+    from synapse_flwr.core.wire import content_hash, encode, load_artifact
 
     try:
         art = load_artifact(file)
@@ -282,7 +282,7 @@ def simulate(
     timeout: Annotated[float, typer.Option(help="Seconds before the run is abandoned.")] = 900.0,
 ) -> None:
     """Run the federation under Flower's Ray simulation engine, isolated, and clean up after."""
-    from synapse_flwr.deploy import parse_overrides, run_simulation
+    from synapse_flwr.flower.deploy import parse_overrides, run_simulation
 
     res = run_simulation(app_dir, nodes, parse_overrides(set_), flwr_home, timeout)
     log.info("run %s %s in %.1fs; outputs in %s (log: %s)", res.run_id, res.status, res.wall_s,
@@ -302,7 +302,12 @@ def deploy_local(
     timeout: Annotated[float, typer.Option(help="Seconds before the run is abandoned.")] = 900.0,
 ) -> None:
     """Start a real SuperLink and SuperNodes on 127.0.0.1, run the federation, shut all down."""
-    from synapse_flwr.deploy import DeploymentConfig, parse_node, parse_overrides, run_local_deployment
+    from synapse_flwr.flower.deploy import (
+        DeploymentConfig,
+        parse_node,
+        parse_overrides,
+        run_local_deployment,
+    )
 
     specs = [parse_node(n, catalog) for n in node] or nodes
     cfg = DeploymentConfig(app_dir=app_dir, nodes=specs, run_config=parse_overrides(set_),
@@ -326,9 +331,19 @@ def experiment(
     under the config's 'cache' folder: an interrupted run resumes where it
     stopped. Writes results.json, tables.md, manifest.json and PNG figures.
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
-    from simulations.experiment import Experiment, ExperimentConfig, run_experiment
+    from synapse_flwr.simulations.experiment import (
+        Experiment,
+        ExperimentConfig,
+        run_experiment,
+    )
 
     total = Experiment(ExperimentConfig.from_toml(config)).total_units()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -344,9 +359,9 @@ def experiment(
 
 
 def _load_router(catalog, compendium, reranker, model, embedder, render, k):
-    from synapse_flwr.catalog import load_catalog
-    from synapse_flwr.router import Router
-    from synapse_flwr.wire import load_artifact
+    from synapse_flwr.core.catalog import load_catalog
+    from synapse_flwr.core.router import Router
+    from synapse_flwr.core.wire import load_artifact
 
     cat = load_catalog(catalog)
     comp = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from synapse_flwr.router import Router
+from synapse_flwr.core.router import Router
 
 INSTRUCTIONS = (
     "Before calling one of your tools for a user request, call `route` with the request: "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from synapse_flwr.schema import (
+from synapse_flwr.core.schema import (
     Compendium,
     Issuer,
     Precaution,

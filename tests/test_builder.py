@@ -7,11 +7,11 @@ import math
 import numpy as np
 import pytest
 
-from synapse_flwr.builder import BuildConfig, build_compendium, count_experience
-from synapse_flwr.catalog import ToolDoc, make_catalog
-from synapse_flwr.experience import Event
-from synapse_flwr.schema import Compendium
-from synapse_flwr.wire import canonical_json
+from synapse_flwr.core.builder import BuildConfig, build_compendium, count_experience
+from synapse_flwr.core.catalog import ToolDoc, make_catalog
+from synapse_flwr.core.experience import Event
+from synapse_flwr.core.schema import Compendium
+from synapse_flwr.core.wire import canonical_json
 
 CATALOG = make_catalog(
     [
@@ -141,7 +141,7 @@ def test_round_beyond_the_budget_is_refused():
 
 
 def test_optional_llm_summariser_rewrites_released_scenarios_through_litellm():
-    from synapse_flwr.llm import scenario_rewriter
+    from synapse_flwr.core.llm import scenario_rewriter
 
     rewrite = scenario_rewriter("openai/gpt-4o-mini", mock_response="asks about rain or snow")
     comp = build_compendium(_events(), CATALOG, "acme", config=BuildConfig(rewrite=rewrite))

@@ -13,9 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from synapse_flwr import cli
-from synapse_flwr.errors import InputError, SynapseError
-from synapse_flwr.schema import Compendium, FlatCompendium
-from synapse_flwr.wire import content_hash, load_artifact
+from synapse_flwr.core.errors import InputError, SynapseError
+from synapse_flwr.core.schema import Compendium, FlatCompendium
+from synapse_flwr.core.wire import content_hash, load_artifact
 
 SYNAPSE = Path(sys.executable).with_name("synapse")
 ENV = {"COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}

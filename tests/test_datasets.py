@@ -13,9 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from synapse_flwr import datasets
-from synapse_flwr.catalog import make_catalog, parse_tool
-from synapse_flwr.datasets import (
+from synapse_flwr.core.catalog import make_catalog, parse_tool
+from synapse_flwr.core.errors import SynapseError
+from synapse_flwr.core.experience import Event
+from synapse_flwr.core.phrases import normalize_text
+from synapse_flwr.data import datasets
+from synapse_flwr.data.datasets import (
     PINNED,
     leak_filter,
     load_metatool,
@@ -28,9 +31,6 @@ from synapse_flwr.datasets import (
     taubench_step_items,
     verify,
 )
-from synapse_flwr.errors import SynapseError
-from synapse_flwr.experience import Event
-from synapse_flwr.phrases import normalize_text
 
 
 def _find_data() -> Path | None:

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 import synapse_flwr
-from synapse_flwr.catalog import Catalog, load_catalog
-from synapse_flwr import experience
-from synapse_flwr.experience import Event, load_experience, load_testset
+from synapse_flwr.core import experience
+from synapse_flwr.core.catalog import Catalog, load_catalog
+from synapse_flwr.core.experience import Event, load_experience, load_testset
 
-DEMO = Path(synapse_flwr.__file__).parent / "demo"
+DEMO = Path(synapse_flwr.__file__).parent / "data" / "demo"
 SCRIPT = Path(__file__).resolve().parent.parent / "simulations" / "make_demo.py"
 ORGS = ("org_a", "org_b", "org_c")
 FILES = ("catalog.json", "org_a.jsonl", "org_b.jsonl", "org_c.jsonl", "test.jsonl", "README.md")

@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from synapse_flwr.schema import json_schema
+from synapse_flwr.core.schema import json_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 

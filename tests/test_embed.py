@@ -1,4 +1,4 @@
-"""Tests for synapse_flwr.embed: interface, real models (slow), TF-IDF, on-disk cache."""
+"""Tests for synapse_flwr.core.embed: interface, real models (slow), TF-IDF, on-disk cache."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import numpy as np
 import pytest
 
-from synapse_flwr.embed import (
+from synapse_flwr.core.embed import (
     CachedEmbedder,
     Embedder,
     MissingModelPackageError,

@@ -10,11 +10,16 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from synapse_flwr.simulations.experiment import (
+    ARMS,
+    ExperimentConfig,
+    run_experiment,
+    targets,
+)
 
-from simulations.experiment import ARMS, ExperimentConfig, run_experiment, targets
-from synapse_flwr.errors import SynapseError
-from synapse_flwr.experience import Event
-from synapse_flwr.inject import corrupt_org, inject_contradictions
+from synapse_flwr.core.errors import SynapseError
+from synapse_flwr.core.experience import Event
+from synapse_flwr.data.inject import corrupt_org, inject_contradictions
 
 ROOT = Path(__file__).resolve().parent.parent
 SYNAPSE = Path(sys.executable).with_name("synapse")

@@ -19,8 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from synapse_flwr import deploy
-from synapse_flwr.deploy import (
+from synapse_flwr.core.errors import SynapseError
+from synapse_flwr.core.schema import Compendium
+from synapse_flwr.core.wire import load_artifact
+from synapse_flwr.data.federation import demo_dir
+from synapse_flwr.flower import deploy
+from synapse_flwr.flower.deploy import (
     DeploymentConfig,
     NodeSpec,
     nodes_from_dataset,
@@ -29,11 +33,6 @@ from synapse_flwr.deploy import (
     run_local_deployment,
     run_simulation,
 )
-from synapse_flwr.errors import SynapseError
-from synapse_flwr.federation import demo_dir
-from synapse_flwr.schema import Compendium
-from synapse_flwr.wire import load_artifact
-
 
 APP_DIR = Path(__file__).resolve().parent.parent
 INF = math.inf
@@ -218,7 +217,7 @@ def test_interrupt_tears_down(tmp_path):
     home, out = tmp_path / "flwr", tmp_path / "out"
     script = (
         "import logging, sys; from pathlib import Path\n"
-        "from synapse_flwr.deploy import DeploymentConfig, run_local_deployment\n"
+        "from synapse_flwr.flower.deploy import DeploymentConfig, run_local_deployment\n"
         "logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n"
         f"rc = {{'dataset': {dataset(tmp_path)!r}, 'num-rounds': 5, 'output-dir': {str(out)!r}}}\n"
         f"run_local_deployment(DeploymentConfig(Path({str(APP_DIR)!r}), 2, rc, Path({str(home)!r})))\n"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from synapse_flwr.catalog import (
+from synapse_flwr.core.catalog import (
     Catalog,
     alias_key,
     load_catalog,
@@ -16,10 +16,15 @@ from synapse_flwr.catalog import (
     normalize_tool_id,
     parse_tool,
 )
-from synapse_flwr.errors import InputError, SynapseError
-from synapse_flwr.experience import Event, load_experience, load_testset, write_jsonl
-from synapse_flwr.files import read_records, write_atomic
-from synapse_flwr.schema import MAX_DESCRIPTION
+from synapse_flwr.core.errors import InputError, SynapseError
+from synapse_flwr.core.experience import (
+    Event,
+    load_experience,
+    load_testset,
+    write_jsonl,
+)
+from synapse_flwr.core.files import read_records, write_atomic
+from synapse_flwr.core.schema import MAX_DESCRIPTION
 
 PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 

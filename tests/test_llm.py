@@ -1,4 +1,4 @@
-"""Tests for synapse_flwr.llm: choice parsing, offline hosted path, local model (slow)."""
+"""Tests for synapse_flwr.core.llm: choice parsing, offline hosted path, local model (slow)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import torch
 from litellm.llms.custom_llm import CustomLLM
 from litellm.types.llms.custom_llm import CustomLLMItem
 
-from synapse_flwr import llm
+from synapse_flwr.core import llm
 
 HOSTED = "openai/gpt-4o-mini"  # never reached: every hosted call here is mocked
 MSGS = [{"role": "user", "content": "Say hi."}]

@@ -4,18 +4,25 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from strategies_hyp import artifact_lists
-from synapse_flwr.merge import (
+
+from synapse_flwr.core.merge import (
     POLICIES,
     merge,
     merge_flat_majority,
     merge_support_weighted,
     merge_typed,
 )
-from synapse_flwr.render import parse_flat
-from synapse_flwr.schema import Compendium, Issuer, Scenario, ToolEntry, ToolStats, WhenNot
-from synapse_flwr.wire import canonical_json, content_hash
+from synapse_flwr.core.render import parse_flat
+from synapse_flwr.core.schema import (
+    Compendium,
+    Issuer,
+    Scenario,
+    ToolEntry,
+    ToolStats,
+    WhenNot,
+)
+from synapse_flwr.core.wire import canonical_json, content_hash
 
 SETTINGS = settings(max_examples=60, deadline=None)
 

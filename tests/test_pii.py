@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from synapse_flwr.pii import KINDS, find_pii, mask_pii
+from synapse_flwr.core.pii import KINDS, find_pii, mask_pii
 
 # (sentence with planted PII, canary substrings that must vanish, placeholder expected)
 CANARIES: list[tuple[str, tuple[str, ...], str]] = [

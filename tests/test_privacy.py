@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from synapse_flwr.privacy import (
+from synapse_flwr.core.privacy import (
     Calibration,
     PrivacyParams,
     bound_contributions,

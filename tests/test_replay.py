@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from synapse_flwr.builder import BuildConfig, build_compendium
-from synapse_flwr.catalog import ToolDoc, make_catalog
-from synapse_flwr.embed import TfidfEmbedder
-from synapse_flwr.experience import Event
-from synapse_flwr.replay import replay_events
-from synapse_flwr.router import Router
+from synapse_flwr.core.builder import BuildConfig, build_compendium
+from synapse_flwr.core.catalog import ToolDoc, make_catalog
+from synapse_flwr.core.embed import TfidfEmbedder
+from synapse_flwr.core.experience import Event
+from synapse_flwr.core.replay import replay_events
+from synapse_flwr.core.router import Router
 
 CATALOG = make_catalog(
     [

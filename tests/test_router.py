@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-from synapse_flwr.builder import build_compendium
-from synapse_flwr.catalog import ToolDoc, make_catalog
 from synapse_flwr.cli import app
-from synapse_flwr.embed import TfidfEmbedder
-from synapse_flwr.experience import Event
-from synapse_flwr.merge import merge_flat_majority
-from synapse_flwr.router import Router, evaluate_routes
-from synapse_flwr.schema import Compendium, Issuer, ToolEntry, WhenNot
+from synapse_flwr.core.builder import build_compendium
+from synapse_flwr.core.catalog import ToolDoc, make_catalog
+from synapse_flwr.core.embed import TfidfEmbedder
+from synapse_flwr.core.experience import Event
+from synapse_flwr.core.merge import merge_flat_majority
+from synapse_flwr.core.router import Router, evaluate_routes
+from synapse_flwr.core.schema import Compendium, Issuer, ToolEntry, WhenNot
 
 CATALOG = make_catalog(
     [
@@ -101,7 +101,7 @@ def test_bad_arguments_are_clear_errors(central):
 def test_cli_route_prints_json(tmp_path, central):
     from typer.testing import CliRunner
 
-    from synapse_flwr.wire import save_artifact
+    from synapse_flwr.core.wire import save_artifact
 
     cat = tmp_path / "catalog.json"
     cat.write_text(json.dumps([{"name": d.tool_id, "description": d.description} for d in CATALOG.tools]))
@@ -129,7 +129,7 @@ def test_force_puts_a_gold_tool_among_the_candidates(central):
 
 
 def test_success_prior_ignores_stats_within_privacy_noise():
-    from synapse_flwr.schema import PrivacyBlock, ToolStats
+    from synapse_flwr.core.schema import PrivacyBlock, ToolStats
 
     entry = ToolEntry(tool_id="visa_rules", description="Visa and passport entry requirements for travellers.",
                       stats=ToolStats(calls=4.0, successes=0.5))

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from synapse_flwr.schema import (
+from synapse_flwr.core.schema import (
     MAX_CLAIMS,
     MAX_COUNT,
     MAX_DESCRIPTION,

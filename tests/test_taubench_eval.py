@@ -10,15 +10,15 @@ import math
 
 import pytest
 
-from synapse_flwr import datasets
-from synapse_flwr.builder import build_compendium
-from synapse_flwr.catalog import ToolDoc, make_catalog
-from synapse_flwr.datasets import Task, taubench_events, taubench_step_items
-from synapse_flwr.embed import TfidfEmbedder
-from synapse_flwr.errors import SynapseError
-from synapse_flwr.router import Candidate, Router, RouteResult
-from synapse_flwr.schema import Compendium, Issuer, ToolCount, ToolEntry
-from synapse_flwr.taubench_eval import (
+from synapse_flwr.core.builder import build_compendium
+from synapse_flwr.core.catalog import ToolDoc, make_catalog
+from synapse_flwr.core.embed import TfidfEmbedder
+from synapse_flwr.core.errors import SynapseError
+from synapse_flwr.core.router import Candidate, Router, RouteResult
+from synapse_flwr.core.schema import Compendium, Issuer, ToolCount, ToolEntry
+from synapse_flwr.data import datasets
+from synapse_flwr.data.datasets import Task, taubench_events, taubench_step_items
+from synapse_flwr.eval.taubench_eval import (
     ARMS,
     VARIANTS,
     arm_compendia,

@@ -10,8 +10,8 @@ import zlib
 
 import pytest
 
-from synapse_flwr.errors import SynapseError
-from synapse_flwr.schema import (
+from synapse_flwr.core.errors import SynapseError
+from synapse_flwr.core.schema import (
     Compendium,
     FlatCompendium,
     Issuer,
@@ -20,7 +20,7 @@ from synapse_flwr.schema import (
     ToolEntry,
     ToolStats,
 )
-from synapse_flwr.wire import (
+from synapse_flwr.core.wire import (
     MAX_WIRE_BYTES,
     ArtifactError,
     canonical_json,

@@ -17,9 +17,9 @@ import re
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 # Must precede the litellm import: litellm otherwise fetches its model cost map
@@ -29,8 +29,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import litellm
 from litellm.llms.custom_llm import CustomLLM
 
-from synapse_flwr.embed import package_dir
-from synapse_flwr.errors import SynapseError
+from synapse_flwr.core.embed import package_dir
+from synapse_flwr.core.errors import SynapseError
 
 logger = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from synapse_flwr.errors import InputError
-from synapse_flwr.files import read_records
-from synapse_flwr.schema import MAX_DESCRIPTION
+from synapse_flwr.core.errors import InputError
+from synapse_flwr.core.files import read_records
+from synapse_flwr.core.schema import MAX_DESCRIPTION
 
 log = logging.getLogger(__name__)
 

@@ -41,8 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from synapse_flwr.datasets import ENV_VAR, data_dir
-from synapse_flwr.errors import SynapseError
+import synapse_flwr
+from synapse_flwr.core.errors import SynapseError
+from synapse_flwr.data.datasets import ENV_VAR, data_dir
 
 log = logging.getLogger(__name__)
 
@@ -616,7 +617,7 @@ def read_metrics(output_dir: Path) -> list[dict]:
 
 def check_outputs(output_dir: Path, num_rounds: int) -> str | None:
     """Why the outputs of a run of ``num_rounds`` rounds are incomplete (None if complete)."""
-    from synapse_flwr.wire import ArtifactError, load_artifact
+    from synapse_flwr.core.wire import ArtifactError, load_artifact
 
     rounds = {r.get("round") for r in read_metrics(output_dir)}
     missing = [r for r in range(1, num_rounds + 1) if r not in rounds]
@@ -640,6 +641,12 @@ def _num_rounds(app_dir: Path, run_config: Mapping[str, Any]) -> int:
         return int(doc["tool"]["flwr"]["app"]["config"]["num-rounds"])
     except (OSError, KeyError, ValueError, tomllib.TOMLDecodeError) as exc:
         raise SynapseError(f"cannot read num-rounds from {app_dir / 'pyproject.toml'}: {exc}") from None
+
+
+def default_app_dir() -> Path:
+    """This project's Flower app: the checkout holding the package, else the working folder."""
+    root = Path(synapse_flwr.__file__).resolve().parent.parent
+    return root if (root / "pyproject.toml").is_file() else Path.cwd()
 
 
 def _app_dir(app_dir: Path) -> Path:
@@ -802,9 +809,9 @@ def nodes_from_dataset(dataset: str, n: int, out_dir: Path, seed: int = 42, alph
     non-IID and written to ``out_dir/org_<i>.jsonl``. The catalog is the
     folder's, or written to ``out_dir/catalog.json``.
     """
-    from synapse_flwr.experience import write_jsonl
-    from synapse_flwr.federation import demo_dir, load_federated
-    from synapse_flwr.files import write_atomic
+    from synapse_flwr.core.experience import write_jsonl
+    from synapse_flwr.core.files import write_atomic
+    from synapse_flwr.data.federation import demo_dir, load_federated
 
     folder = demo_dir() if dataset == "demo" else Path(dataset)
     catalogs = [p for p in (folder / "catalog.json", folder / "catalog.jsonl") if p.is_file()]

@@ -19,9 +19,9 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from synapse_flwr.errors import SynapseError
-from synapse_flwr.files import write_atomic
-from synapse_flwr.schema import Compendium, FlatCompendium
+from synapse_flwr.core.errors import SynapseError
+from synapse_flwr.core.files import write_atomic
+from synapse_flwr.core.schema import Compendium, FlatCompendium
 
 MAX_WIRE_BYTES = 64 * 1024 * 1024
 _GZIP_MAGIC = b"\x1f\x8b"

@@ -39,11 +39,17 @@ import numpy as np
 import scipy.sparse as sp
 from pydantic import ValidationError
 
-from synapse_flwr.catalog import Catalog, ToolDoc, alias_key, make_catalog, parse_tool
-from synapse_flwr.errors import InputError, SynapseError
-from synapse_flwr.experience import Event, TestItem
-from synapse_flwr.files import write_atomic
-from synapse_flwr.phrases import normalize_text, tokens
+from synapse_flwr.core.catalog import (
+    Catalog,
+    ToolDoc,
+    alias_key,
+    make_catalog,
+    parse_tool,
+)
+from synapse_flwr.core.errors import InputError, SynapseError
+from synapse_flwr.core.experience import Event, TestItem
+from synapse_flwr.core.files import write_atomic
+from synapse_flwr.core.phrases import normalize_text, tokens
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +199,7 @@ PINNED: tuple[PinnedFile, ...] = (
 _HOW_TO_GET = (
     f"set {ENV_VAR} to a folder holding metatool/ and taubench-retail/ "
     "(e.g. a copy of the workplace's shared/data), or on a machine with internet run "
-    "`python -c \"from synapse_flwr.datasets import download; download('DEST')\"` "
+    "`python -c \"from synapse_flwr.data.datasets import download; download('DEST')\"` "
     f"and set {ENV_VAR}=DEST"
 )
 
@@ -225,7 +231,7 @@ def data_dir() -> Path:
         if not path.is_dir():
             raise SynapseError(f"{ENV_VAR}={env!r} is not a folder; {_HOW_TO_GET}")
         return path
-    repo_root = Path(__file__).resolve().parent.parent
+    repo_root = Path(__file__).resolve().parents[2]
     for base in (Path.cwd(), repo_root):
         candidate = base / ".." / "shared" / "data"
         if candidate.is_dir():

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from synapse_flwr.errors import SynapseError
+from synapse_flwr.core.errors import SynapseError
 
 if TYPE_CHECKING:
     import scipy.sparse

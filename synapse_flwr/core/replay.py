@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from synapse_flwr.experience import Event
-from synapse_flwr.router import Router
+from synapse_flwr.core.experience import Event
+from synapse_flwr.core.router import Router
 
 
 def replay_events(events: Sequence[Event], router: Router) -> list[Event]:

@@ -39,11 +39,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from synapse_flwr.catalog import Catalog
-from synapse_flwr.embed import Embedder, get_embedder
-from synapse_flwr.phrases import candidate_phrases
-from synapse_flwr.render import parse_flat, render_flat, render_typed
-from synapse_flwr.schema import Compendium, FlatCompendium, ToolEntry
+from synapse_flwr.core.catalog import Catalog
+from synapse_flwr.core.embed import Embedder, get_embedder
+from synapse_flwr.core.phrases import candidate_phrases
+from synapse_flwr.core.render import parse_flat, render_flat, render_typed
+from synapse_flwr.core.schema import Compendium, FlatCompendium, ToolEntry
 
 log = logging.getLogger(__name__)
 
@@ -455,7 +455,7 @@ class Router:
         return ranked, decided
 
     def _rerank_llm(self, query: str, cand: list[int], fused: np.ndarray) -> tuple[list[Candidate], list[str], bool]:
-        from synapse_flwr.llm import LLMError, score_choices
+        from synapse_flwr.core.llm import LLMError, score_choices
 
         shown = [
             render_typed(self.entries[self.tool_ids[t]]) if self.render == "typed"

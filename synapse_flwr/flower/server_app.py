@@ -14,23 +14,29 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 from flwr.app import Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
-from strategies import make_strategy
-from strategies.base import CompendiumStrategy, RoundReport
-from strategies.records import from_record, to_record
-from synapse_flwr.embed import get_embedder
-from synapse_flwr.federation import load_dataset
-from synapse_flwr.files import write_atomic
-from synapse_flwr.merge import GLOBAL_ORG
-from synapse_flwr.schema import Compendium, Issuer
-from synapse_flwr.router import Router, evaluate_routes
-from synapse_flwr.wire import ArtifactError, canonical_json, decode, encode, load_artifact
+from synapse_flwr.core.embed import get_embedder
+from synapse_flwr.core.files import write_atomic
+from synapse_flwr.core.merge import GLOBAL_ORG
+from synapse_flwr.core.router import Router, evaluate_routes
+from synapse_flwr.core.schema import Compendium, Issuer
+from synapse_flwr.core.wire import (
+    ArtifactError,
+    canonical_json,
+    decode,
+    encode,
+    load_artifact,
+)
+from synapse_flwr.data.federation import load_dataset
+from synapse_flwr.strategies import make_strategy
+from synapse_flwr.strategies.base import CompendiumStrategy, RoundReport
+from synapse_flwr.strategies.records import from_record, to_record
 
 log = logging.getLogger(__name__)
 

@@ -14,12 +14,12 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from synapse_flwr.files import write_atomic
+from synapse_flwr.core.files import write_atomic
 
 
 def code_commit(repo: Path | None = None) -> str:
     """The git commit of the code (``+dirty`` when the tree has changes), or ``unknown``."""
-    cwd = repo or Path(__file__).resolve().parent.parent
+    cwd = repo or Path(__file__).resolve().parents[2]
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True

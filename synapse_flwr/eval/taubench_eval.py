@@ -1,7 +1,7 @@
 """tau-bench retail per-step tool-call evaluation, with composition knowledge as a prior.
 
 Every gold call of a test task is one step: the query is the instruction plus
-the gold calls made so far (:func:`~synapse_flwr.datasets.taubench_step_items`),
+the gold calls made so far (:func:`~synapse_flwr.data.datasets.taubench_step_items`),
 ``prev_tool`` the previous gold call (None at the first step), and the task is
 to name the next tool.
 
@@ -17,10 +17,10 @@ Two predictions are scored per step:
 :func:`run_taubench` compares three arms over seeds: ``plain`` (documentation
 only), ``federated`` (the train tasks' events split non-IID over K
 organisations, one compendium each, merged with
-:func:`~synapse_flwr.merge.merge_typed`) and ``centralized`` (all train events
+:func:`~synapse_flwr.core.merge.merge_typed`) and ``centralized`` (all train events
 in one compendium). PII in the long instructions is masked by the builder.
 
-Usage: ``python -m synapse_flwr.taubench_eval [--seeds 42 123 456] [--output DIR]``
+Usage: ``python -m synapse_flwr.eval.taubench_eval [--seeds 42 123 456] [--output DIR]``
 """
 
 from __future__ import annotations
@@ -34,9 +34,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from synapse_flwr.builder import build_compendium
-from synapse_flwr.catalog import Catalog
-from synapse_flwr.datasets import (
+from synapse_flwr.core.builder import build_compendium
+from synapse_flwr.core.catalog import Catalog
+from synapse_flwr.core.embed import Embedder, get_embedder
+from synapse_flwr.core.merge import merge_typed
+from synapse_flwr.core.router import Router, RouteResult
+from synapse_flwr.core.schema import Compendium, ToolEntry
+from synapse_flwr.data.datasets import (
     StepItem,
     Task,
     load_taubench,
@@ -45,11 +49,7 @@ from synapse_flwr.datasets import (
     taubench_step_items,
     verified_hashes,
 )
-from synapse_flwr.embed import Embedder, get_embedder
-from synapse_flwr.merge import merge_typed
-from synapse_flwr.results import write_results
-from synapse_flwr.router import Router, RouteResult
-from synapse_flwr.schema import Compendium, ToolEntry
+from synapse_flwr.eval.results import write_results
 
 log = logging.getLogger(__name__)
 
@@ -365,7 +365,7 @@ def run_taubench(
     seeds, k_orgs, alpha, epsilon, embedder, transition_weight
         See :func:`evaluate_arms`.
     directory : str, Path or None
-        Data folder; None uses :func:`~synapse_flwr.datasets.data_dir`.
+        Data folder; None uses :func:`~synapse_flwr.data.datasets.data_dir`.
 
     Returns
     -------
@@ -417,7 +417,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
     log.info("wall time %.1f s", results["wall_seconds"])
     if args.output:
-        command = " ".join(["python -m synapse_flwr.taubench_eval", *argv])
+        command = " ".join(["python -m synapse_flwr.eval.taubench_eval", *argv])
         write_results(
             args.output, results, results["config"], verified_hashes(["taubench-retail"]), command
         )

@@ -14,7 +14,7 @@ Policies
     support summed; a scenario that is one org's ``when`` and another's
     ``when_not``, a scenario claimed by two tools with very unequal support,
     or success rates that disagree, become typed
-    :class:`~synapse_flwr.schema.Conflict` entries; the minority side is
+    :class:`~synapse_flwr.core.schema.Conflict` entries; the minority side is
     kept as a ``dissent`` precaution rather than voted away.
 ``support-weighted``
     ``typed`` after scaling every organisation's support so that none
@@ -34,9 +34,14 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from synapse_flwr.phrases import normalize_text, token_jaccard
-from synapse_flwr.render import FLAT_SEPARATOR, flat_clause_key, is_contested, render_flat
-from synapse_flwr.schema import (
+from synapse_flwr.core.phrases import normalize_text, token_jaccard
+from synapse_flwr.core.render import (
+    FLAT_SEPARATOR,
+    flat_clause_key,
+    is_contested,
+    render_flat,
+)
+from synapse_flwr.core.schema import (
     MAX_CLAIMS,
     MAX_ITEMS,
     MAX_ORGS,
@@ -57,7 +62,7 @@ from synapse_flwr.schema import (
     ToolStats,
     WhenNot,
 )
-from synapse_flwr.wire import content_hash
+from synapse_flwr.core.wire import content_hash
 
 GLOBAL_ORG = "global"
 MIN_DISPUTE_SUPPORT = 2.0

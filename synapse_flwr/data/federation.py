@@ -19,9 +19,9 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-from synapse_flwr.catalog import Catalog, load_catalog
-from synapse_flwr.errors import SynapseError
-from synapse_flwr.experience import Event, TestItem, load_experience, load_testset
+from synapse_flwr.core.catalog import Catalog, load_catalog
+from synapse_flwr.core.errors import SynapseError
+from synapse_flwr.core.experience import Event, TestItem, load_experience, load_testset
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class FederatedDataset:
 
 def demo_dir() -> Path:
     """Folder of the embedded demo dataset."""
-    return Path(str(resources.files("synapse_flwr") / "demo"))
+    return Path(str(resources.files("synapse_flwr.data") / "demo"))
 
 
 def load_folder(path: Path, name: str | None = None) -> FederatedDataset:
@@ -93,7 +93,7 @@ def load_folder(path: Path, name: str | None = None) -> FederatedDataset:
 
 def repartition(ds: FederatedDataset, num_orgs: int, alpha: float, seed: int) -> FederatedDataset:
     """Pool the experience and split it over ``num_orgs`` orgs, non-IID (Dirichlet over tools)."""
-    from synapse_flwr.datasets import partition_noniid
+    from synapse_flwr.data.datasets import partition_noniid
 
     parts = partition_noniid(ds.all_events, num_orgs, alpha, seed)
     orgs = {f"org{i}": part for i, part in enumerate(parts)}
@@ -102,7 +102,7 @@ def repartition(ds: FederatedDataset, num_orgs: int, alpha: float, seed: int) ->
 
 def metatool_dataset(seed: int, heldout_frac: float = 0.2, test_frac: float = 0.2) -> FederatedDataset:
     """MetaTool split for one seed: leak-filtered training experience (one pool) and two test sets."""
-    from synapse_flwr.datasets import load_metatool, make_splits
+    from synapse_flwr.data.datasets import load_metatool, make_splits
 
     mt = load_metatool()
     splits = make_splits(mt.catalog, mt.events, seed, heldout_frac=heldout_frac, test_frac=test_frac)
@@ -133,7 +133,7 @@ def load_dataset(name: str, seed: int = 42) -> FederatedDataset:
     if name == "metatool":
         return metatool_dataset(seed)
     if name == "taubench":
-        from synapse_flwr.datasets import load_taubench, taubench_events
+        from synapse_flwr.data.datasets import load_taubench, taubench_events
 
         catalog, train = load_taubench(split="train")
         return FederatedDataset("taubench", catalog, {"all": taubench_events(train)})
@@ -151,7 +151,7 @@ def load_federated(
     A dataset that already has ``num_orgs`` orgs (the demo has three) keeps
     them; otherwise the pooled experience is re-partitioned non-IID. With
     ``inject`` > 0 a share of every org's events is corrupted
-    (:func:`~synapse_flwr.inject.inject_contradictions`), and
+    (:func:`~synapse_flwr.data.inject.inject_contradictions`), and
     ``info["injection"]`` records what was injected.
 
     Parameters
@@ -171,7 +171,7 @@ def load_federated(
     if len(ds.orgs) != num_orgs:
         ds = repartition(ds, num_orgs, alpha, seed)
     if inject:
-        from synapse_flwr.inject import inject_contradictions
+        from synapse_flwr.data.inject import inject_contradictions
 
         orgs, injection = inject_contradictions(ds.orgs, inject, seed, [d.tool_id for d in ds.catalog.tools])
         ds = FederatedDataset(ds.name, ds.catalog, orgs, ds.seen_test, ds.heldout_test,

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from synapse_flwr.experience import Event
+from synapse_flwr.core.experience import Event
 
 KINDS = ("wrong_tool", "inverted")
 

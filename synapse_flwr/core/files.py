@@ -8,7 +8,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from synapse_flwr.errors import InputError
+from synapse_flwr.core.errors import InputError
 
 
 def read_records(path: str | Path) -> Iterator[tuple[int, dict]]:

@@ -56,17 +56,17 @@ from sklearn.svm import LinearSVC
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from synapse_flwr.catalog import Catalog
-from synapse_flwr.embed import Embedder, get_embedder
-from synapse_flwr.experience import Event, TestItem
+from synapse_flwr.core.catalog import Catalog
+from synapse_flwr.core.embed import Embedder, get_embedder
+from synapse_flwr.core.experience import Event, TestItem
 
 log = logging.getLogger(__name__)
 
-#: Recall cut-off, as in :func:`synapse_flwr.router.evaluate_routes`.
+#: Recall cut-off, as in :func:`synapse_flwr.core.router.evaluate_routes`.
 TOP_K = 5
 _STATE_KEY = "dp-accounting"
 # RDP orders for calibration and reporting: opacus' defaults stop at 63, too low
-# for small sample rates and large noise (as in synapse_flwr.privacy).
+# for small sample rates and large noise (as in synapse_flwr.core.privacy).
 RDP_ALPHAS = [*RDPAccountant.DEFAULT_ALPHAS, 80, 96, 128, 192, 256, 512, 1024]
 
 
@@ -129,7 +129,7 @@ def tool_text(tool_id: str, description: str) -> str:
     Returns
     -------
     str
-        As :func:`synapse_flwr.router.doc_text` renders a documentation entry.
+        As :func:`synapse_flwr.core.router.doc_text` renders a documentation entry.
     """
     words = tool_id.replace("_", " ").replace("-", " ")
     return f"{words}: {description}" if description else words
@@ -138,7 +138,7 @@ def tool_text(tool_id: str, description: str) -> str:
 def ranking_metrics(
     scores: np.ndarray, columns: Sequence[str], test: Sequence[TestItem], k: int = TOP_K
 ) -> dict[str, float]:
-    """Top-1 accuracy and recall@k of score rows, as :func:`~synapse_flwr.router.evaluate_routes`.
+    """Top-1 accuracy and recall@k of score rows, as :func:`~synapse_flwr.core.router.evaluate_routes`.
 
     Parameters
     ----------

@@ -10,8 +10,16 @@ from __future__ import annotations
 
 import re
 
-from synapse_flwr.phrases import normalize_text
-from synapse_flwr.schema import MAX_TEXT, Precaution, Scenario, ToolCount, ToolEntry, ToolStats, WhenNot
+from synapse_flwr.core.phrases import normalize_text
+from synapse_flwr.core.schema import (
+    MAX_TEXT,
+    Precaution,
+    Scenario,
+    ToolCount,
+    ToolEntry,
+    ToolStats,
+    WhenNot,
+)
 
 FLAT_SEPARATOR = " | "
 _CONTESTED = ("about", "scenario:")

@@ -21,16 +21,16 @@ from pathlib import Path
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from strategies.records import from_record, to_record
-from synapse_flwr.builder import BuildConfig, build_compendium
-from synapse_flwr.catalog import Catalog, load_catalog
-from synapse_flwr.embed import get_embedder
-from synapse_flwr.errors import InputError
-from synapse_flwr.experience import Event, load_experience
-from synapse_flwr.federation import load_dataset, load_federated
-from synapse_flwr.replay import replay_events
-from synapse_flwr.router import Router
-from synapse_flwr.wire import decode, encode
+from synapse_flwr.core.builder import BuildConfig, build_compendium
+from synapse_flwr.core.catalog import Catalog, load_catalog
+from synapse_flwr.core.embed import get_embedder
+from synapse_flwr.core.errors import InputError
+from synapse_flwr.core.experience import Event, load_experience
+from synapse_flwr.core.replay import replay_events
+from synapse_flwr.core.router import Router
+from synapse_flwr.core.wire import decode, encode
+from synapse_flwr.data.federation import load_dataset, load_federated
+from synapse_flwr.strategies.records import from_record, to_record
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from synapse_flwr.catalog import Catalog, normalize_tool_id
-from synapse_flwr.errors import InputError
-from synapse_flwr.files import read_records
+from synapse_flwr.core.catalog import Catalog, normalize_tool_id
+from synapse_flwr.core.errors import InputError
+from synapse_flwr.core.files import read_records
 
 Query = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=4000)]
 Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=256)]

@@ -2,14 +2,14 @@
 
 The pipeline is deterministic given a seed and never needs a network:
 
-1. mask PII in every query (:func:`synapse_flwr.pii.mask_pii`);
+1. mask PII in every query (:func:`synapse_flwr.core.pii.mask_pii`);
 2. count, per tool, calls and successes, the distinct queries behind each
    candidate phrase (``when`` from successes, ``when_not`` from failures and
    from events where another tool was right, with that tool as ``prefer``),
    confusions and next-tool transitions (:func:`count_experience`);
 3. privatise the counts (Gaussian noise calibrated with opacus' accountant;
    phrases and tool pairs released only above a noised threshold), see
-   :mod:`synapse_flwr.privacy`;
+   :mod:`synapse_flwr.core.privacy`;
 4. assemble the typed entries from released values only: near-identical
    phrases grouped into scenarios, precautions derived (post-processing, so
    no extra privacy cost), optionally rewritten by an LLM.
@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from synapse_flwr.catalog import Catalog
-from synapse_flwr.experience import Event
-from synapse_flwr.phrases import candidate_phrases, group_phrases, normalize_text
-from synapse_flwr.pii import mask_pii
-from synapse_flwr.privacy import (
+from synapse_flwr.core.catalog import Catalog
+from synapse_flwr.core.experience import Event
+from synapse_flwr.core.phrases import candidate_phrases, group_phrases, normalize_text
+from synapse_flwr.core.pii import mask_pii
+from synapse_flwr.core.privacy import (
     Calibration,
     PrivacyParams,
     calibrate,
@@ -41,7 +41,7 @@ from synapse_flwr.privacy import (
     noise_counts,
     select_partitions,
 )
-from synapse_flwr.schema import (
+from synapse_flwr.core.schema import (
     MAX_ITEMS,
     MAX_SCENARIOS,
     MAX_TEXT,

@@ -3,7 +3,7 @@
 A query contributes a bounded number of candidate phrases (content-word
 unigrams and bigrams, after PII masking); phrases are counted per tool by
 distinct supporting queries and released only above a noised threshold (see
-:mod:`synapse_flwr.privacy`). Released phrases are then grouped into scenarios,
+:mod:`synapse_flwr.core.privacy`). Released phrases are then grouped into scenarios,
 which is post-processing of released data and so costs no privacy.
 """
 
