@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from synapse_flwr.strategies.base import CompendiumStrategy
 
-from synapse_flwr.core.merge import merge_flat_majority
+from synapse_flwr.core.merge import FLAT_MAJORITY, merge_flat_majority
 
 
 class FlatMajorityStrategy(CompendiumStrategy):
@@ -17,4 +17,4 @@ class FlatMajorityStrategy(CompendiumStrategy):
     """
 
     def __init__(self, **kwargs) -> None:
-        super().__init__(merge_fn=merge_flat_majority, policy="flat-majority", **kwargs)
+        super().__init__(merge_fn=merge_flat_majority, policy=FLAT_MAJORITY, **kwargs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from synapse_flwr.strategies.base import CompendiumStrategy
 
-from synapse_flwr.core.merge import merge_support_weighted
+from synapse_flwr.core.merge import SUPPORT_WEIGHTED, merge_support_weighted
 
 
 class SupportWeightedStrategy(CompendiumStrategy):
@@ -17,4 +17,4 @@ class SupportWeightedStrategy(CompendiumStrategy):
     """
 
     def __init__(self, **kwargs) -> None:
-        super().__init__(merge_fn=merge_support_weighted, policy="support-weighted", **kwargs)
+        super().__init__(merge_fn=merge_support_weighted, policy=SUPPORT_WEIGHTED, **kwargs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from synapse_flwr.strategies.base import CompendiumStrategy
 
-from synapse_flwr.core.merge import merge_typed
+from synapse_flwr.core.merge import TYPED, merge_typed
 
 
 class TypedStrategy(CompendiumStrategy):
@@ -17,4 +17,4 @@ class TypedStrategy(CompendiumStrategy):
     """
 
     def __init__(self, **kwargs) -> None:
-        super().__init__(merge_fn=merge_typed, policy="typed", **kwargs)
+        super().__init__(merge_fn=merge_typed, policy=TYPED, **kwargs)

@@ -7,6 +7,11 @@ is emitted in a canonical order. A global compendium records the hashes of
 the organisation artifacts it contains, so merging it again (alone, or with
 an artifact it already holds) changes nothing.
 
+Invariant: the merged prototype of a tool is the exact (order-independent,
+:func:`math.fsum`) sum of its inputs' prototypes, its count the sum of their
+counts, its noise SD the root sum of squares of theirs; inputs in different
+embedding spaces are refused.
+
 Policies
 --------
 ``typed``
@@ -15,7 +20,11 @@ Policies
     ``when_not``, a scenario claimed by two tools with very unequal support,
     or success rates that disagree, become typed
     :class:`~synapse_flwr.core.schema.Conflict` entries; the minority side is
-    kept as a ``dissent`` precaution rather than voted away.
+    kept as a ``dissent`` precaution rather than voted away. Query
+    prototypes add: sums and counts are summed across orgs (the signal grows
+    K-fold, independent noise by sqrt K: noise SDs add in quadrature), and
+    two orgs whose prototypes of one tool point apart (both above noise) are
+    a ``prototype`` conflict.
 ``support-weighted``
     ``typed`` after scaling every organisation's support so that none
     weighs more than ``max_share`` times the median organisation: one loud
@@ -35,6 +44,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from synapse_flwr.core.phrases import normalize_text, token_jaccard
+from synapse_flwr.core.prototypes import above_noise, merge_prototypes, prototype_cosine, scale_prototype
 from synapse_flwr.core.render import (
     FLAT_SEPARATOR,
     flat_clause_key,
@@ -51,10 +61,12 @@ from synapse_flwr.core.schema import (
     Claim,
     Compendium,
     Conflict,
+    EmbeddingSpace,
     FlatCompendium,
     Issuer,
     Precaution,
     PrivacyBlock,
+    Prototype,
     Provenance,
     Scenario,
     ToolCount,
@@ -65,6 +77,8 @@ from synapse_flwr.core.schema import (
 from synapse_flwr.core.wire import content_hash
 
 GLOBAL_ORG = "global"
+# The merge policies' names, declared once (strategies, run config and CLI read them).
+TYPED, SUPPORT_WEIGHTED, FLAT_MAJORITY = "typed", "support-weighted", "flat-majority"
 MIN_DISPUTE_SUPPORT = 2.0
 
 
@@ -89,6 +103,11 @@ class MergeConfig:
     max_share : float
         ``support-weighted`` only: the most support mass an org may carry,
         relative to the median org.
+    prototype_cosine : float
+        Two orgs' prototypes of one tool whose (noise-corrected) cosine is
+        below this are a conflict ...
+    prototype_sds : float
+        ... when both counts clear this many noise SDs.
     """
 
     similarity: float = 0.5
@@ -97,6 +116,8 @@ class MergeConfig:
     noise_calls: float = 10.0
     min_dissent: float = 0.2
     max_share: float = 1.0
+    prototype_cosine: float = 0.5
+    prototype_sds: float = 3.0
 
 
 def _r(x: float) -> float:
@@ -140,6 +161,7 @@ def merge_privacy(blocks: Sequence[PrivacyBlock]) -> PrivacyBlock:
         rounds_planned=max(b.rounds_planned for b in blocks),
         threshold=min(b.threshold for b in blocks),
         text_policy="pii-masked+dp-partition-selection",
+        prototype_weight=max(b.prototype_weight for b in blocks),
     )
 
 
@@ -316,6 +338,47 @@ def rate_conflict(
     return conflict, precautions
 
 
+def prototype_conflict(
+    tool_id: str, org_protos: Sequence[tuple[str, Prototype]], config: MergeConfig, policy: str
+) -> Conflict | None:
+    """Log orgs whose prototypes of one tool disagree (low cosine, both above noise)."""
+    rated = sorted((org, p) for org, p in org_protos if above_noise(p, config.prototype_sds))
+    apart = [
+        (a, b, cos)
+        for i, (a, pa) in enumerate(rated)
+        for b, pb in rated[i + 1 :]
+        if (cos := prototype_cosine(pa, pb)) < config.prototype_cosine
+    ]
+    if not apart:
+        return None
+    orgs = sorted({o for a, b, _ in apart for o in (a, b)})[:MAX_CLAIMS]
+    counts = dict(rated)
+    worst = min(cos for _, _, cos in apart)
+    return Conflict(
+        tool_id=tool_id,
+        field="prototype",
+        subject="query_prototype",
+        claims=[Claim(view=f"queries of {org}", support=_r(counts[org].count), orgs=[org]) for org in orgs],
+        resolution=f"prototypes summed; lowest cosine between orgs {worst:.2f}"[:MAX_TEXT],
+        policy=policy,
+    )
+
+
+def merged_space(inputs: Sequence[Compendium]) -> EmbeddingSpace | None:
+    """The one embedding space of the inputs' prototypes (None if none has any).
+
+    Raises
+    ------
+    ValueError
+        If inputs put their prototypes in different spaces.
+    """
+    spaces = {c.embedding for c in inputs if c.embedding is not None}
+    if len(spaces) > 1:
+        named = ", ".join(sorted(f"{s.model} ({s.dim} dims, {s.normalization})" for s in spaces))
+        raise ValueError(f"cannot merge prototypes from different embedding spaces: {named}")
+    return next(iter(spaces), None)
+
+
 def _merge_precautions(items: Iterable[Precaution]) -> list[Precaution]:
     acc: dict[tuple[str, str], list[Precaution]] = defaultdict(list)
     for p in items:
@@ -377,6 +440,10 @@ def merge_tool(
     if rated:
         conflicts.append(rated[0])
         precautions.extend(rated[1])
+    protos = [(c, e.prototype) for c, e in entries if e.prototype is not None]
+    clash = prototype_conflict(tool_id, [(c.issuer.org, p) for c, p in protos if c.kind == "org"], config, policy)
+    if clash:
+        conflicts.append(clash)
     calls = math.fsum(e.stats.calls for _, e in entries)
     successes = min(calls, math.fsum(e.stats.successes for _, e in entries))
     entry = ToolEntry(
@@ -392,6 +459,7 @@ def merge_tool(
             orgs=_sorted_union(e.provenance.orgs for _, e in entries),
             rounds=sorted({r for _, e in entries for r in e.provenance.rounds})[:10_000],
         ),
+        prototype=merge_prototypes([p for _, p in protos]) if protos else None,
     )
     return entry, conflicts
 
@@ -458,7 +526,7 @@ def _conflict_key(c: Conflict) -> tuple:
 def merge_typed(
     compendia: Iterable[Compendium],
     config: MergeConfig = MergeConfig(),
-    policy: str = "typed",
+    policy: str = TYPED,
 ) -> Compendium:
     """Merge typed compendia field by field, keeping disagreements as a conflict log.
 
@@ -479,6 +547,7 @@ def merge_typed(
     inputs = unique_inputs(compendia)
     if not inputs:
         raise ValueError("nothing to merge: no compendia given")
+    space = merged_space(inputs)
     per_tool: dict[str, list[tuple[Compendium, ToolEntry]]] = defaultdict(list)
     for c in inputs:
         for e in c.tools:
@@ -504,6 +573,7 @@ def merge_typed(
         conflicts=[conflicts[k] for k in sorted(conflicts)],
         policy=policy,
         inputs=leaf_hashes(inputs),
+        embedding=space,
     )
 
 
@@ -529,6 +599,7 @@ def _scale(c: Compendium, factor: float) -> Compendium:
                 "stats": ToolStats(calls=sc(e.stats.calls), successes=sc(e.stats.successes)),
                 "confusions": [t.model_copy(update={"count": sc(t.count)}) for t in e.confusions],
                 "next_tools": [t.model_copy(update={"count": sc(t.count)}) for t in e.next_tools],
+                "prototype": e.prototype and scale_prototype(e.prototype, factor),
             }
         )
         for e in c.tools
@@ -571,7 +642,7 @@ def merge_support_weighted(
     their scaled copies.
     """
     inputs = unique_inputs(compendia)
-    merged = merge_typed(cap_org_support(inputs, config.max_share), config, policy="support-weighted")
+    merged = merge_typed(cap_org_support(inputs, config.max_share), config, policy=SUPPORT_WEIGHTED)
     return merged.model_copy(update={"inputs": leaf_hashes(inputs)})
 
 
@@ -634,18 +705,18 @@ def merge_flat_majority(compendia: Iterable[Compendium | FlatCompendium]) -> Fla
         issuer=Issuer(org=GLOBAL_ORG, round=max(f.issuer.round for f in flats)),
         privacy=merge_privacy([f.privacy for f in flats]),
         texts={t: _vote_clauses(sorted(texts)) for t, texts in sorted(per_tool.items())},
-        policy="flat-majority",
+        policy=FLAT_MAJORITY,
     )
 
 
 POLICIES: dict[str, Callable[..., Compendium | FlatCompendium]] = {
-    "typed": merge_typed,
-    "support-weighted": merge_support_weighted,
-    "flat-majority": merge_flat_majority,
+    TYPED: merge_typed,
+    SUPPORT_WEIGHTED: merge_support_weighted,
+    FLAT_MAJORITY: merge_flat_majority,
 }
 
 
-def merge(compendia: Iterable[Compendium], policy: str = "typed") -> Compendium | FlatCompendium:
+def merge(compendia: Iterable[Compendium], policy: str = TYPED) -> Compendium | FlatCompendium:
     """Merge with the named policy (one of :data:`POLICIES`).
 
     Raises

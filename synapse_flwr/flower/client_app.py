@@ -14,7 +14,6 @@ never leaves it.
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from synapse_flwr.core.replay import replay_events
 from synapse_flwr.core.router import Router
 from synapse_flwr.core.wire import decode, encode
 from synapse_flwr.data.federation import load_dataset, load_federated
+from synapse_flwr.flower.config import RunConfig
 from synapse_flwr.strategies.records import from_record, to_record
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ class OrgData:
     events: list[Event]
 
 
-def org_data(context: Context) -> OrgData:
+def org_data(context: Context, cfg: RunConfig) -> OrgData:
     """Find this node's experience: its node config in deployment, its partition in simulation.
 
     Parameters
@@ -54,24 +54,22 @@ def org_data(context: Context) -> OrgData:
     context : flwr.app.Context
         ``node_config`` holds ``data-path`` (+ ``org``, optional
         ``catalog-path``) on a real SuperNode, or ``partition-id`` and
-        ``num-partitions`` under the simulation engine; ``run_config`` names
-        the dataset.
+        ``num-partitions`` under the simulation engine.
+    cfg : RunConfig
+        The run config (names the dataset).
     """
-    nc, rc = context.node_config, context.run_config
-    seed = int(rc.get("seed", 42))
+    nc = context.node_config
     if "data-path" in nc:
         data_path = Path(str(nc["data-path"]))
         catalog_path = nc.get("catalog-path")
         if catalog_path:
             catalog = load_catalog(str(catalog_path))
         else:
-            catalog = load_dataset(str(rc["dataset"]), seed).catalog
+            catalog = load_dataset(cfg.dataset, cfg.seed).catalog
         org = str(nc.get("org", data_path.stem.removeprefix("org_")))
         return OrgData(org, catalog, load_experience(data_path, catalog))
     k = int(nc["num-partitions"])
-    ds = load_federated(
-        str(rc["dataset"]), k, seed, float(rc.get("alpha", 0.5)), float(rc.get("inject", 0.0))
-    )
+    ds = load_federated(cfg.dataset, k, cfg.seed, cfg.alpha, cfg.inject)
     org = sorted(ds.orgs)[int(nc["partition-id"])]
     return OrgData(org, ds.catalog, ds.orgs[org])
 
@@ -79,23 +77,22 @@ def org_data(context: Context) -> OrgData:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Validate the global, build and privatise this org's compendium, reply with it."""
-    rc = context.run_config
+    cfg = RunConfig.from_mapping(context.run_config)
     config = msg.content["config"]
     server_round = int(config["server-round"])
     incoming = decode(from_record(msg.content["arrays"]))  # raises on an invalid global
     try:
-        data = org_data(context)
+        data = org_data(context, cfg)
     except InputError as exc:
         # The reason travels to the server: keep the org's file paths out of it.
         log.error("cannot load this org's experience: %s", exc)
         where = f"line {exc.line}" if exc.line is not None else "file"
         raise RuntimeError(f"invalid local experience data ({where}): {exc.message}") from None
-    epsilon = float(rc.get("epsilon", math.inf))
-    replay = bool(rc.get("replay", False))
+    replay = cfg.replay
     events, replayed = data.events, []
     # a typed global has tools, a flat-majority one texts; round 1's global has neither
     if replay and (getattr(incoming, "tools", None) or getattr(incoming, "texts", None)):
-        router = Router(incoming, data.catalog, embedder=get_embedder(str(rc.get("replay-embedder", "static"))))
+        router = Router(incoming, data.catalog, embedder=get_embedder(cfg.replay_embedder))
         replayed = replay_events(data.events, router)
         events = [*data.events, *replayed]
     artifact = build_compendium(
@@ -103,10 +100,10 @@ def train(msg: Message, context: Context) -> Message:
         data.catalog,
         data.org,
         round_=server_round,
-        epsilon=epsilon,
-        delta=float(rc.get("delta", 1e-5)),
-        rounds=int(rc["num-rounds"]),
-        seed=int(rc.get("seed", 42)),
+        epsilon=cfg.epsilon,
+        delta=cfg.delta,
+        rounds=cfg.num_rounds,
+        seed=cfg.seed,
         # with replay on, every round is calibrated for two events per record
         config=BuildConfig(events_per_record=2 if replay else 1),
     )

@@ -34,6 +34,7 @@ from synapse_flwr.core.wire import (
     load_artifact,
 )
 from synapse_flwr.data.federation import load_dataset
+from synapse_flwr.flower.config import RunConfig
 from synapse_flwr.strategies import make_strategy
 from synapse_flwr.strategies.base import CompendiumStrategy, RoundReport
 from synapse_flwr.strategies.records import from_record, to_record
@@ -86,21 +87,20 @@ def empty_global() -> bytes:
     return encode(Compendium(kind="global", issuer=Issuer(org=GLOBAL_ORG, round=0), policy="none"))
 
 
-def make_evaluator(rc: dict) -> Callable[[bytes], dict] | None:
+def make_evaluator(cfg: RunConfig) -> Callable[[bytes], dict] | None:
     """Server-side evaluation of a global compendium on the dataset's test sets.
 
     Returns None when ``eval-embedder`` is ``"none"`` or the dataset has no
     test set. Metrics: top-1 accuracy and recall@5 of the ``fields`` router,
     on seen-tool and held-out-tool queries.
     """
-    name = str(rc.get("eval-embedder", "static"))
-    if name == "none":
+    if cfg.eval_embedder == "none":
         return None
-    ds = load_dataset(str(rc["dataset"]), int(rc.get("seed", 42)))
+    ds = load_dataset(cfg.dataset, cfg.seed)
     splits = {k: v for k, v in (("seen", ds.seen_test), ("heldout", ds.heldout_test)) if v}
     if not splits:
         return None
-    embedder = get_embedder(name)
+    embedder = get_embedder(cfg.eval_embedder)
 
     def evaluate(global_bytes: bytes) -> dict:
         router = Router(decode(global_bytes), ds.catalog, embedder=embedder, reranker="fields")
@@ -142,10 +142,10 @@ def make_evaluate_fn(
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Run the federation described by the run config (see ``[tool.flwr.app.config]``)."""
-    rc = dict(context.run_config)
-    num_rounds = int(rc["num-rounds"])
-    out_dir = Path(str(rc["output-dir"])).resolve()
-    recorder = RunRecorder(out_dir, rc)
+    cfg = RunConfig.from_mapping(context.run_config)
+    num_rounds = cfg.num_rounds
+    out_dir = Path(cfg.output_dir).resolve()
+    recorder = RunRecorder(out_dir, cfg.to_mapping())
     done, resume_bytes = recorder.resume_point()
     if done >= num_rounds:
         log.warning("all %d rounds already completed in %s; nothing to do", num_rounds, out_dir)
@@ -153,15 +153,15 @@ def main(grid: Grid, context: Context) -> None:
     if done:
         log.warning("resuming after round %d from %s", done, out_dir)
     strategy = make_strategy(
-        str(rc.get("policy", "typed")),
-        min_nodes=int(rc.get("min-nodes", 2)),
+        cfg.policy,
+        min_nodes=cfg.min_nodes,
         round_offset=done,
     )
     strategy.start(
         grid=grid,
         initial_arrays=to_record(resume_bytes or empty_global()),
         num_rounds=num_rounds - done,
-        timeout=float(rc.get("round-timeout", 600.0)),
-        evaluate_fn=make_evaluate_fn(strategy, recorder, done, make_evaluator(rc)),
+        timeout=cfg.round_timeout,
+        evaluate_fn=make_evaluate_fn(strategy, recorder, done, make_evaluator(cfg)),
     )
     log.warning("federation finished: outputs in %s", out_dir)

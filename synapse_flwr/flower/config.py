@@ -1,0 +1,168 @@
+"""The run config: every key of ``[tool.flwr.app.config]``, typed, in one place.
+
+The ClientApp, the ServerApp, ``synapse simulate``, ``synapse deploy-local``
+and the experiment driver all read the federation's settings through
+:class:`RunConfig`. Each key has one type, one default (the value written in
+``pyproject.toml``, which a test keeps equal to :data:`KEYS`), a range and a
+help text. An unknown key, a value of the wrong type or one out of range is a
+:class:`RunConfigError` naming the key, never a silent default.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from synapse_flwr.core.embed import EMBEDDERS
+from synapse_flwr.core.errors import SynapseError
+from synapse_flwr.core.merge import POLICIES
+
+
+class RunConfigError(SynapseError, ValueError):
+    """A run-config key that is unknown, of the wrong type or out of range."""
+
+
+def _between(low: float, high: float, low_open: bool = False) -> Callable[[float], str | None]:
+    def check(value: float) -> str | None:
+        below = value <= low if low_open else value < low
+        if below or value > high or (isinstance(value, float) and math.isnan(value)):
+            left = "(" if low_open else "["
+            return f"must be in {left}{low}, {high}]"
+        return None
+
+    return check
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[str], str | None]:
+    return lambda value: None if value in choices else f"must be one of {', '.join(choices)}"
+
+
+def _non_empty(value: str) -> str | None:
+    return None if value.strip() else "must not be empty"
+
+
+@dataclass(frozen=True)
+class Key:
+    """One run-config key.
+
+    Parameters
+    ----------
+    name : str
+        The key as written in TOML (``num-rounds``).
+    type : type
+        ``int``, ``float``, ``str`` or ``bool``.
+    default : Any
+        The value in ``pyproject.toml``.
+    help : str
+        What it does, in one line.
+    check : callable or None
+        Returns why a (well-typed) value is out of range, or None.
+    """
+
+    name: str
+    type: type
+    default: Any
+    help: str
+    check: Callable[[Any], str | None] | None = None
+
+    @property
+    def field(self) -> str:
+        """The :class:`RunConfig` attribute (``num_rounds``)."""
+        return self.name.replace("-", "_")
+
+    def parse(self, value: Any) -> Any:
+        """The value as this key's type, or a :class:`RunConfigError` naming the key."""
+        if self.type is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, self.type) or (self.type is int and isinstance(value, bool)):
+            raise RunConfigError(
+                f"run config {self.name!r}: expected {self.type.__name__}, got {value!r} "
+                f"({type(value).__name__}); {self.help}"
+            )
+        problem = self.check(value) if self.check else None
+        if problem:
+            raise RunConfigError(f"run config {self.name!r} {problem}, got {value!r}; {self.help}")
+        return value
+
+
+KEYS: tuple[Key, ...] = (
+    Key("num-rounds", int, 3, "federation rounds", _between(1, 10_000)),
+    Key("dataset", str, "demo", "demo | metatool | taubench | a folder in the generic format", _non_empty),
+    Key("policy", str, "typed", "merge policy: " + " | ".join(POLICIES), _one_of(tuple(POLICIES))),
+    Key("min-nodes", int, 2, "fewest valid artifacts a round merges", _between(1, 100_000)),
+    Key("epsilon", float, 4.0, "privacy budget per record over the whole run; inf turns privacy off",
+        _between(0.0, math.inf, low_open=True)),
+    Key("delta", float, 1e-5, "privacy delta per record over the whole run", _between(0.0, 0.1, low_open=True)),
+    Key("alpha", float, 0.5, "Dirichlet skew when experience is re-partitioned", _between(0.0, 1e6, low_open=True)),
+    Key("seed", int, 42, "seed of the data split and of the noise", _between(0, 2**63 - 1)),
+    Key("output-dir", str, "runs/latest", "where the server writes globals and metrics.json", _non_empty),
+    Key("release-cache", str, "", "client release cache folder (empty: <output-dir>/release-cache)"),
+    Key("round-timeout", float, 600.0, "seconds a round waits for replies", _between(0.0, 86_400.0, low_open=True)),
+    Key("replay", bool, False, "feedback loop: replay own traffic with the global, outcomes become experience"),
+    Key("replay-embedder", str, "static", "embedder of the replay router: " + " | ".join(EMBEDDERS),
+        _one_of(tuple(EMBEDDERS))),
+    Key("eval-embedder", str, "static", "server-side evaluation each round: " + " | ".join((*EMBEDDERS, "none")),
+        _one_of((*EMBEDDERS, "none"))),
+    Key("inject", float, 0.0, "share of each org's events corrupted (robustness experiments)", _between(0.0, 1.0)),
+)
+BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The federation's settings; see :data:`KEYS` for each key's meaning and range."""
+
+    num_rounds: int
+    dataset: str
+    policy: str
+    min_nodes: int
+    epsilon: float
+    delta: float
+    alpha: float
+    seed: int
+    output_dir: str
+    release_cache: str
+    round_timeout: float
+    replay: bool
+    replay_embedder: str
+    eval_embedder: str
+    inject: float
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:
+        """Validate a run config (Flower's ``context.run_config``); missing keys take their default.
+
+        Raises
+        ------
+        RunConfigError
+            For an unknown key (listing the known ones), a wrong type or a value out of range.
+        """
+        check_overrides(values)
+        return cls(**{k.field: k.parse(values[k.name]) if k.name in values else k.default for k in KEYS})
+
+    def to_mapping(self) -> dict[str, Any]:
+        """The TOML-keyed form (``{"num-rounds": 3, ...}``)."""
+        return {f.name.replace("_", "-"): getattr(self, f.name) for f in fields(self)}
+
+    @property
+    def private(self) -> bool:
+        """Whether the artifacts carry a DP guarantee (finite epsilon)."""
+        return math.isfinite(self.epsilon)
+
+
+def check_overrides(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate run-config overrides before any work; returns them parsed.
+
+    Raises
+    ------
+    RunConfigError
+        For an unknown key (listing the known ones), a wrong type or a value out of range.
+    """
+    unknown = sorted(set(values) - set(BY_NAME))
+    if unknown:
+        raise RunConfigError(
+            f"unknown run-config key(s) {', '.join(map(repr, unknown))}; known keys: {', '.join(BY_NAME)}"
+        )
+    return {name: BY_NAME[name].parse(value) for name, value in values.items()}

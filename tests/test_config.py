@@ -1,0 +1,66 @@
+"""The typed run config: one declaration per key, equal to pyproject's, clear errors."""
+
+import math
+import subprocess
+import sys
+import tomllib
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from synapse_flwr.core.merge import POLICIES
+from synapse_flwr.flower.config import KEYS, RunConfig, RunConfigError, check_overrides
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_pyproject_defaults_are_the_declared_defaults():
+    doc = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    assert doc["tool"]["flwr"]["app"]["config"] == {k.name: k.default for k in KEYS}
+
+
+def test_every_key_is_a_field_in_order():
+    assert [f.name for f in fields(RunConfig)] == [k.field for k in KEYS]
+
+
+def test_defaults_and_overrides_parse():
+    cfg = RunConfig.from_mapping({})
+    assert cfg.epsilon == 4.0 and cfg.delta == 1e-5 and cfg.policy in POLICIES and cfg.private
+    cfg = RunConfig.from_mapping({"epsilon": math.inf, "num-rounds": 2, "alpha": 1})
+    assert not cfg.private and cfg.num_rounds == 2 and cfg.alpha == 1.0
+    assert RunConfig.from_mapping(cfg.to_mapping()) == cfg
+
+
+@pytest.mark.parametrize(
+    ("values", "named", "says"),
+    [
+        ({"epsilom": 4.0}, "epsilom", "unknown"),
+        ({"epsilon": "4"}, "epsilon", "expected float"),
+        ({"epsilon": 0.0}, "epsilon", "must be in (0.0"),
+        ({"epsilon": math.nan}, "epsilon", "must be in"),
+        ({"num-rounds": 0}, "num-rounds", "must be in [1"),
+        ({"num-rounds": 2.5}, "num-rounds", "expected int"),
+        ({"num-rounds": True}, "num-rounds", "expected int"),
+        ({"policy": "fedavg"}, "policy", "must be one of typed"),
+        ({"replay": "yes"}, "replay", "expected bool"),
+        ({"inject": 1.5}, "inject", "must be in [0.0, 1.0]"),
+        ({"eval-embedder": "bert"}, "eval-embedder", "must be one of"),
+        ({"delta": 0.5}, "delta", "must be in (0.0, 0.1]"),
+    ],
+)
+def test_bad_values_name_the_key(values, named, says):
+    with pytest.raises(RunConfigError) as err:
+        RunConfig.from_mapping(values)
+    assert repr(named) in str(err.value) and says in str(err.value)
+    with pytest.raises(RunConfigError):
+        check_overrides(values)
+
+
+def test_strategies_and_simulations_are_not_top_level_modules(tmp_path):
+    code = (
+        "import importlib.util as u, synapse_flwr.strategies, synapse_flwr.simulations.experiment;"
+        "print(u.find_spec('strategies'), u.find_spec('simulations'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["None", "None"], out.stdout + out.stderr
