@@ -9,13 +9,20 @@ only have documentation:
   estimated from released phrase supports over the tool's calls and smoothed
   toward its description (:class:`PhraseProfile`).
 
-A tool's retrieval score is its description cosine plus the positive
-log-likelihood-ratio evidence of the query's phrases plus scenario similarity
-beyond the description. The phrase model is calibrated so that a tool
-without experience is judged on its documentation (its description prior is
-measured on the tools that have experience), and phrases that no release
-explains count mildly for tools without experience (novelty), so experience
-does not drown documentation-only tools.
+* prototypes: per tool, the DP sum of the unit embeddings of the queries it
+  served (:mod:`synapse_flwr.core.prototypes`).
+
+No harm by construction: every tool's retrieval score starts from exactly
+the score a documentation-only router gives it (description cosine plus the
+phrase evidence of its documentation alone), and experience only *adds*
+non-negative evidence, to the tools that have it: the phrase evidence beyond
+the documentation, the scenario similarity beyond the description, and the
+query's similarity to the tool's prototype mean beyond the query's
+similarity to the mean of all prototypes (so that a query is not drawn to
+experienced tools merely for looking like a query), shrunk by the
+prototype's noise, ``n^2 / (n^2 + k * sd^2)``, and ignored altogether when
+the prototype's count is within noise. A tool without experience, or with
+experience at noise level, therefore scores exactly as without a compendium.
 
 Rerankers choose among the top ``k``:
 
@@ -42,6 +49,7 @@ import scipy.sparse as sp
 from synapse_flwr.core.catalog import Catalog
 from synapse_flwr.core.embed import Embedder, get_embedder
 from synapse_flwr.core.phrases import candidate_phrases
+from synapse_flwr.core.prototypes import decode_prototype, space_mismatch
 from synapse_flwr.core.render import parse_flat, render_flat, render_typed
 from synapse_flwr.core.schema import Compendium, FlatCompendium, ToolEntry
 
@@ -62,6 +70,35 @@ DEFAULT_WEIGHTS = (1.0, 0.015, 0.3)
 # Stats whose call count is within this many noise SDs of zero are not evidence.
 NOISE_SDS = 3.0
 RERANKERS = ("fields", "llm", "none")
+# Retrieval evidence, in the order the explain output lists it.
+EVIDENCE = ("description", "phrases", "scenario", "prototype")
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """How experience adds to a tool's documentation score (constants from the seed-7 split).
+
+    Parameters
+    ----------
+    phrases : float
+        Weight of the phrase evidence beyond what the documentation gives.
+    prototype : float
+        Weight of the prototype evidence.
+    shrink : float
+        ``k`` of the prototype's noise shrinkage ``n^2 / (n^2 + k * sd^2)``.
+    gate_sds : float
+        A prototype whose noised count is within this many noise SDs of zero
+        is ignored (the tool keeps exactly its documentation score).
+    margin : float
+        Similarity to a tool's prototype mean must beat the query's similarity
+        to the mean of all prototypes by this much to count.
+    """
+
+    phrases: float = 0.015
+    prototype: float = 1.0
+    shrink: float = 4.0
+    gate_sds: float = 3.0
+    margin: float = 0.0
 RENDERS = ("typed", "flat")
 
 
@@ -281,6 +318,8 @@ class Router:
     weights : tuple of float
         Weights of (dense documentation, lexical profile, extra scenario
         similarity) in the retrieval score.
+    fusion : Fusion
+        How phrases and prototypes add to the documentation score.
     """
 
     def __init__(
@@ -293,6 +332,7 @@ class Router:
         render: str = "typed",
         model: str = "local/smollm2",
         weights: tuple[float, float, float] = DEFAULT_WEIGHTS,
+        fusion: Fusion = Fusion(),
     ) -> None:
         if reranker not in RERANKERS:
             raise ValueError(f"unknown reranker {reranker!r}; choose one of {', '.join(RERANKERS)}")
@@ -305,6 +345,7 @@ class Router:
         self.catalog = catalog
         self.embedder = get_embedder(embedder) if isinstance(embedder, str) else embedder
         self.reranker, self.k, self.render, self.model, self.weights = reranker, k, render, model, weights
+        self.fusion = fusion
         self.entries = typed_entries(compendium, catalog)
         if render == "flat":
             # The ablation of the typed fields (the paper's flat arm): the router
@@ -348,9 +389,36 @@ class Router:
         privacy = getattr(compendium, "privacy", None)
         self.sigma = privacy.sigma if privacy is not None else 0.0
         self.profile = PhraseProfile(self.entries, names, privacy.threshold if privacy is not None else 1.0)
+        # exactly the phrase model a documentation-only router builds
+        docs = {t: ToolEntry.model_construct(tool_id=t, description=e.description) for t, e in self.entries.items()}
+        self.docs_profile = PhraseProfile(docs, names, 1.0)
+        self.phrase_tools = np.array([bool(e.when) for e in self.entries.values()])
+        self.prototypes = self._load_prototypes(compendium)
 
     def _embed(self, texts: Sequence[str]) -> np.ndarray:
         return np.asarray(self.embedder.encode(list(texts)), dtype=np.float32)
+
+    def _load_prototypes(self, compendium: Compendium | FlatCompendium | None) -> tuple[np.ndarray, np.ndarray] | None:
+        """Prototype means ``(n_tools, dim)`` and their noise shrinkage (0: ignored), or None.
+
+        Used only when the compendium's embedding space is the router's; a
+        prototype whose count is within ``gate_sds`` noise SDs gets weight 0.
+        """
+        if not isinstance(compendium, Compendium) or not any(e.prototype for e in compendium.tools):
+            return None
+        reason = space_mismatch(compendium.embedding, self.embedder)
+        if reason:
+            log.warning("ignoring the compendium's query prototypes: %s", reason)
+            return None
+        means = np.zeros((len(self.tool_ids), compendium.embedding.dim), np.float32)
+        gain = np.zeros(len(self.tool_ids), np.float32)
+        for i, entry in enumerate(self.entries.values()):
+            p = entry.prototype
+            if p is None or p.count <= max(self.fusion.gate_sds * p.count_sd, 0.0):
+                continue
+            means[i] = decode_prototype(p) / p.count
+            gain[i] = p.count**2 / (p.count**2 + self.fusion.shrink * p.sum_sd**2)
+        return means, gain
 
     # ------------------------------------------------------------- retrieval
     def scenario_scores(self, q: np.ndarray) -> np.ndarray:
@@ -368,23 +436,44 @@ class Router:
             out[row, owners[first]] = sims[row, first]
         return out
 
-    def retrieve(self, queries: Sequence[str], q: np.ndarray | None = None) -> np.ndarray:
-        """Retrieval scores ``(len(queries), n_tools)``: a weighted sum of evidence.
+    def prototype_scores(self, q: np.ndarray) -> np.ndarray:
+        """Shrunk similarity to each tool's prototype mean beyond the generic query, ``>= 0``."""
+        out = np.zeros((len(q), len(self.tool_ids)), np.float32)
+        if self.prototypes is None:
+            return out
+        means, gain = self.prototypes
+        used = gain > 0
+        if not used.any():
+            return out
+        # the generic query: the mean of the prototype means in use
+        generic = q @ means[used].mean(axis=0)
+        sims = q @ means[used].T - generic[:, None] - self.fusion.margin
+        out[:, used] = np.maximum(sims, 0.0) * gain[used]
+        return out
 
-        Dense similarity to the documentation is on the same scale for every
-        tool; the phrase evidence of a tool without experience is read from its
-        documentation prior (:class:`PhraseProfile`), and pooled scenarios only
-        add evidence beyond the documentation.
+    def evidence(self, queries: Sequence[str], q: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """Weighted retrieval evidence per field (:data:`EVIDENCE`), each ``(len(queries), n_tools)``.
+
+        ``description`` is exactly a documentation-only router's score; the
+        other fields are non-negative and zero for tools without experience.
         """
         q = self._embed(queries) if q is None else q
         w_doc, w_lex, w_scen = self.weights
         doc = self.doc_index.search(q, len(self.tool_ids))
         dense_doc = np.empty((len(q), len(self.tool_ids)), dtype=np.float32)
         np.put_along_axis(dense_doc, doc[1], doc[0], axis=1)
-        score = w_doc * dense_doc + w_lex * self.profile.score(queries)
-        if w_scen:
-            score += w_scen * np.maximum(self.scenario_scores(q) - dense_doc, 0.0)
-        return score
+        docs_lex = self.docs_profile.score(queries)
+        out = {"description": w_doc * dense_doc + w_lex * docs_lex}
+        zero = np.zeros_like(dense_doc)
+        out["phrases"] = (self.fusion.phrases * np.maximum(self.profile.score(queries) - docs_lex, 0.0)
+                          * self.phrase_tools[None, :]) if self.fusion.phrases and self.phrase_tools.any() else zero
+        out["scenario"] = w_scen * np.maximum(self.scenario_scores(q) - dense_doc, 0.0) if w_scen else zero
+        out["prototype"] = self.fusion.prototype * self.prototype_scores(q)
+        return out
+
+    def retrieve(self, queries: Sequence[str], q: np.ndarray | None = None) -> np.ndarray:
+        """Retrieval scores ``(len(queries), n_tools)``: the sum of :meth:`evidence`."""
+        return sum(self.evidence(queries, q).values())
 
     # ------------------------------------------------------------- reranking
     def _field_signals(self, qv: np.ndarray, tool: int, best_doc: float) -> dict[str, float]:
@@ -423,7 +512,7 @@ class Router:
         return best, best_sim
 
     def _rerank_fields(
-        self, qv: np.ndarray, cand: list[int], fused: np.ndarray
+        self, qv: np.ndarray, cand: list[int], fused: np.ndarray, parts: dict[str, np.ndarray]
     ) -> tuple[list[Candidate], list[str]]:
         scores: dict[str, Candidate] = {}
         redirects: dict[str, float] = {}
@@ -431,7 +520,7 @@ class Router:
         for t in cand:
             tool_id = self.tool_ids[t]
             # (a flat render has no fields to read: its entries are documentation only)
-            s = self._field_signals(qv, t, best_doc)
+            s = {**{f: float(parts[f][t]) for f in EVIDENCE}, **self._field_signals(qv, t, best_doc)}
             # `when` is reported but not added: retrieval already counts scenario
             # evidence (weights[2]); counting it twice cost held-out accuracy (seed 7)
             score = fused[t] - s["when_not"] + FIELD_PRIOR_WEIGHT * s["success_prior"]
@@ -450,9 +539,7 @@ class Router:
         ranked = sorted(scores.values(), key=lambda c: (-c.score, c.tool_id))
         if self.render == "flat":
             return ranked, ["flat"]
-        top = ranked[0].signals
-        decided = [k for k in ("when", "when_not", "redirected") if top.get(k, 0) > 0] or ["description"]
-        return ranked, decided
+        return ranked, decided_by(ranked, self.tool_ids[max(cand, key=lambda t: (parts["description"][t], -t))])
 
     def _rerank_llm(self, query: str, cand: list[int], fused: np.ndarray) -> tuple[list[Candidate], list[str], bool]:
         from synapse_flwr.core.llm import LLMError, score_choices
@@ -500,7 +587,8 @@ class Router:
         for start in range(0, len(queries), batch_size):
             chunk = list(queries[start : start + batch_size])
             qv = self._embed(chunk)
-            fused = self.retrieve(chunk, qv)
+            parts = self.evidence(chunk, qv)
+            fused = sum(parts.values())
             for row, query in enumerate(chunk):
                 cand = list(np.argsort(-fused[row], kind="stable")[: self.k])
                 gold = [self.position[g] for g in force[start + row] if g in self.position] if force is not None else []
@@ -510,7 +598,8 @@ class Router:
                 if self.reranker == "none":
                     ranked, decided = self._retrieval_order(cand, fused[row]), ["retrieval"]
                 elif self.reranker == "fields":
-                    ranked, decided = self._rerank_fields(qv[row], cand, fused[row])
+                    ranked, decided = self._rerank_fields(qv[row], cand, fused[row],
+                                                          {f: v[row] for f, v in parts.items()})
                 else:
                     ranked, decided, fallback = self._rerank_llm(query, cand, fused[row])
                 out.append(RouteResult(query, ranked[0].tool_id, ranked, decided, fallback))
@@ -519,6 +608,25 @@ class Router:
     def route(self, query: str) -> RouteResult:
         """Route one query."""
         return self.route_many([query])[0]
+
+
+def decided_by(ranked: Sequence[Candidate], docs_choice: str) -> list[str]:
+    """The fields that made the winner win.
+
+    ``["description"]`` when the documentation alone would have picked the
+    same tool among the candidates; otherwise the experience fields with
+    evidence for the winner (``phrases``, ``scenario``, ``prototype``,
+    ``redirected``), and ``when_not`` when the documentation's choice was
+    ruled out by one of its ``when_not`` scenarios.
+    """
+    top = ranked[0]
+    if top.tool_id == docs_choice:
+        return ["description"]
+    fields = [f for f in ("phrases", "scenario", "prototype", "redirected") if top.signals.get(f, 0) > 0]
+    loser = next((c for c in ranked if c.tool_id == docs_choice), None)
+    if loser is not None and loser.signals.get("when_not", 0) > 0:
+        fields.append("when_not")
+    return fields or ["description"]
 
 
 FEW_SHOT = """You route a user's request to exactly one tool.
@@ -548,10 +656,58 @@ def llm_prompt(query: str, shown: Sequence[str]) -> str:
     return f"{FEW_SHOT}\nRequest: {query}\nCandidates:\n" + "\n".join(shown) + "\nAnswer: "
 
 
+def ranking_metrics(
+    rankings: Sequence[Sequence[str]], golds: Sequence[Sequence[str]], k: int = 5
+) -> dict[str, float]:
+    """Top-1 accuracy and recall@k of rankings against acceptable gold ids.
+
+    The one definition every evaluation shares: routed results
+    (:func:`evaluate_routes`) and score matrices (through :func:`top_ids`).
+
+    Parameters
+    ----------
+    rankings : sequence of sequence of str
+        Per query, tool ids best first; the first is the pick.
+    golds : sequence of sequence of str
+        Per query, the acceptable tool ids.
+    k : int
+        Recall cut-off.
+
+    Returns
+    -------
+    dict
+        ``acc`` (the pick in gold), ``r5`` (any of the first ``k`` in gold)
+        and ``n``; zeros for no queries.
+    """
+    if not rankings:
+        return {"acc": 0.0, "r5": 0.0, "n": 0}
+    pairs = list(zip(rankings, golds, strict=True))
+    hits = sum(len(ranked) > 0 and ranked[0] in gold for ranked, gold in pairs)
+    recall = sum(any(t in gold for t in ranked[:k]) for ranked, gold in pairs)
+    return {"acc": hits / len(pairs), "r5": recall / len(pairs), "n": len(pairs)}
+
+
+def top_ids(scores: np.ndarray, columns: Sequence[str], k: int = 5) -> list[list[str]]:
+    """The ids of the ``k`` best-scoring columns of each row, best first (ties keep column order).
+
+    Parameters
+    ----------
+    scores : numpy.ndarray
+        ``(n, len(columns))`` scores, higher is better.
+    columns : sequence of str
+        Tool id of each column.
+    k : int
+        How many to keep per row.
+
+    Returns
+    -------
+    list of list of str
+        One ranking per row (see :func:`ranking_metrics`).
+    """
+    order = np.argsort(-np.asarray(scores), axis=1, kind="stable")[:, :k]
+    return np.asarray(columns, dtype=object)[order].tolist()
+
+
 def evaluate_routes(results: Sequence[RouteResult], golds: Sequence[Sequence[str]], k: int = 5) -> dict[str, float]:
     """Top-1 accuracy and recall@k of routed results against acceptable gold ids."""
-    if not results:
-        return {"acc": 0.0, "r5": 0.0, "n": 0}
-    hits = sum(r.tool in g for r, g in zip(results, golds))
-    recall = sum(any(c.tool_id in g for c in r.candidates[:k]) for r, g in zip(results, golds))
-    return {"acc": hits / len(results), "r5": recall / len(results), "n": len(results)}
+    return ranking_metrics([[c.tool_id for c in r.candidates] for r in results], golds, k)

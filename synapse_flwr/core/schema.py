@@ -9,6 +9,8 @@ The JSON Schema exported by :func:`json_schema` is generated from these models.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -33,6 +35,8 @@ MAX_CLAIMS = 16
 MAX_TEXT = 300  # characters in one scenario / precaution text
 MAX_DESCRIPTION = 2_000
 MAX_COUNT = 1e12
+MAX_DIM = 4096  # width of a prototype embedding space
+MAX_SCALE = 1e6  # int8 step of a prototype vector (bounds every coordinate by 127 * MAX_SCALE)
 
 ToolId = Annotated[
     str, StringConstraints(min_length=1, max_length=128, pattern=r"^[a-z0-9][a-z0-9_.\-]*$")
@@ -174,6 +178,69 @@ class Provenance(_Strict):
     rounds: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=10_000)
 
 
+class EmbeddingSpace(_Strict):
+    """The embedding space prototypes live in: a router may use them only in the same space.
+
+    Parameters
+    ----------
+    model : str
+        Embedder id (e.g. ``all-MiniLM-L6-v2``).
+    dim : int
+        Width of every vector.
+    normalization : {"l2"}
+        How each query embedding was normalised before it was summed.
+    """
+
+    model: Annotated[str, StringConstraints(min_length=1, max_length=128)]
+    dim: Annotated[int, Field(ge=1, le=MAX_DIM)]
+    normalization: Literal["l2"] = "l2"
+
+
+def _int8_vector(data: str) -> str:
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"not base64: {exc}") from exc
+    if not raw:
+        raise ValueError("empty vector")
+    return data
+
+
+class Prototype(_Strict):
+    """A tool's noised query prototype: the sum of the unit query embeddings of its calls.
+
+    The vector is ``scale * int8`` per coordinate (base64 of the int8 bytes),
+    so it is bounded by ``127 * scale``; its length is checked against the
+    compendium's :class:`EmbeddingSpace`.
+
+    Parameters
+    ----------
+    count : float
+        Noised number of summed queries.
+    scale : float
+        Float step of the int8 coordinates.
+    data : str
+        Base64 of ``dim`` signed bytes.
+    sum_sd : float
+        Noise standard deviation of every coordinate of the sum.
+    count_sd : float
+        Noise standard deviation of ``count``.
+    """
+
+    count: Count
+    scale: Annotated[float, Field(ge=0.0, le=MAX_SCALE, allow_inf_nan=False)]
+    data: Annotated[
+        str, StringConstraints(min_length=4, max_length=4 * (MAX_DIM // 3 + 1)), AfterValidator(_int8_vector)
+    ]
+    sum_sd: Count = 0.0
+    count_sd: Count = 0.0
+
+    @property
+    def dim(self) -> int:
+        """Number of coordinates."""
+        return len(base64.b64decode(self.data))
+
+
 class ToolEntry(_Strict):
     """Everything the compendium knows about one tool.
 
@@ -195,6 +262,9 @@ class ToolEntry(_Strict):
         Tools called right after this one.
     provenance : Provenance
         Contributing organisations and rounds.
+    prototype : Prototype or None
+        Noised sum of the tool's query embeddings (in the compendium's
+        ``embedding`` space), or None.
     """
 
     tool_id: ToolId
@@ -206,6 +276,7 @@ class ToolEntry(_Strict):
     confusions: list[ToolCount] = Field(default_factory=list, max_length=MAX_ITEMS)
     next_tools: list[ToolCount] = Field(default_factory=list, max_length=MAX_ITEMS)
     provenance: Provenance = Field(default_factory=Provenance)
+    prototype: Prototype | None = None
 
 
 class Issuer(_Strict):
@@ -249,6 +320,12 @@ class PrivacyBlock(_Strict):
         Noised support a phrase needs to be released.
     text_policy : str
         How text fields are released.
+    prototype_weight : float
+        ``c``: each event adds ``c * u`` (``u`` a unit query embedding) to one
+        tool's prototype sum in the same Gaussian release as the counts, so
+        ``clip = sqrt(counters + 1 + c^2)`` (the ``+ 1`` is the prototype
+        count) and the stored sum, divided by ``c``, carries noise
+        ``sigma / c``; 0 when no prototypes are released.
     """
 
     mechanism: Literal["gaussian", "none"] = "none"
@@ -261,6 +338,7 @@ class PrivacyBlock(_Strict):
     rounds_planned: Annotated[int, Field(ge=1)] = 1
     threshold: Count = 1.0
     text_policy: Literal["pii-masked+dp-partition-selection", "pii-masked"] = "pii-masked"
+    prototype_weight: Annotated[float, Field(ge=0.0, le=100.0, allow_inf_nan=False)] = 0.0
 
 
 class Claim(_Strict):
@@ -288,10 +366,11 @@ class Conflict(_Strict):
     ----------
     tool_id : str
         The tool concerned.
-    field : {"when", "stats"}
+    field : {"when", "stats", "prototype"}
         The field the claims disagree on.
     subject : str
-        What they disagree about (a scenario text, or ``"success_rate"``).
+        What they disagree about (a scenario text, ``"success_rate"``, or
+        ``"query_prototype"``).
     claims : list of Claim
         The competing claims with their support.
     resolution : str
@@ -301,7 +380,7 @@ class Conflict(_Strict):
     """
 
     tool_id: ToolId
-    field: Literal["when", "stats"]
+    field: Literal["when", "stats", "prototype"]
     subject: Text
     claims: list[Claim] = Field(min_length=2, max_length=MAX_CLAIMS)
     resolution: Text
@@ -329,6 +408,8 @@ class Compendium(_Strict):
         Merge policy that produced a global compendium.
     inputs : list of str
         Content hashes of the artifacts merged into a global (sorted).
+    embedding : EmbeddingSpace or None
+        The space of every tool's prototype; required when any tool has one.
     """
 
     schema_version: Literal["1.0"] = SCHEMA_VERSION
@@ -341,6 +422,7 @@ class Compendium(_Strict):
     inputs: list[Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]] = Field(
         default_factory=list, max_length=MAX_ORGS * 100
     )
+    embedding: EmbeddingSpace | None = None
 
     @model_validator(mode="after")
     def _tools_sorted_unique(self) -> Compendium:
@@ -349,6 +431,20 @@ class Compendium(_Strict):
             raise ValueError("tools must be sorted by tool_id, ids unique")
         if self.kind == "org" and self.conflicts:
             raise ValueError("an org artifact carries no conflict log")
+        return self
+
+    @model_validator(mode="after")
+    def _prototypes_in_space(self) -> Compendium:
+        for t in self.tools:
+            if t.prototype is None:
+                continue
+            if self.embedding is None:
+                raise ValueError(f"tool {t.tool_id!r} has a prototype but the compendium names no embedding space")
+            if t.prototype.dim != self.embedding.dim:
+                raise ValueError(
+                    f"tool {t.tool_id!r}: prototype has {t.prototype.dim} dimensions, "
+                    f"the embedding space {self.embedding.model!r} has {self.embedding.dim}"
+                )
         return self
 
     def tool(self, tool_id: str) -> ToolEntry | None:

@@ -1,0 +1,197 @@
+"""Query prototypes: per tool, the noised sum of the unit embeddings of the queries it served.
+
+Privacy model (shared with :mod:`synapse_flwr.core.privacy`)
+-----------------------------------------------------------
+One record (event) with label ``y`` (its ``gold`` tool, else its tool when
+the call succeeded, else none) adds ``c * u`` to tool ``y``'s sum, where ``u``
+is the record's L2-normalised query embedding and ``c >= 1`` the prototype
+weight, and +1 to ``y``'s prototype count. The sums and counts are released
+in the *same* Gaussian release as the builder's other counters, so the L2
+sensitivity of the whole release is
+``sqrt(max_contributions + PROTOTYPE_COUNTERS + c^2)`` and every coordinate
+gets ``N(0, sigma^2)``. Dividing the released sum by ``c`` is
+post-processing: the stored sum is in units of queries, with noise
+``sigma / c`` per coordinate. ``c`` therefore splits the budget between the
+counters (phrases, stats) and the prototypes.
+
+On the wire a sum is int8 with one float step per vector (base64 in JSON);
+every tool of the catalog gets a prototype when private (presence is not
+revealed), only the tools with experience when not.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from synapse_flwr.core.schema import EmbeddingSpace, Prototype
+
+#: Counters a prototype adds to one record's contribution: its count.
+PROTOTYPE_COUNTERS = 1
+_INT8_MAX = 127
+
+
+def prototype_sensitivity(max_contributions: int, weight: float) -> float:
+    """L2 sensitivity of one record's release when it also adds ``weight * u`` to a prototype.
+
+    Parameters
+    ----------
+    max_contributions : int
+        +1 counters one record may touch besides the prototype.
+    weight : float
+        Prototype weight ``c``; 0 means no prototypes.
+
+    Returns
+    -------
+    float
+        ``sqrt(max_contributions + 1 + c^2)``, or ``sqrt(max_contributions)`` when ``c = 0``.
+    """
+    extra = PROTOTYPE_COUNTERS + weight * weight if weight > 0 else 0.0
+    return math.sqrt(max_contributions + extra)
+
+
+def space_of(embedder: object) -> EmbeddingSpace:
+    """The :class:`EmbeddingSpace` of an embedder (its ``name`` and ``dim``; rows L2-normalised)."""
+    return EmbeddingSpace(model=str(embedder.name)[:128], dim=int(embedder.dim), normalization="l2")  # type: ignore[attr-defined]
+
+
+def space_mismatch(space: EmbeddingSpace | None, embedder: object) -> str | None:
+    """Why prototypes in ``space`` cannot be compared with ``embedder``'s vectors, or None if they can."""
+    if space is None:
+        return "the compendium names no embedding space"
+    name, dim = getattr(embedder, "name", None), getattr(embedder, "dim", None)
+    if space.model != name or space.dim != dim:
+        return f"prototypes are in {space.model!r} ({space.dim} dims), the router embeds with {name!r} ({dim} dims)"
+    return None
+
+
+def sum_prototypes(
+    labels: Sequence[str | None], vectors: np.ndarray, tool_ids: Sequence[str]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact per-tool sums of L2-normalised query vectors, and their counts.
+
+    Parameters
+    ----------
+    labels : sequence of str or None
+        Per record, the tool it serves (None: the record adds nothing).
+    vectors : numpy.ndarray
+        ``(len(labels), dim)`` query embeddings; rows are re-normalised, so
+        each record adds a unit vector (the sensitivity bound needs it).
+    tool_ids : sequence of str
+        The tools, in output row order.
+
+    Returns
+    -------
+    sums, counts : numpy.ndarray
+        ``(len(tool_ids), dim)`` float64 and ``(len(tool_ids),)`` float64.
+    """
+    vectors = np.asarray(vectors, dtype=np.float64)
+    if len(labels) != len(vectors):
+        raise ValueError(f"{len(labels)} labels but {len(vectors)} vectors")
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    unit = np.where(norms > 0, vectors / np.maximum(norms, 1e-12), 0.0)
+    row = {t: i for i, t in enumerate(tool_ids)}
+    sums = np.zeros((len(tool_ids), vectors.shape[1]))
+    counts = np.zeros(len(tool_ids))
+    for label, u in zip(labels, unit):
+        if label is not None and label in row:
+            sums[row[label]] += u
+            counts[row[label]] += 1.0
+    return sums, counts
+
+
+def noise_prototypes(
+    sums: np.ndarray, counts: np.ndarray, weight: float, sigma: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Gaussian release of ``weight * sums`` and ``counts``, returned in units of queries.
+
+    Parameters
+    ----------
+    sums, counts : numpy.ndarray
+        Exact sums ``(n_tools, dim)`` and counts ``(n_tools,)``.
+    weight : float
+        Prototype weight ``c > 0``.
+    sigma : float
+        Noise SD of the release (calibrated to :func:`prototype_sensitivity`).
+    rng : numpy.random.Generator
+        Source of noise.
+
+    Returns
+    -------
+    sums, counts : numpy.ndarray
+        ``(c * sums + N(0, sigma^2)) / c`` (noise ``sigma / c``) and
+        ``max(counts + N(0, sigma^2), 0)``.
+    """
+    if not weight > 0 or not math.isfinite(weight):
+        raise ValueError(f"prototype weight must be finite and > 0, got {weight!r}")
+    if not math.isfinite(sigma) or sigma < 0:
+        raise ValueError(f"sigma must be finite and >= 0, got {sigma!r}")
+    if sigma == 0:
+        return np.asarray(sums, np.float64).copy(), np.asarray(counts, np.float64).copy()
+    noised = (weight * sums + rng.normal(0.0, sigma, size=sums.shape)) / weight
+    return noised, np.maximum(counts + rng.normal(0.0, sigma, size=counts.shape), 0.0)
+
+
+def encode_prototype(vector: np.ndarray, count: float, sum_sd: float, count_sd: float) -> Prototype:
+    """Quantise a sum to int8 with one float step (max |x| / 127) and wrap it as a :class:`Prototype`."""
+    vector = np.asarray(vector, dtype=np.float64)
+    if not np.isfinite(vector).all():
+        raise ValueError("prototype sum has non-finite values")
+    peak = float(np.abs(vector).max()) if vector.size else 0.0
+    scale = peak / _INT8_MAX
+    q = np.zeros(vector.shape, np.int8) if scale == 0 else np.clip(
+        np.rint(vector / scale), -_INT8_MAX, _INT8_MAX).astype(np.int8)
+    return Prototype(count=round(max(count, 0.0), 4), scale=scale, data=base64.b64encode(q.tobytes()).decode(),
+                     sum_sd=round(sum_sd, 6), count_sd=round(count_sd, 6))
+
+
+def decode_prototype(p: Prototype) -> np.ndarray:
+    """The float64 sum a :class:`Prototype` stores."""
+    return np.frombuffer(base64.b64decode(p.data), dtype=np.int8).astype(np.float64) * p.scale
+
+
+def merge_prototypes(protos: Sequence[Prototype]) -> Prototype:
+    """Sum several orgs' prototypes of one tool: sums and counts add, noise SDs add in quadrature.
+
+    Coordinates are summed with :func:`math.fsum` (exactly rounded), so the
+    result does not depend on the order of ``protos``.
+    """
+    if not protos:
+        raise ValueError("no prototypes to merge")
+    stacked = np.stack([decode_prototype(p) for p in protos])
+    total = np.array([math.fsum(col) for col in stacked.T])
+    return encode_prototype(
+        total,
+        math.fsum(p.count for p in protos),
+        math.sqrt(math.fsum(p.sum_sd**2 for p in protos)),
+        math.sqrt(math.fsum(p.count_sd**2 for p in protos)),
+    )
+
+
+def scale_prototype(p: Prototype, factor: float) -> Prototype:
+    """A prototype weighted by ``factor`` (sum, count and their noise SDs)."""
+    return encode_prototype(decode_prototype(p) * factor, p.count * factor, p.sum_sd * factor, p.count_sd * factor)
+
+
+def above_noise(p: Prototype, sds: float) -> bool:
+    """Whether a prototype's count clears ``sds`` noise SDs (any positive count without noise)."""
+    return p.count > 0 and p.count > sds * p.count_sd
+
+
+def prototype_cosine(a: Prototype, b: Prototype) -> float:
+    """Cosine between two prototypes' true sums, estimated from their noised ones.
+
+    Independent noise leaves the inner product unbiased but inflates each
+    squared norm by ``dim * sum_sd^2``; that inflation is subtracted, so
+    agreeing prototypes do not look dissimilar merely for being noisy.
+    Returns 0 when either has no signal left above its noise.
+    """
+    x, y = decode_prototype(a), decode_prototype(b)
+    xx = float(x @ x) - x.size * a.sum_sd**2
+    yy = float(y @ y) - y.size * b.sum_sd**2
+    if xx <= 0 or yy <= 0:
+        return 0.0
+    return float(np.clip(float(x @ y) / math.sqrt(xx * yy), -1.0, 1.0))
