@@ -13,7 +13,7 @@ from pathlib import Path
 from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.merge import POLICIES, merge
 from synapse_flwr.core.wire import encode
-from synapse_flwr.data.datasets import verified_hashes
+from synapse_flwr.data.pins import verified_hashes
 from synapse_flwr.data.federation import load_federated
 from synapse_flwr.eval.results import experiment_parser, load_experiment, write_results
 

@@ -57,7 +57,7 @@ ROUTING_MODULES = ("core.router", "core.render", "core.embed", "eval.baselines")
 
 def routing_code(dataset: str) -> str:
     """Hash of the modules that score a dataset's arms."""
-    names = (*ROUTING_MODULES, "eval.taubench_eval") if dataset == "taubench" else ROUTING_MODULES
+    names = (*ROUTING_MODULES, "eval.taubench") if dataset == "taubench" else ROUTING_MODULES
     sources = (Path(importlib.import_module(f"synapse_flwr.{n}").__file__).read_bytes() for n in names)
     return hashlib.sha256(b"".join(sources)).hexdigest()[:12]
 
@@ -245,8 +245,8 @@ def summarise(runs: Sequence[dict]) -> dict:
 
 @lru_cache(maxsize=1)
 def taubench_steps() -> list:
-    """Every step of tau-bench retail's test tasks (see :func:`~synapse_flwr.data.datasets.taubench_step_items`)."""
-    from synapse_flwr.data.datasets import load_taubench, taubench_step_items
+    """Every step of tau-bench retail's test tasks (see :func:`~synapse_flwr.data.taubench.taubench_step_items`)."""
+    from synapse_flwr.data.taubench import load_taubench, taubench_step_items
 
     return taubench_step_items(load_taubench(split="test")[1])
 
@@ -396,7 +396,7 @@ class Experiment:
 
     def _score(self, router: Router, split: str, items: list, oracle: bool) -> dict:
         if split == "step":
-            from synapse_flwr.eval.taubench_eval import step_accuracy
+            from synapse_flwr.eval.taubench import step_accuracy
 
             both = step_accuracy(router, items, k=self.cfg.k, oracle=oracle)
             # the transition prior from next_tools counts rides along as its own split
@@ -791,7 +791,7 @@ def figures(results: dict, out_dir: Path) -> list[Path]:
 
 def data_hashes(dataset: str) -> dict[str, str]:
     """sha256 of the data files the experiment read."""
-    from synapse_flwr.data.datasets import verified_hashes
+    from synapse_flwr.data.pins import verified_hashes
 
     if dataset in ("metatool", "taubench"):
         return verified_hashes(["metatool" if dataset == "metatool" else "taubench-retail"])

@@ -18,8 +18,9 @@ from synapse_flwr.core.catalog import Catalog, ToolDoc, make_catalog
 from synapse_flwr.core.embed import get_embedder
 from synapse_flwr.core.files import write_atomic
 from synapse_flwr.core.router import Router, evaluate_routes
-from synapse_flwr.data.datasets import load_metatool, verified_hashes
 from synapse_flwr.data.federation import metatool_dataset
+from synapse_flwr.data.metatool import load_metatool
+from synapse_flwr.data.pins import verified_hashes
 from synapse_flwr.eval.results import experiment_parser, load_experiment, write_results
 
 log = logging.getLogger("router_bench")

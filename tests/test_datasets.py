@@ -17,25 +17,25 @@ from synapse_flwr.core.catalog import make_catalog, parse_tool
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.experience import Event
 from synapse_flwr.core.phrases import normalize_text
-from synapse_flwr.data import datasets
-from synapse_flwr.data.datasets import (
-    PINNED,
+from synapse_flwr.data import pins
+from synapse_flwr.data.metatool import load_metatool
+from synapse_flwr.data.pins import PINNED, tasks_module_to_json, verify
+from synapse_flwr.data.protocol import (
     leak_filter,
-    load_metatool,
-    load_taubench,
     make_splits,
     near_duplicates,
     partition_noniid,
-    tasks_module_to_json,
+)
+from synapse_flwr.data.taubench import (
+    load_taubench,
     taubench_events,
     taubench_step_items,
-    verify,
 )
 
 
 def _find_data() -> Path | None:
     try:
-        return datasets.data_dir()
+        return pins.data_dir()
     except SynapseError:
         return None
 
@@ -76,24 +76,24 @@ def _event(query: str, tool: str = "weather") -> Event:
 
 
 def test_data_dir_env(tmp_path, monkeypatch):
-    monkeypatch.setenv(datasets.ENV_VAR, str(tmp_path))
-    assert datasets.data_dir() == tmp_path
-    monkeypatch.setenv(datasets.ENV_VAR, str(tmp_path / "missing"))
-    with pytest.raises(SynapseError, match=datasets.ENV_VAR):
-        datasets.data_dir()
+    monkeypatch.setenv(pins.ENV_VAR, str(tmp_path))
+    assert pins.data_dir() == tmp_path
+    monkeypatch.setenv(pins.ENV_VAR, str(tmp_path / "missing"))
+    with pytest.raises(SynapseError, match=pins.ENV_VAR):
+        pins.data_dir()
 
 
 def test_data_dir_relative_and_missing(tmp_path, monkeypatch):
-    monkeypatch.delenv(datasets.ENV_VAR, raising=False)
+    monkeypatch.delenv(pins.ENV_VAR, raising=False)
     (tmp_path / "shared" / "data").mkdir(parents=True)
     (tmp_path / "main").mkdir()
     monkeypatch.chdir(tmp_path / "main")
-    assert datasets.data_dir() == (tmp_path / "shared" / "data").resolve()
+    assert pins.data_dir() == (tmp_path / "shared" / "data").resolve()
     # Neither the working directory nor the repository root has ../shared/data.
     (tmp_path / "shared" / "data").rmdir()
-    monkeypatch.setattr(datasets, "__file__", str(tmp_path / "x" / "pkg" / "datasets.py"))
+    monkeypatch.setattr(pins, "__file__", str(tmp_path / "x" / "pkg" / "pins.py"))
     with pytest.raises(SynapseError, match="SYNAPSE_DATA_DIR"):
-        datasets.data_dir()
+        pins.data_dir()
 
 
 # --------------------------------------------------------------------------- pins
@@ -193,16 +193,16 @@ def test_download_offline_reproduces_every_pin(data, tmp_path, monkeypatch):
                 served[url] = _tool_module(tools[Path(url).stem]).encode()
         else:
             served[pin.urls()[0]] = (data / pin.path).read_bytes()
-    monkeypatch.setattr(datasets, "_fetch", lambda url, timeout: served[url])
-    written = datasets.download(tmp_path)
+    monkeypatch.setattr(pins, "_fetch", lambda url, timeout: served[url])
+    written = pins.download(tmp_path)
     assert len(written) == len(PINNED)
     assert len(verify(tmp_path)) == len(PINNED)
-    assert datasets.download(tmp_path) == []  # already there, nothing fetched again
+    assert pins.download(tmp_path) == []  # already there, nothing fetched again
 
     bad = tmp_path / "bad"
-    monkeypatch.setattr(datasets, "_fetch", lambda url, timeout: served[url] + b" ")
+    monkeypatch.setattr(pins, "_fetch", lambda url, timeout: served[url] + b" ")
     with pytest.raises(SynapseError, match="sha256"):
-        datasets.download(bad)
+        pins.download(bad)
     assert not bad.exists() or not any(p.is_file() for p in bad.rglob("*"))
 
 

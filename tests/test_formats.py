@@ -19,6 +19,7 @@ from synapse_flwr.core.catalog import (
 from synapse_flwr.core.errors import InputError, SynapseError
 from synapse_flwr.core.experience import (
     Event,
+    event_label,
     load_experience,
     load_testset,
     write_jsonl,
@@ -342,6 +343,16 @@ def test_experience_as_json_list(tmp_path, catalog):
     path = tmp_path / "exp.json"
     path.write_text(json.dumps([{"query": "q", "tool": "get_weather", "success": True}]))
     assert len(load_experience(path, catalog)) == 1
+
+
+def test_event_label_is_gold_else_a_successful_tool(catalog):
+    ok = Event(query="q", tool="GetWeather", success=True)
+    wrong = Event(query="q", tool="geocode", success=False, gold="Book-Flight")
+    failed = Event(query="q", tool="geocode", success=False)
+    assert [event_label(e) for e in (ok, wrong, failed)] == ["GetWeather", "Book-Flight", None]
+    # through a catalog, aliases collapse and unknown tools have no label
+    assert [event_label(e, catalog) for e in (ok, wrong, failed)] == ["get_weather", "bookflight", None]
+    assert event_label(Event(query="q", tool="unknown_tool", success=True), catalog) is None
 
 
 @pytest.mark.parametrize("field", ["tool", "gold", "prev_tool"])

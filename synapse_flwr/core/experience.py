@@ -61,6 +61,31 @@ class Event(BaseModel):
     prev_tool: Name | None = None
 
 
+def event_label(event: Event, catalog: Catalog | None = None) -> str | None:
+    """The tool an event teaches: its gold tool, else the tool of a successful call.
+
+    A failed call without gold says which tool is wrong, not which is right,
+    so it has no label.
+
+    Parameters
+    ----------
+    event : Event
+        A routing event.
+    catalog : Catalog or None
+        When given, the label is resolved through it (aliases collapse).
+
+    Returns
+    -------
+    str or None
+        The label (a catalog tool id when ``catalog`` is given), or None for a
+        failed call without gold, or a label the catalog does not know.
+    """
+    name = event.gold or (event.tool if event.success else None)
+    if catalog is None or not name:
+        return name
+    return catalog.resolve(name)
+
+
 class TestItem(BaseModel):
     """One evaluation query with its acceptable answers.
 

@@ -147,3 +147,8 @@ def normalize_text(text: str) -> str:
     """Case- and whitespace-insensitive key for exact de-duplication."""
     return " ".join(tokens(text))
 
+
+def is_text(query: object) -> bool:
+    """A query worth keeping: a string with at least one word containing a letter."""
+    return isinstance(query, str) and any(any(c.isalpha() for c in t) for t in tokens(query))
+

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from synapse_flwr.core.experience import Event
+from synapse_flwr.core.experience import Event, event_label
 from synapse_flwr.core.router import Router
 
 
@@ -26,7 +26,7 @@ def replay_events(events: Sequence[Event], router: Router) -> list[Event]:
     router : Router
         Router over the current global compendium.
     """
-    labelled = [(e, e.gold or e.tool) for e in events if e.gold or e.success]
+    labelled = [(e, right) for e in events if (right := event_label(e))]
     routed = router.route_many([e.query for e, _ in labelled])
     return [
         Event(query=e.query, tool=r.tool, success=r.tool == right, gold=right, org=e.org,

@@ -21,7 +21,13 @@ from pathlib import Path
 
 from synapse_flwr.core.catalog import Catalog, load_catalog
 from synapse_flwr.core.errors import SynapseError
-from synapse_flwr.core.experience import Event, TestItem, load_experience, load_testset
+from synapse_flwr.core.experience import (
+    Event,
+    TestItem,
+    event_label,
+    load_experience,
+    load_testset,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +91,7 @@ def load_folder(path: Path, name: str | None = None) -> FederatedDataset:
     test = path / "test.jsonl"
     seen, heldout = [], []
     if test.exists():
-        experienced = {e.gold or e.tool for evs in orgs.values() for e in evs if e.success}
+        experienced = {event_label(e) for evs in orgs.values() for e in evs if e.success}
         for item in load_testset(test, catalog):
             (seen if set(item.gold) & experienced else heldout).append(item)
     return FederatedDataset(name or path.name, catalog, orgs, seen, heldout)
@@ -93,7 +99,7 @@ def load_folder(path: Path, name: str | None = None) -> FederatedDataset:
 
 def repartition(ds: FederatedDataset, num_orgs: int, alpha: float, seed: int) -> FederatedDataset:
     """Pool the experience and split it over ``num_orgs`` orgs, non-IID (Dirichlet over tools)."""
-    from synapse_flwr.data.datasets import partition_noniid
+    from synapse_flwr.data.protocol import partition_noniid
 
     parts = partition_noniid(ds.all_events, num_orgs, alpha, seed)
     orgs = {f"org{i}": part for i, part in enumerate(parts)}
@@ -102,7 +108,8 @@ def repartition(ds: FederatedDataset, num_orgs: int, alpha: float, seed: int) ->
 
 def metatool_dataset(seed: int, heldout_frac: float = 0.2, test_frac: float = 0.2) -> FederatedDataset:
     """MetaTool split for one seed: leak-filtered training experience (one pool) and two test sets."""
-    from synapse_flwr.data.datasets import load_metatool, make_splits
+    from synapse_flwr.data.metatool import load_metatool
+    from synapse_flwr.data.protocol import make_splits
 
     mt = load_metatool()
     splits = make_splits(mt.catalog, mt.events, seed, heldout_frac=heldout_frac, test_frac=test_frac)
@@ -133,7 +140,7 @@ def load_dataset(name: str, seed: int = 42) -> FederatedDataset:
     if name == "metatool":
         return metatool_dataset(seed)
     if name == "taubench":
-        from synapse_flwr.data.datasets import load_taubench, taubench_events
+        from synapse_flwr.data.taubench import load_taubench, taubench_events
 
         catalog, train = load_taubench(split="train")
         return FederatedDataset("taubench", catalog, {"all": taubench_events(train)})

@@ -58,7 +58,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from synapse_flwr.core.catalog import Catalog
 from synapse_flwr.core.embed import Embedder, get_embedder
-from synapse_flwr.core.experience import Event, TestItem
+from synapse_flwr.core.experience import Event, TestItem, event_label
 
 log = logging.getLogger(__name__)
 
@@ -68,26 +68,6 @@ _STATE_KEY = "dp-accounting"
 # RDP orders for calibration and reporting: opacus' defaults stop at 63, too low
 # for small sample rates and large noise (as in synapse_flwr.core.privacy).
 RDP_ALPHAS = [*RDPAccountant.DEFAULT_ALPHAS, 80, 96, 128, 192, 256, 512, 1024]
-
-
-def event_label(event: Event, catalog: Catalog) -> str | None:
-    """The tool an event teaches: its gold tool, else the tool of a successful call.
-
-    Parameters
-    ----------
-    event : Event
-        A routing event.
-    catalog : Catalog
-        Tools; the label is resolved through it (aliases collapse).
-
-    Returns
-    -------
-    str or None
-        A catalog tool id, or None for a failed call without gold or a tool
-        the catalog does not know.
-    """
-    name = event.gold or (event.tool if event.success else None)
-    return catalog.resolve(name) if name else None
 
 
 def labelled_pairs(events: Sequence[Event], catalog: Catalog) -> tuple[list[str], list[str]]:

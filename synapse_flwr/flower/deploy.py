@@ -43,7 +43,7 @@ from typing import Any
 
 import synapse_flwr
 from synapse_flwr.core.errors import SynapseError
-from synapse_flwr.data.datasets import ENV_VAR, data_dir
+from synapse_flwr.data.pins import ENV_VAR, data_dir
 
 log = logging.getLogger(__name__)
 

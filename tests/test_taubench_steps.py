@@ -1,4 +1,4 @@
-"""tau-bench per-step evaluation: the transition prior, step items, the three arms.
+"""tau-bench per-step scoring: the transition prior, step items and step accuracy.
 
 Everything uses the lexical TF-IDF embedder (no model download). The test
 marked ``data`` reads the real tau-bench files and is skipped without them.
@@ -16,13 +16,15 @@ from synapse_flwr.core.embed import TfidfEmbedder
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.router import Candidate, Router, RouteResult
 from synapse_flwr.core.schema import Compendium, Issuer, ToolCount, ToolEntry
-from synapse_flwr.data import datasets
-from synapse_flwr.data.datasets import Task, taubench_events, taubench_step_items
-from synapse_flwr.eval.taubench_eval import (
-    ARMS,
+from synapse_flwr.data.pins import data_dir
+from synapse_flwr.data.taubench import (
+    Task,
+    load_taubench,
+    taubench_events,
+    taubench_step_items,
+)
+from synapse_flwr.eval.taubench import (
     VARIANTS,
-    arm_compendia,
-    evaluate_arms,
     rerank_with_transitions,
     step_accuracy,
     transition_prior,
@@ -149,41 +151,12 @@ def test_docs_only_router_is_unchanged_by_the_prior():
     assert scores["router"] == scores["transition"]
 
 
-# --------------------------------------------------------------------------- arms
-
-
-def test_arm_compendia_federated_holds_the_same_transitions_as_centralized():
-    arms = arm_compendia(CATALOG, TRAIN, seed=1, k_orgs=3, alpha=0.5)
-    assert arms["plain"] is None
-    assert arms["federated"].kind == "global"
-    for tool in CATALOG.ids:
-        assert transition_prior(arms["federated"], tool) == pytest.approx(
-            transition_prior(arms["centralized"], tool)
-        )
-
-
-def test_synthetic_run_of_the_arms():
-    out = evaluate_arms(CATALOG, TRAIN, TEST, seeds=(1, 2), k_orgs=3, embedder=TfidfEmbedder)
-    assert out["steps"] == {"total": 6, "first": 2, "later": 4}
-    assert set(out["summary"]) == set(ARMS)
-    assert len(out["per_seed"]["plain"]["router"]) == 1  # deterministic: run once
-    assert len(out["per_seed"]["federated"]["transition"]) == 2
-    for arm in ARMS:
-        for variant in VARIANTS:
-            s = out["summary"][arm][variant]
-            assert s["n"] == 6
-            assert 0.0 <= s["acc_mean"] <= 1.0 and s["acc_sd"] >= 0.0
-    assert out["summary"]["plain"]["router"]["acc_sd"] == 0.0
-    with pytest.raises(ValueError, match="seed"):
-        evaluate_arms(CATALOG, TRAIN, TEST, seeds=(), embedder=TfidfEmbedder)
-
-
 # --------------------------------------------------------------------------- real data
 
 
 def _data_missing() -> str | None:
     try:
-        root = datasets.data_dir()
+        root = data_dir()
     except SynapseError as exc:
         return f"benchmark data not found ({exc})"
     return None if (root / "taubench-retail").is_dir() else f"no taubench-retail/ in {root}"
@@ -192,12 +165,10 @@ def _data_missing() -> str | None:
 @pytest.mark.data
 @pytest.mark.skipif(_data_missing() is not None, reason=str(_data_missing()))
 def test_real_data_smoke():
-    catalog, train = datasets.load_taubench(split="train")
-    _, test = datasets.load_taubench(split="test")
+    catalog, test = load_taubench(split="test")
     few = [t for t in test if t.actions][:5]
-    out = evaluate_arms(catalog, train, few, seeds=(42,), embedder=TfidfEmbedder)
+    router = Router(None, catalog, embedder=TfidfEmbedder())
+    scores = step_accuracy(router, taubench_step_items(few))
     n = sum(len(t.actions) for t in few)
-    assert out["steps"]["total"] == n
-    for arm in ARMS:
-        for variant in VARIANTS:
-            assert out["summary"][arm][variant]["n"] == n
+    for variant in VARIANTS:
+        assert scores[variant]["n"] == n
