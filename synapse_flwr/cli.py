@@ -241,11 +241,14 @@ def route(
     embedder: Annotated[str, typer.Option(help="minilm, static or tfidf.")] = "minilm",
     render: Annotated[str, typer.Option(help="Show candidates to the reranker as typed fields or flat.")] = "typed",
     k: Annotated[int, typer.Option(help="Candidates retrieved per query.")] = 5,
+    explain: Annotated[bool, typer.Option(help="Print which field decided and each candidate's evidence.")] = False,
 ) -> None:
     """Route queries to tools and print one JSON result per query."""
+    from synapse_flwr.core.router import explain_route
+
     router = _load_router(catalog, compendium, reranker, model, embedder, render, k)
     for result in router.route_many(query):
-        typer.echo(json.dumps(result.to_dict(), indent=2))
+        typer.echo(explain_route(result) if explain else json.dumps(result.to_dict(), indent=2))
 
 
 @app.command()

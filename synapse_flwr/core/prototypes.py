@@ -176,6 +176,16 @@ def scale_prototype(p: Prototype, factor: float) -> Prototype:
     return encode_prototype(decode_prototype(p) * factor, p.count * factor, p.sum_sd * factor, p.count_sd * factor)
 
 
+def signal_energy(p: Prototype) -> tuple[float, float]:
+    """Noise-corrected squared norm of a prototype's true sum, and that estimate's noise SD.
+
+    ``|S|^2 - dim * sd^2`` is unbiased for the true ``|S|^2``; under noise
+    alone it has SD ``sqrt(2 * dim) * sd^2``. Without noise: ``(|S|^2, 0)``.
+    """
+    x = decode_prototype(p)
+    return float(x @ x) - x.size * p.sum_sd**2, math.sqrt(2 * x.size) * p.sum_sd**2
+
+
 def above_noise(p: Prototype, sds: float) -> bool:
     """Whether a prototype's count clears ``sds`` noise SDs (any positive count without noise)."""
     return p.count > 0 and p.count > sds * p.count_sd

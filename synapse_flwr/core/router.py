@@ -17,11 +17,12 @@ the score a documentation-only router gives it (description cosine plus the
 phrase evidence of its documentation alone), and experience only *adds*
 non-negative evidence, to the tools that have it: the phrase evidence beyond
 the documentation, the scenario similarity beyond the description, and the
-query's similarity to the tool's prototype mean beyond the query's
-similarity to the mean of all prototypes (so that a query is not drawn to
-experienced tools merely for looking like a query), shrunk by the
-prototype's noise, ``n^2 / (n^2 + k * sd^2)``, and ignored altogether when
-the prototype's count is within noise. A tool without experience, or with
+query's cosine with the tool's prototype direction beyond a high floor
+(``margin``: most queries of tools *without* experience resemble some
+experienced tool's queries, so only a close match counts), shrunk by the
+prototype's noise, ``A^2 / (A^2 + k * sd^2)`` with ``A^2`` the
+noise-corrected squared norm of the sum, and ignored altogether when that
+norm is within ``gate_sds`` noise SDs of zero. A tool without experience, or with
 experience at noise level, therefore scores exactly as without a compendium.
 
 Rerankers choose among the top ``k``:
@@ -49,7 +50,7 @@ import scipy.sparse as sp
 from synapse_flwr.core.catalog import Catalog
 from synapse_flwr.core.embed import Embedder, get_embedder
 from synapse_flwr.core.phrases import candidate_phrases
-from synapse_flwr.core.prototypes import decode_prototype, space_mismatch
+from synapse_flwr.core.prototypes import decode_prototype, signal_energy, space_mismatch
 from synapse_flwr.core.render import parse_flat, render_flat, render_typed
 from synapse_flwr.core.schema import Compendium, FlatCompendium, ToolEntry
 
@@ -85,20 +86,20 @@ class Fusion:
     prototype : float
         Weight of the prototype evidence.
     shrink : float
-        ``k`` of the prototype's noise shrinkage ``n^2 / (n^2 + k * sd^2)``.
+        ``k`` of the prototype's noise shrinkage ``A^2 / (A^2 + k * sd^2)``.
     gate_sds : float
-        A prototype whose noised count is within this many noise SDs of zero
-        is ignored (the tool keeps exactly its documentation score).
+        A prototype whose squared norm is within this many noise SDs of its
+        noise's expectation is ignored (the tool keeps exactly its
+        documentation score).
     margin : float
-        Similarity to a tool's prototype mean must beat the query's similarity
-        to the mean of all prototypes by this much to count.
+        Cosine with a prototype's direction counts only above this floor.
     """
 
-    phrases: float = 0.015
+    phrases: float = 0.0
     prototype: float = 1.0
     shrink: float = 4.0
-    gate_sds: float = 3.0
-    margin: float = 0.0
+    gate_sds: float = 2.0
+    margin: float = 0.65
 RENDERS = ("typed", "flat")
 
 
@@ -393,16 +394,21 @@ class Router:
         docs = {t: ToolEntry.model_construct(tool_id=t, description=e.description) for t, e in self.entries.items()}
         self.docs_profile = PhraseProfile(docs, names, 1.0)
         self.phrase_tools = np.array([bool(e.when) for e in self.entries.values()])
+        self.compendium = compendium
         self.prototypes = self._load_prototypes(compendium)
 
     def _embed(self, texts: Sequence[str]) -> np.ndarray:
         return np.asarray(self.embedder.encode(list(texts)), dtype=np.float32)
 
-    def _load_prototypes(self, compendium: Compendium | FlatCompendium | None) -> tuple[np.ndarray, np.ndarray] | None:
-        """Prototype means ``(n_tools, dim)`` and their noise shrinkage (0: ignored), or None.
+    def set_fusion(self, fusion: Fusion) -> None:
+        """Route with other fusion constants from now on (no re-indexing: for tuning)."""
+        self.fusion = fusion
+        self.prototypes = self._load_prototypes(self.compendium)
 
-        Used only when the compendium's embedding space is the router's; a
-        prototype whose count is within ``gate_sds`` noise SDs gets weight 0.
+    def _load_prototypes(self, compendium: Compendium | FlatCompendium | None) -> tuple[np.ndarray, np.ndarray] | None:
+        """Prototype directions ``(n_tools, dim)`` and their noise shrinkage (0: ignored), or None.
+
+        Used only when the compendium's embedding space is the router's.
         """
         if not isinstance(compendium, Compendium) or not any(e.prototype for e in compendium.tools):
             return None
@@ -410,15 +416,17 @@ class Router:
         if reason:
             log.warning("ignoring the compendium's query prototypes: %s", reason)
             return None
-        means = np.zeros((len(self.tool_ids), compendium.embedding.dim), np.float32)
+        dirs = np.zeros((len(self.tool_ids), compendium.embedding.dim), np.float32)
         gain = np.zeros(len(self.tool_ids), np.float32)
         for i, entry in enumerate(self.entries.values()):
-            p = entry.prototype
-            if p is None or p.count <= max(self.fusion.gate_sds * p.count_sd, 0.0):
+            if entry.prototype is None:
                 continue
-            means[i] = decode_prototype(p) / p.count
-            gain[i] = p.count**2 / (p.count**2 + self.fusion.shrink * p.sum_sd**2)
-        return means, gain
+            signal, noise_sd = signal_energy(entry.prototype)
+            if signal <= self.fusion.gate_sds * noise_sd or signal <= 0:
+                continue
+            dirs[i] = decode_prototype(entry.prototype) / math.sqrt(signal)
+            gain[i] = signal / (signal + self.fusion.shrink * entry.prototype.sum_sd**2)
+        return dirs, gain
 
     # ------------------------------------------------------------- retrieval
     def scenario_scores(self, q: np.ndarray) -> np.ndarray:
@@ -437,18 +445,14 @@ class Router:
         return out
 
     def prototype_scores(self, q: np.ndarray) -> np.ndarray:
-        """Shrunk similarity to each tool's prototype mean beyond the generic query, ``>= 0``."""
+        """Shrunk cosine with each tool's prototype direction beyond ``margin``, ``>= 0``."""
         out = np.zeros((len(q), len(self.tool_ids)), np.float32)
         if self.prototypes is None:
             return out
-        means, gain = self.prototypes
+        dirs, gain = self.prototypes
         used = gain > 0
-        if not used.any():
-            return out
-        # the generic query: the mean of the prototype means in use
-        generic = q @ means[used].mean(axis=0)
-        sims = q @ means[used].T - generic[:, None] - self.fusion.margin
-        out[:, used] = np.maximum(sims, 0.0) * gain[used]
+        if used.any():
+            out[:, used] = np.maximum(q @ dirs[used].T - self.fusion.margin, 0.0) * gain[used]
         return out
 
     def evidence(self, queries: Sequence[str], q: np.ndarray | None = None) -> dict[str, np.ndarray]:
@@ -627,6 +631,15 @@ def decided_by(ranked: Sequence[Candidate], docs_choice: str) -> list[str]:
     if loser is not None and loser.signals.get("when_not", 0) > 0:
         fields.append("when_not")
     return fields or ["description"]
+
+
+def explain_route(result: RouteResult) -> str:
+    """A readable account of one route: the choice, the deciding fields, each candidate's evidence."""
+    lines = [f"query: {result.query}", f"tool: {result.tool}  (decided by: {', '.join(result.decided_by)})"]
+    for c in result.candidates:
+        shown = ", ".join(f"{k}={v:.3f}" for k, v in c.signals.items() if v)
+        lines.append(f"  {c.tool_id}: score {c.score:.3f}" + (f"  [{shown}]" if shown else ""))
+    return "\n".join(lines)
 
 
 FEW_SHOT = """You route a user's request to exactly one tool.

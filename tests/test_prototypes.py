@@ -1,0 +1,202 @@
+"""Query prototypes: sums, noise, int8 round trip, sensitivity, space checks, merge, no-harm routing."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from synapse_flwr.core.builder import BuildConfig, build_compendium
+from synapse_flwr.core.catalog import ToolDoc, make_catalog
+from synapse_flwr.core.embed import l2_normalize
+from synapse_flwr.core.experience import Event
+from synapse_flwr.core.merge import merge_typed
+from synapse_flwr.core.privacy import PrivacyParams, calibrate
+from synapse_flwr.core.prototypes import (
+    decode_prototype,
+    encode_prototype,
+    merge_prototypes,
+    noise_prototypes,
+    prototype_sensitivity,
+    space_of,
+    sum_prototypes,
+)
+from synapse_flwr.core.router import Router, explain_route
+from synapse_flwr.core.schema import Compendium, EmbeddingSpace, Issuer, ToolEntry
+from synapse_flwr.core.wire import canonical_json
+
+CATALOG = make_catalog([
+    ToolDoc("get_weather", "get_weather", "Weather forecast: rain, snow and temperature for a city."),
+    ToolDoc("book_hotel", "book_hotel", "Book a hotel room for given dates."),
+    ToolDoc("visa_rules", "visa_rules", "Visa and passport entry requirements for travellers."),
+])
+WORDS = ["umbrella", "rain", "stay", "room", "night", "visa", "passport", "city", "snow", "hotel"]
+
+
+class BagEmbedder:
+    """A deterministic bag-of-words embedder (no model): name, dim and unit rows."""
+
+    name = "bag-of-words-test"
+    dim = len(WORDS)
+
+    def encode(self, texts):
+        rows = [[t.lower().count(w) + 0.01 for w in WORDS] for t in texts]
+        return l2_normalize(np.array(rows, np.float32))
+
+
+EVENTS = [
+    *(Event(query=f"do I need an umbrella in {c}", tool="get_weather", success=True) for c in "abcdefgh"),
+    *(Event(query=f"somewhere to stay in {c} tonight", tool="book_hotel", success=True) for c in "abcdefgh"),
+    Event(query="umbrella for tomorrow", tool="book_hotel", success=False, gold="get_weather"),
+]
+
+
+def test_sums_count_labelled_unit_vectors():
+    vecs = np.array([[3.0, 4.0], [1.0, 0.0], [0.0, 2.0]])
+    sums, counts = sum_prototypes(["a", None, "a"], vecs, ["a", "b"])
+    assert counts.tolist() == [2.0, 0.0]
+    assert np.allclose(sums[0], [0.6, 1.8]) and not sums[1].any()
+
+
+def test_int8_round_trip_is_within_half_a_step():
+    rng = np.random.default_rng(0)
+    v = rng.normal(0, 5, 384)
+    p = encode_prototype(v, 12.0, 1.5, 6.0)
+    back = decode_prototype(p)
+    assert np.abs(back - v).max() <= p.scale / 2 + 1e-12
+    assert len(p.data) == 512  # base64 of 384 bytes
+
+
+def test_noise_has_sd_sigma_over_c_on_sums_and_sigma_on_counts():
+    rng = np.random.default_rng(1)
+    sums, counts = np.zeros((200, 384)), np.full(200, 1000.0)
+    noised, noised_counts = noise_prototypes(sums, counts, 4.0, 8.0, rng)
+    assert abs(noised.std() - 2.0) < 0.05
+    assert abs(noised_counts.std() - 8.0) < 1.5
+
+
+def test_one_record_moves_the_release_by_at_most_the_stated_l2():
+    # neighbouring logs differ by one event: the counters it touches (+1 each) and c * u
+    config = BuildConfig(prototype_weight=4.0)
+    bound = prototype_sensitivity(config.max_contributions, 4.0)
+    assert bound == pytest.approx(math.sqrt(config.max_contributions + 1 + 16))
+    emb = BagEmbedder()
+    u = emb.encode(["do I need an umbrella in x"])[0].astype(np.float64)
+    a, _ = sum_prototypes(["get_weather"] * 3, emb.encode(["x"] * 3), ["get_weather"])
+    b, _ = sum_prototypes(["get_weather"] * 4, np.vstack([emb.encode(["x"] * 3), u]), ["get_weather"])
+    counters = config.max_contributions + 1
+    assert math.sqrt(counters + float(np.sum((4.0 * (b - a)) ** 2))) <= bound + 1e-9
+    params = PrivacyParams(4.0, 1e-5, 1, config.max_contributions, prototype_weight=4.0)
+    assert calibrate(params).sigma == pytest.approx(calibrate(params).noise_multiplier * bound)
+
+
+def test_prototype_weight_out_of_range_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"1 <= prototype_weight <= 100, got 0.5"):
+        PrivacyParams(4.0, 1e-5, 1, 12, prototype_weight=0.5)
+
+
+def test_built_artifact_names_its_space_and_bound():
+    comp = build_compendium(EVENTS, CATALOG, "acme", epsilon=4.0, embedder=BagEmbedder(), seed=3)
+    assert comp.embedding == EmbeddingSpace(model="bag-of-words-test", dim=len(WORDS))
+    assert comp.privacy.prototype_weight == BuildConfig().prototype_weight
+    c = comp.privacy.prototype_weight
+    assert comp.privacy.clip == pytest.approx(math.sqrt(BuildConfig().max_contributions + 1 + c * c), abs=1e-5)
+    # privately, every catalog tool has a prototype (presence is not revealed)
+    assert all(t.prototype is not None for t in comp.tools)
+    exact = build_compendium(EVENTS, CATALOG, "acme", embedder=BagEmbedder())
+    assert exact.tool("visa_rules").prototype is None
+    assert exact.tool("get_weather").prototype.count == 9  # 8 successes + 1 event whose gold it is
+
+
+def test_wrong_dimension_or_missing_space_is_rejected():
+    comp = build_compendium(EVENTS, CATALOG, "acme", embedder=BagEmbedder())
+    data = comp.model_dump()
+    data["embedding"]["dim"] = 7
+    with pytest.raises(ValidationError, match="prototype has 10 dimensions"):
+        Compendium.model_validate(data)
+    data["embedding"] = None
+    with pytest.raises(ValidationError, match="names no embedding space"):
+        Compendium.model_validate(data)
+    bad = comp.model_dump()
+    bad["tools"][0]["prototype"]["scale"] = float("nan")
+    with pytest.raises(ValidationError):
+        Compendium.model_validate(bad)
+
+
+def test_merge_sums_prototypes_and_refuses_mixed_spaces():
+    a = build_compendium(EVENTS[:8], CATALOG, "a", epsilon=4.0, embedder=BagEmbedder(), seed=1)
+    b = build_compendium(EVENTS[8:], CATALOG, "b", epsilon=4.0, embedder=BagEmbedder(), seed=2)
+    g = merge_typed([a, b])
+    for tool in ("get_weather", "book_hotel", "visa_rules"):
+        pa, pb, pg = a.tool(tool).prototype, b.tool(tool).prototype, g.tool(tool).prototype
+        assert pg.count == pytest.approx(pa.count + pb.count, abs=1e-3)
+        assert pg.sum_sd == pytest.approx(math.hypot(pa.sum_sd, pb.sum_sd), abs=1e-5)
+        assert np.abs(decode_prototype(pg) - decode_prototype(pa) - decode_prototype(pb)).max() <= (
+            pg.scale / 2 + pa.scale / 2 + pb.scale / 2 + 1e-9)
+    other = b.model_copy(update={"embedding": EmbeddingSpace(model="other", dim=len(WORDS))})
+    with pytest.raises(ValueError, match="different embedding spaces"):
+        merge_typed([a, other])
+
+
+def test_merged_prototypes_do_not_depend_on_input_order():
+    arts = [build_compendium(EVENTS[i::3], CATALOG, f"o{i}", epsilon=4.0, embedder=BagEmbedder(), seed=i)
+            for i in range(3)]
+    reference = canonical_json(merge_typed(arts))
+    for seed in range(5):
+        shuffled = list(arts)
+        random.Random(seed).shuffle(shuffled)
+        assert canonical_json(merge_typed(shuffled)) == reference
+    assert merge_prototypes([arts[0].tools[0].prototype]) is not None
+
+
+def test_disagreeing_prototypes_are_a_prototype_conflict():
+    weather = [Event(query=f"umbrella rain {i}", tool="get_weather", success=True) for i in range(20)]
+    wrong = [Event(query=f"hotel room night {i}", tool="get_weather", success=True) for i in range(20)]
+    a = build_compendium(weather, CATALOG, "a", embedder=BagEmbedder())
+    b = build_compendium(wrong, CATALOG, "b", embedder=BagEmbedder())
+    clash = [c for c in merge_typed([a, b]).conflicts if c.field == "prototype"]
+    assert [c.tool_id for c in clash] == ["get_weather"]
+    assert not [c for c in merge_typed([a, build_compendium(weather[:10], CATALOG, "c", embedder=BagEmbedder())]).conflicts
+                if c.field == "prototype"]
+
+
+def _router(comp):
+    return Router(comp, CATALOG, embedder=BagEmbedder(), reranker="fields")
+
+
+def test_a_tool_without_experience_keeps_exactly_its_docs_only_score():
+    comp = build_compendium(EVENTS, CATALOG, "acme", embedder=BagEmbedder())
+    queries = ["passport and visa for japan", "umbrella in rome", "a room to stay"]
+    docs, fed = _router(None), _router(comp)
+    i = fed.position["visa_rules"]
+    assert np.array_equal(docs.retrieve(queries)[:, i], fed.retrieve(queries)[:, i])
+
+
+def test_noise_level_prototypes_route_exactly_as_docs_only():
+    # experienced tools whose prototypes carry nothing above noise
+    noisy = [e.model_copy(update={"prototype": encode_prototype(
+        np.random.default_rng(i).normal(0, 1.0, len(WORDS)), 1.0, 1.0, 5.0)})
+        for i, e in enumerate(ToolEntry(tool_id=d.tool_id, description=d.description) for d in CATALOG.tools)]
+    comp = Compendium(kind="global", issuer=Issuer(org="global"), tools=noisy, embedding=space_of(BagEmbedder()))
+    queries = ["passport and visa", "will it snow", "book a hotel room", "umbrella"]
+    assert [r.to_dict() for r in _router(comp).route_many(queries)] == [
+        r.to_dict() for r in _router(None).route_many(queries)]
+
+
+def test_prototypes_in_another_space_are_ignored_with_a_warning(caplog):
+    comp = build_compendium(EVENTS, CATALOG, "acme", embedder=BagEmbedder())
+    moved = comp.model_copy(update={"embedding": EmbeddingSpace(model="elsewhere", dim=len(WORDS))})
+    with caplog.at_level("WARNING"):
+        r = _router(moved)
+    assert r.prototypes is None and "ignoring the compendium's query prototypes" in caplog.text
+
+
+def test_explain_names_the_deciding_field():
+    comp = build_compendium(EVENTS, CATALOG, "acme", embedder=BagEmbedder())
+    result = _router(comp).route("umbrella umbrella")
+    assert result.tool == "get_weather" and result.candidates[0].signals["prototype"] > 0
+    text = explain_route(result)
+    assert "tool: get_weather" in text and "decided by:" in text and "prototype=" in text
