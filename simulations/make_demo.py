@@ -73,6 +73,9 @@ def _mcp(name: str, description: str, params: Record) -> Record:
 _REF = ("string", "Booking reference (6-character PNR, e.g. QX7B2K).")
 _ORDER = ("string", "Retail order id: '#W' followed by 7 digits.")
 
+# The alias table: the MCP server's spelling names the same tool as the plain entry.
+ALIASES = {"GetWeather": "get_weather"}
+
 CATALOG: list[Record] = [
     _plain(
         "search_flights",
@@ -1094,7 +1097,8 @@ lists, no model); rerunning it reproduces these files byte for byte, and
 
 | file | content |
 |---|---|
-| `catalog.json` | {len(CATALOG)} entries ({shapes['plain']} plain, {shapes['openai']} OpenAI `function`, {shapes['mcp']} MCP `inputSchema`); `GetWeather` (MCP) collapses into `get_weather`, so {len(CATALOG) - 1} tools |
+| `catalog.json` | {len(CATALOG)} entries ({shapes['plain']} plain, {shapes['openai']} OpenAI `function`, {shapes['mcp']} MCP `inputSchema`); `GetWeather` (MCP) is declared an alias of `get_weather`, so {len(CATALOG) - 1} tools |
+| `aliases.json` | the alias table: `{{"GetWeather": "get_weather"}}` |
 | `org_a.jsonl` | {len(a)} events of an airline support desk |
 | `org_b.jsonl` | {len(b)} events of an online retailer |
 | `org_c.jsonl` | {len(c)} events of a travel agency |
@@ -1157,6 +1161,7 @@ def build(seed: int) -> dict[str, str]:
     train_queries = {e["query"] for events in logs.values() for e in events}
     test = build_testset(train_queries, rng)
     files = {"catalog.json": json.dumps(CATALOG, indent=2, ensure_ascii=False) + "\n"}
+    files["aliases.json"] = json.dumps(ALIASES, indent=2) + "\n"
     files.update({f"{org}.jsonl": _jsonl(events) for org, events in logs.items()})
     files["test.jsonl"] = _jsonl(test)
     files["README.md"] = render_readme(logs, test, seed)

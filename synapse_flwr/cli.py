@@ -118,6 +118,41 @@ def validate(files: Annotated[list[Path], typer.Argument(help="Artifacts to chec
     raise typer.Exit(1 if bad else 0)
 
 
+@app.command("check-data")
+def check_data(folder: Annotated[Path, typer.Argument(help="Dataset folder: catalog.json, org_*.jsonl, test.jsonl.")]) -> None:
+    """Check a dataset folder: every file, field and tool id; exit 0 if valid, 2 otherwise.
+
+    Prints one line per problem, naming the file, line and field, with the fix
+    where one is known.
+    """
+    from synapse_flwr.data.check import DataError, require_valid
+
+    try:
+        report = require_valid(folder)
+    except DataError as exc:
+        typer.echo(str(exc))
+        raise typer.Exit(2) from None
+    typer.echo(f"valid: {report.summary()}")
+
+
+@app.command("split-orgs")
+def split_orgs(
+    log_file: Annotated[Path, typer.Argument(help="Labelled experience log (e.g. FOLDER/train.jsonl).")],
+    orgs: Annotated[int, typer.Option(help="Organisations (org_org0.jsonl ...).")] = 5,
+    alpha: Annotated[
+        Optional[float], typer.Option(help="Dirichlet concentration of a non-IID split over tools (default: IID).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Shuffle / partition seed.")] = 0,
+    out: Annotated[Optional[Path], typer.Option(help="Folder of the org logs (default: beside the log).")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace existing org_*.jsonl logs.")] = False,
+) -> None:
+    """Split one labelled log into organisation logs, IID or Dirichlet non-IID."""
+    from synapse_flwr.data.split import split_orgs as split
+
+    for org, path in split(log_file, orgs, alpha, seed, out, overwrite).items():
+        typer.echo(f"{org}: {path}")
+
+
 @app.command()
 def merge(
     files: Annotated[list[Path], typer.Argument(help="Validated artifacts to merge.")],

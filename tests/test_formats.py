@@ -10,6 +10,7 @@ import pytest
 
 from synapse_flwr.core.catalog import (
     Catalog,
+    ToolCollision,
     alias_key,
     load_catalog,
     make_catalog,
@@ -107,13 +108,13 @@ def test_normalize_rejects_names_without_letters_or_digits(name):
         normalize_tool_id(name)
 
 
-def test_alias_collapse_first_id_wins():
+def test_declared_alias_collapse_first_id_wins():
     docs = [
         parse_tool({"name": "get_weather", "description": ""}),
         parse_tool({"name": "GetWeather", "description": "Weather now."}),
         parse_tool({"name": "get-weather", "description": "other", "aliases": ["weather"]}),
     ]
-    cat = make_catalog(docs)
+    cat = make_catalog(docs, {"GetWeather": "get_weather", "get-weather": "get_weather"})
     assert cat.ids == ["get_weather"]
     doc = cat.tools[0]
     assert doc.name == "get_weather"
@@ -126,18 +127,31 @@ def test_alias_collapse_first_id_wins():
     assert cat.get("get_forecast") is None
 
 
-def test_alias_collapse_order_decides_the_id():
-    cat = make_catalog([parse_tool({"name": "GetWeather"}), parse_tool({"name": "get_weather"})])
+def test_declared_alias_order_decides_the_id():
+    cat = make_catalog([parse_tool({"name": "GetWeather", "aliases": ["get_weather"]}),
+                        parse_tool({"name": "get_weather"})])
     assert cat.ids == ["getweather"]
     assert cat.tools[0].aliases == ("get_weather",)
     assert cat.resolve("get_weather") == "getweather"
 
 
-def test_alias_collapse_from_file(tmp_path):
+def test_undeclared_collision_is_an_error_naming_both():
+    docs = [parse_tool({"name": "qrcodegenerator", "description": "A."}),
+            parse_tool({"name": "qr_code_generator", "description": "B."})]
+    with pytest.raises(ToolCollision, match="'qrcodegenerator' and 'qr_code_generator'"):
+        make_catalog(docs)
+    with pytest.raises(ToolCollision):  # the same name twice is two entries too
+        make_catalog([docs[0], docs[0]])
+
+
+def test_alias_table_beside_the_catalog_file(tmp_path):
     path = write_jsonl_file(
         tmp_path / "c.jsonl",
         [{"name": "get_weather", "description": "W."}, {"name": "GetWeather"}, {"name": "get-weather"}],
     )
+    with pytest.raises(InputError, match="entries 1 and 2"):
+        load_catalog(path)
+    (tmp_path / "aliases.json").write_text('{"GetWeather": "get_weather", "get-weather": "get_weather"}')
     cat = load_catalog(path)
     assert len(cat) == 1 and cat.ids == ["get_weather"]
     assert set(cat.tools[0].aliases) == {"GetWeather", "get-weather"}

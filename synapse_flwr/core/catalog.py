@@ -6,16 +6,21 @@ Three real-world shapes are accepted per tool:
 * OpenAI function tool: ``{"type": "function", "function": {"name", "description", "parameters"}}``
 * MCP ``tools/list`` entry: ``{"name", "description", "inputSchema"}``
 
-Tool ids are normalised (:func:`normalize_tool_id`) and names that differ only in
-case or punctuation (``GetWeather``, ``get-weather``, ``get_weather``) collapse
-to one tool.
+Tool ids are normalised (:func:`normalize_tool_id`). Any spelling that differs
+only in case or punctuation (``get-weather``, ``GetWeather``) resolves to a
+tool when no other tool claims it. Two catalog *entries* never merge silently:
+entries whose names collide (:func:`alias_key`) are an error naming both
+(:class:`ToolCollision`), unless an alias table declares one an alias of the
+other (an entry's ``aliases`` list, or the ``aliases`` mapping of
+:func:`make_catalog`: alias name -> tool name).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +31,7 @@ from synapse_flwr.core.schema import MAX_DESCRIPTION
 
 log = logging.getLogger(__name__)
 
+ALIASES_FILE = "aliases.json"
 _ID_JUNK = re.compile(r"[^a-z0-9_.\-]+")
 
 
@@ -149,12 +155,54 @@ def parse_tool(obj: Mapping[str, Any]) -> ToolDoc:
     )
 
 
-def make_catalog(docs: Iterable[ToolDoc]) -> Catalog:
-    """Build a catalog, collapsing tools whose names are aliases of each other.
+class ToolCollision(ValueError):
+    """Two distinct catalog entries whose names normalise alike.
 
-    The first spelling wins the id; later ones become aliases, and a missing
-    description is filled from a later duplicate.
+    Parameters
+    ----------
+    first, second : ToolDoc
+        The colliding entries, in catalog order.
     """
+
+    def __init__(self, first: ToolDoc, second: ToolDoc) -> None:
+        self.first, self.second = first, second
+        if first.name == second.name:
+            super().__init__(f"duplicate tool {first.name!r}: remove one of the two entries")
+            return
+        super().__init__(
+            f"tools {first.name!r} and {second.name!r} normalise to the same id; rename one, or "
+            f"declare {second.name!r} an alias of {first.name!r} (aliases.json: "
+            f'{{"{second.name}": "{first.name}"}})'
+        )
+
+
+def _declared(docs: Sequence[ToolDoc], aliases: Mapping[str, str]) -> set[tuple[str, str]]:
+    """Pairs of alias keys the alias table (or an entry's ``aliases``) declares one tool."""
+    pairs = {(alias_key(a), alias_key(t)) for a, t in aliases.items()}
+    pairs |= {(alias_key(a), alias_key(d.name)) for d in docs for a in d.aliases}
+    return pairs | {(t, a) for a, t in pairs}
+
+
+def make_catalog(docs: Iterable[ToolDoc], aliases: Mapping[str, str] | None = None) -> Catalog:
+    """Build a catalog; entries whose names collide merge only when declared aliases.
+
+    A declared alias collapses into the first entry (its id, name and
+    description; a missing description is filled from the alias entry).
+
+    Parameters
+    ----------
+    docs : iterable of ToolDoc
+        Catalog entries in order.
+    aliases : mapping of str to str or None
+        Alias table: alias name -> the tool name it is another spelling of.
+
+    Raises
+    ------
+    ToolCollision
+        Naming both entries of an undeclared collision.
+    """
+    docs = list(docs)
+    declared = _declared(docs, aliases or {})
     by_key: dict[str, ToolDoc] = {}
     for doc in docs:
         key = alias_key(doc.tool_id)
@@ -162,7 +210,9 @@ def make_catalog(docs: Iterable[ToolDoc]) -> Catalog:
         if first is None:
             by_key[key] = doc
             continue
-        log.info("catalog: %r collapses into %r", doc.name, first.tool_id)
+        if (alias_key(doc.name), alias_key(first.name)) not in declared:
+            raise ToolCollision(first, doc)
+        log.debug("catalog: %r is a declared alias of %r", doc.name, first.tool_id)
         by_key[key] = ToolDoc(
             tool_id=first.tool_id,
             name=first.name,
@@ -173,21 +223,57 @@ def make_catalog(docs: Iterable[ToolDoc]) -> Catalog:
     return Catalog(tuple(sorted(by_key.values(), key=lambda d: d.tool_id)))
 
 
-def load_catalog(path: str | Path) -> Catalog:
-    """Load a catalog from a JSON list or JSONL file.
+def read_aliases(folder: Path) -> dict[str, str]:
+    """The alias table ``aliases.json`` of a folder (alias name -> tool name), or an empty one.
 
     Raises
     ------
     InputError
-        Naming the file, entry and field of the first malformed entry.
+        If ``aliases.json`` is not a JSON object of strings.
     """
-    docs = []
+    path = Path(folder) / ALIASES_FILE
+    if not path.exists():
+        return {}
+    try:
+        table = json.loads(path.read_text(encoding="utf-8-sig"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(path, f"invalid JSON: {exc}") from None
+    if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
+        raise InputError(path, 'expected a JSON object of alias name -> tool name: {"GetWeather": "get_weather"}')
+    return table
+
+
+def load_catalog(path: str | Path, aliases: Mapping[str, str] | None = None) -> Catalog:
+    """Load a catalog from a JSON list or JSONL file.
+
+    Parameters
+    ----------
+    path : str or Path
+        The catalog file.
+    aliases : mapping of str to str or None
+        Alias table (see :func:`make_catalog`); None reads ``aliases.json``
+        beside the catalog, if there is one.
+
+    Raises
+    ------
+    InputError
+        Naming the file, entry and field of the first malformed entry, or
+        both entries of a tool-id collision.
+    """
+    if aliases is None:
+        aliases = read_aliases(Path(path).parent)
+    docs, lines = [], {}
     for line, obj in read_records(path):
         try:
             docs.append(parse_tool(obj))
         except ValueError as exc:
             field_name, _, message = str(exc).partition(": ")
             raise InputError(path, message, line=line, field=field_name) from None
+        lines[id(docs[-1])] = line
     if not docs:
         raise InputError(path, "catalog holds no tools")
-    return make_catalog(docs)
+    try:
+        return make_catalog(docs, aliases)
+    except ToolCollision as exc:
+        where = f"entries {lines[id(exc.first)]} and {lines[id(exc.second)]}"
+        raise InputError(path, f"{where}: {exc}", field="name") from None

@@ -70,31 +70,48 @@ def demo_dir() -> Path:
     return Path(str(resources.files("synapse_flwr.data") / "demo"))
 
 
-def load_folder(path: Path, name: str | None = None) -> FederatedDataset:
-    """Load a dataset folder in the generic formats.
+def load_folder(path: Path, name: str | None = None, org: str | None = None) -> FederatedDataset:
+    """Load a dataset folder in the generic formats, checked first and leak-filtered.
+
+    Every file is validated before anything is loaded
+    (:func:`~synapse_flwr.data.check.require_valid`). Training events that
+    equal or nearly equal a test query are dropped
+    (:func:`~synapse_flwr.data.protocol.leak_filter`); ``info`` records the
+    leak filter's counts, that the org files were used as given, and the
+    sha256 of every data file.
+
+    Parameters
+    ----------
+    path : Path
+        The folder.
+    name : str or None
+        Dataset name (default: the folder's name).
+    org : str or None
+        Read only this organisation's log (a simulated client's own file).
 
     Raises
     ------
-    SynapseError
-        If the folder, its catalog or its experience logs are missing.
+    DataError
+        Listing every problem of the folder, by file and line.
     """
-    if not path.is_dir():
-        raise SynapseError(f"dataset folder {path} does not exist")
-    catalogs = [p for p in (path / "catalog.json", path / "catalog.jsonl") if p.exists()]
-    if not catalogs:
-        raise SynapseError(f"{path} has no catalog.json or catalog.jsonl")
-    catalog = load_catalog(catalogs[0])
-    logs = sorted(path.glob("org_*.jsonl"))
-    if not logs:
-        raise SynapseError(f"{path} has no org_*.jsonl experience logs")
-    orgs = {p.stem.removeprefix("org_"): load_experience(p, catalog) for p in logs}
+    from synapse_flwr.data.check import catalog_file, org_files, require_valid
+    from synapse_flwr.data.protocol import LeakReport, leak_filter
+
+    report = require_valid(path, None if org is None else [org])
+    catalog = load_catalog(catalog_file(path))
+    logs = {o: p for o, p in org_files(path).items() if org is None or o == org}
     test = path / "test.jsonl"
-    seen, heldout = [], []
-    if test.exists():
-        experienced = {event_label(e) for evs in orgs.values() for e in evs if e.success}
-        for item in load_testset(test, catalog):
-            (seen if set(item.gold) & experienced else heldout).append(item)
-    return FederatedDataset(name or path.name, catalog, orgs, seen, heldout)
+    items = load_testset(test, catalog) if test.exists() else []
+    orgs, leaks = {}, []
+    for o, p in logs.items():
+        orgs[o], leak = leak_filter(load_experience(p, catalog), [i.query for i in items], catalog=catalog)
+        leaks.append(leak)
+    leak = LeakReport(*(sum(getattr(r, f) for r in leaks) for f in ("total", "exact", "near", "garbage", "kept")))
+    experienced = {event_label(e) for evs in orgs.values() for e in evs if e.success}
+    seen = [i for i in items if set(i.gold) & experienced]
+    heldout = [i for i in items if not set(i.gold) & experienced]
+    info = {"leak_filter": leak.__dict__, "orgs_as_given": True, "data_files": report.hashes}
+    return FederatedDataset(name or path.name, catalog, orgs, seen, heldout, info)
 
 
 def repartition(ds: FederatedDataset, num_orgs: int, alpha: float, seed: int) -> FederatedDataset:
@@ -103,7 +120,8 @@ def repartition(ds: FederatedDataset, num_orgs: int, alpha: float, seed: int) ->
 
     parts = partition_noniid(ds.all_events, num_orgs, alpha, seed)
     orgs = {f"org{i}": part for i, part in enumerate(parts)}
-    return FederatedDataset(ds.name, ds.catalog, orgs, ds.seen_test, ds.heldout_test, ds.info)
+    info = {**ds.info, "orgs_as_given": False}
+    return FederatedDataset(ds.name, ds.catalog, orgs, ds.seen_test, ds.heldout_test, info)
 
 
 def metatool_dataset(seed: int, heldout_frac: float = 0.2, test_frac: float = 0.2) -> FederatedDataset:
@@ -188,3 +206,30 @@ def load_federated(
     log.info("dataset %s: %d tools, %d orgs, %d events", name, len(ds.catalog), len(ds.orgs),
              len(ds.all_events))
     return ds
+
+
+def load_partition(
+    name: str, num_orgs: int, partition: int, seed: int = 42, alpha: float = 0.5, inject: float = 0.0
+) -> tuple[str, FederatedDataset]:
+    """One simulated organisation's data: ``(org, dataset holding that org only)``.
+
+    A dataset folder with exactly ``num_orgs`` org files (and no injection)
+    is read for that org's own file only, so one broken org file fails that
+    organisation alone; anything else goes through :func:`load_federated`.
+
+    Parameters
+    ----------
+    name, num_orgs, seed, alpha, inject
+        As for :func:`load_federated`.
+    partition : int
+        The simulated node's partition id (0-based; orgs in name order).
+    """
+    from synapse_flwr.data.check import org_files
+
+    files = sorted(org_files(Path(name))) if name not in ("demo", "metatool", "taubench") else []
+    if len(files) == num_orgs and not inject:
+        org = files[partition]
+        return org, load_folder(Path(name), org=org)
+    ds = load_federated(name, num_orgs, seed, alpha, inject)
+    org = sorted(ds.orgs)[partition]
+    return org, ds

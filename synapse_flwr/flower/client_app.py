@@ -28,7 +28,8 @@ from synapse_flwr.core.experience import Event, load_experience
 from synapse_flwr.core.replay import replay_events
 from synapse_flwr.core.router import Router
 from synapse_flwr.core.wire import decode, encode
-from synapse_flwr.data.federation import load_dataset, load_federated
+from synapse_flwr.data.check import DataError
+from synapse_flwr.data.federation import load_dataset, load_partition
 from synapse_flwr.flower.config import RunConfig
 from synapse_flwr.strategies.records import from_record, to_record
 
@@ -69,8 +70,7 @@ def org_data(context: Context, cfg: RunConfig) -> OrgData:
         org = str(nc.get("org", data_path.stem.removeprefix("org_")))
         return OrgData(org, catalog, load_experience(data_path, catalog))
     k = int(nc["num-partitions"])
-    ds = load_federated(cfg.dataset, k, cfg.seed, cfg.alpha, cfg.inject)
-    org = sorted(ds.orgs)[int(nc["partition-id"])]
+    org, ds = load_partition(cfg.dataset, k, int(nc["partition-id"]), cfg.seed, cfg.alpha, cfg.inject)
     return OrgData(org, ds.catalog, ds.orgs[org])
 
 
@@ -83,11 +83,12 @@ def train(msg: Message, context: Context) -> Message:
     incoming = decode(from_record(msg.content["arrays"]))  # raises on an invalid global
     try:
         data = org_data(context, cfg)
-    except InputError as exc:
+    except (InputError, DataError) as exc:
         # The reason travels to the server: keep the org's file paths out of it.
         log.error("cannot load this org's experience: %s", exc)
-        where = f"line {exc.line}" if exc.line is not None else "file"
-        raise RuntimeError(f"invalid local experience data ({where}): {exc.message}") from None
+        first = exc.report.problems[0] if isinstance(exc, DataError) else exc
+        where = f"line {first.line}" if first.line is not None else "file"
+        raise RuntimeError(f"invalid local experience data ({where}): {first.message}") from None
     replay = cfg.replay
     events, replayed = data.events, []
     # a typed global has tools, a flat-majority one texts; round 1's global has neither

@@ -1,0 +1,309 @@
+"""Checking a dataset folder before any work: every file, field and tool id.
+
+A dataset folder in the generic formats (docs/formats.md) holds
+``catalog.json`` (or ``.jsonl``), an optional alias table ``aliases.json``,
+one ``org_*.jsonl`` experience log per organisation and an optional
+``test.jsonl``. :func:`check_folder` reads all of it and names every problem
+by file, line and field, with the fix where one is known; it reads every line
+of every file (a problem does not hide the next one), up to
+``max_per_file`` problems per file. :func:`require_valid` raises them all as
+one :class:`DataError`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from synapse_flwr.core.catalog import (
+    ALIASES_FILE,
+    Catalog,
+    ToolCollision,
+    make_catalog,
+    parse_tool,
+    read_aliases,
+)
+from synapse_flwr.core.errors import InputError, SynapseError
+from synapse_flwr.core.experience import Event, TestItem
+from synapse_flwr.core.files import read_records
+
+log = logging.getLogger(__name__)
+
+CATALOG_FILES = ("catalog.json", "catalog.jsonl")
+TEST_FILE = "test.jsonl"
+ORG_GLOB = "org_*.jsonl"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem of a dataset folder.
+
+    Parameters
+    ----------
+    path : str
+        The file (or folder).
+    message : str
+        What is wrong.
+    line : int or None
+        1-based line (JSONL) or item (JSON list), when known.
+    field : str or None
+        Dotted field, when known.
+    hint : str or None
+        How to fix it, when known.
+    """
+
+    path: str
+    message: str
+    line: int | None = None
+    field: str | None = None
+    hint: str | None = None
+
+    def __str__(self) -> str:
+        where = self.path + (f":{self.line}" if self.line is not None else "")
+        what = f" field '{self.field}':" if self.field else ""
+        return f"{where}:{what} {self.message}" + (f" ({self.hint})" if self.hint else "")
+
+
+@dataclass(frozen=True)
+class FolderReport:
+    """What :func:`check_folder` found.
+
+    Parameters
+    ----------
+    folder : Path
+        The dataset folder.
+    problems : tuple of Problem
+        Every problem found (empty: the folder is valid).
+    tools : int
+        Tools of the catalog.
+    orgs : dict of str to int
+        Organisation -> events of its log.
+    test : int
+        Test items.
+    hashes : dict of str to str
+        File name -> sha256 of every data file read.
+    """
+
+    folder: Path
+    problems: tuple[Problem, ...] = ()
+    tools: int = 0
+    orgs: dict[str, int] = field(default_factory=dict)
+    test: int = 0
+    hashes: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """True when no problem was found."""
+        return not self.problems
+
+    def summary(self) -> str:
+        """One line: what the folder holds."""
+        orgs = ", ".join(f"{o} {n}" for o, n in self.orgs.items())
+        return f"{self.folder}: {self.tools} tools, {len(self.orgs)} orgs ({orgs}), {self.test} test items"
+
+
+class DataError(SynapseError):
+    """A dataset folder has problems; the message lists each of them.
+
+    Parameters
+    ----------
+    report : FolderReport
+        The failed check.
+    """
+
+    def __init__(self, report: FolderReport) -> None:
+        self.report = report
+        lines = [f"dataset folder {report.folder} has {len(report.problems)} problem(s):"]
+        lines += [f"  {p}" for p in report.problems]
+        lines.append(f"  (check it with: synapse check-data {report.folder})")
+        super().__init__("\n".join(lines))
+
+
+def catalog_file(folder: Path) -> Path | None:
+    """The folder's catalog file, or None."""
+    return next((folder / n for n in CATALOG_FILES if (folder / n).exists()), None)
+
+
+def org_files(folder: Path) -> dict[str, Path]:
+    """Organisation name -> its experience log (``org_<name>.jsonl``), sorted by name."""
+    return {p.stem.removeprefix("org_"): p for p in sorted(folder.glob(ORG_GLOB))}
+
+
+def file_hashes(folder: Path) -> dict[str, str]:
+    """File name -> sha256 of every data file of the folder (catalog, aliases, logs, test set)."""
+    names = [*CATALOG_FILES, ALIASES_FILE, TEST_FILE, *(p.name for p in org_files(folder).values())]
+    return {n: hashlib.sha256((folder / n).read_bytes()).hexdigest()
+            for n in sorted(set(names)) if (folder / n).is_file()}
+
+
+def _scan(path: Path) -> Iterator[tuple[int | None, dict | None, Problem | None]]:
+    """Every record of a file as ``(line, record, None)``, every unreadable one as a problem."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:
+        yield None, None, Problem(str(path), f"cannot read file: {exc}")
+        return
+    if text.lstrip().startswith("["):  # a JSON list: one parse, one problem at most
+        try:
+            for line, obj in read_records(path):
+                yield line, obj, None
+        except InputError as exc:
+            yield exc.line, None, Problem(str(path), exc.message, exc.line)
+        return
+    for line, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            yield line, None, Problem(str(path), f"invalid JSON: {exc}", line)
+            continue
+        if isinstance(obj, dict):
+            yield line, obj, None
+        else:
+            yield line, None, Problem(str(path), "not a JSON object", line)
+
+
+def _check_catalog(path: Path, aliases: Mapping[str, str]) -> tuple[Catalog | None, list[Problem]]:
+    problems, docs, lines = [], [], {}
+    for line, obj, problem in _scan(path):
+        if problem:
+            problems.append(problem)
+            continue
+        try:
+            doc = parse_tool(obj)
+        except ValueError as exc:
+            field_name, _, message = str(exc).partition(": ")
+            problems.append(Problem(str(path), message, line, field_name))
+            continue
+        docs.append(doc)
+        lines[id(doc)] = line
+    if problems:
+        return None, problems
+    if not docs:
+        return None, [Problem(str(path), "catalog holds no tools",
+                              hint='add one {"name", "description"} object per tool')]
+    while True:  # every collision, one at a time
+        try:
+            return make_catalog(docs, aliases), problems
+        except ToolCollision as exc:
+            problems.append(Problem(str(path), f"{exc} (entry {lines[id(exc.first)]})",
+                                    lines[id(exc.second)], "name"))
+            docs = [d for d in docs if d is not exc.second]
+            if len(problems) > 50:
+                return None, problems
+
+
+def _unknown(path: Path, line: int, field_name: str, name: str, catalog: Catalog) -> Problem:
+    close = difflib.get_close_matches(name, catalog.ids, n=1)
+    hint = f"did you mean {close[0]!r}?" if close else "add the tool to the catalog"
+    return Problem(str(path), f"tool {name!r} is not in the catalog", line, field_name, hint)
+
+
+def _record_problems(path: Path, obj: dict, line: int, catalog: Catalog, test: bool) -> list[Problem]:
+    """Problems of one event (``test=False``) or test item (``test=True``)."""
+    if test and isinstance(obj.get("gold"), str):
+        obj = {**obj, "gold": [obj["gold"]]}
+    try:
+        record = (TestItem if test else Event).model_validate(obj)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "(record)"
+        return [Problem(str(path), err["msg"], line, where)]
+    names = (
+        [("gold", g) for g in record.gold] if test
+        else [(f, n) for f in ("tool", "gold", "prev_tool") if (n := getattr(record, f))]
+    )
+    return [_unknown(path, line, f, n, catalog) for f, n in names if catalog.resolve(n) is None]
+
+
+def _check_records(path: Path, catalog: Catalog, test: bool, max_problems: int) -> tuple[int, list[Problem]]:
+    records, problems = 0, []
+    for line, obj, problem in _scan(path):
+        found = [problem] if problem else _record_problems(path, obj, line, catalog, test)
+        records += obj is not None and not found
+        problems += found
+        if len(problems) >= max_problems:
+            problems.append(Problem(str(path), f"stopped after {max_problems} problems"))
+            break
+    if not records and not problems:
+        problems.append(Problem(str(path), "holds no records"))
+    return records, problems
+
+
+def _no_orgs(folder: Path) -> Problem:
+    train = folder / "train.jsonl"
+    hint = (f"split it into organisation logs: synapse split-orgs {train} --orgs 5" if train.exists()
+            else "add one org_<name>.jsonl experience log per organisation")
+    found = "train.jsonl found, but no" if train.exists() else "no"
+    return Problem(str(folder), f"{found} org_*.jsonl experience logs", hint=hint)
+
+
+def check_folder(folder: str | Path, orgs: Sequence[str] | None = None, max_per_file: int = 20) -> FolderReport:
+    """Validate a dataset folder: catalog, alias table, experience logs, test set.
+
+    Parameters
+    ----------
+    folder : str or Path
+        The dataset folder.
+    orgs : sequence of str or None
+        Check only these organisations' logs (a simulated client reads its own).
+    max_per_file : int
+        Problems reported per file before the check of that file stops.
+
+    Returns
+    -------
+    FolderReport
+        The problems (each with file, line, field and a hint) and the counts.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return FolderReport(folder, (Problem(str(folder), "dataset folder does not exist"),))
+    path = catalog_file(folder)
+    if path is None:
+        return FolderReport(folder, (Problem(str(folder), "no catalog.json or catalog.jsonl",
+                                             hint='add a JSON list of {"name", "description"} tools'),))
+    try:
+        aliases = read_aliases(folder)
+    except InputError as exc:
+        return FolderReport(folder, (Problem(exc.path, exc.message),))
+    catalog, problems = _check_catalog(path, aliases)
+    logs = org_files(folder)
+    if not logs:
+        problems.append(_no_orgs(folder))
+    if catalog is None:
+        return FolderReport(folder, tuple(problems))
+    unknown_orgs = sorted(set(orgs or ()) - set(logs))
+    problems += [Problem(str(folder / f"org_{o}.jsonl"), "file not found") for o in unknown_orgs]
+    counts = {}
+    for org, log_path in logs.items():
+        if orgs is None or org in orgs:
+            counts[org], found = _check_records(log_path, catalog, False, max_per_file)
+            problems += found
+    test = 0
+    if (folder / TEST_FILE).exists():
+        test, found = _check_records(folder / TEST_FILE, catalog, True, max_per_file)
+        problems += found
+    return FolderReport(folder, tuple(problems), len(catalog), counts, test, file_hashes(folder))
+
+
+def require_valid(folder: str | Path, orgs: Sequence[str] | None = None) -> FolderReport:
+    """:func:`check_folder`, raising every problem at once.
+
+    Raises
+    ------
+    DataError
+        Listing each problem with its file, line and fix.
+    """
+    report = check_folder(folder, orgs)
+    if not report.ok:
+        raise DataError(report)
+    log.info("checked %s", report.summary())
+    return report

@@ -1,0 +1,176 @@
+"""Dataset folders checked before any work: each broken kind gives its clear error within a second."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from synapse_flwr import cli
+from synapse_flwr.data.check import DataError, check_folder, file_hashes, require_valid
+from synapse_flwr.data.federation import demo_dir, load_folder, load_partition
+from synapse_flwr.data.split import split_orgs
+
+CATALOG = [{"name": "get_weather", "description": "Forecast for a city."},
+           {"name": "book_hotel", "description": "Book a hotel room."},
+           {"name": "convert_currency", "description": "Convert money."}]
+EVENTS = [{"query": f"weather in city {i}", "tool": "get_weather", "success": True} for i in range(6)] + [
+    {"query": f"book a room number {i}", "tool": "book_hotel", "success": True} for i in range(6)]
+TEST = [{"query": "will it rain tomorrow", "gold": "get_weather"},
+        {"query": "a hotel for two nights", "gold": "book_hotel"}]
+
+
+def _jsonl(path: Path, records: list) -> None:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
+
+
+@pytest.fixture()
+def folder(tmp_path) -> Path:
+    (tmp_path / "catalog.json").write_text(json.dumps(CATALOG))
+    _jsonl(tmp_path / "org_a.jsonl", EVENTS[:6])
+    _jsonl(tmp_path / "org_b.jsonl", EVENTS[6:])
+    _jsonl(tmp_path / "test.jsonl", TEST)
+    return tmp_path
+
+
+def _problems(folder: Path) -> list[str]:
+    t0 = time.perf_counter()
+    report = check_folder(folder)
+    assert time.perf_counter() - t0 < 1.0
+    return [str(p) for p in report.problems]
+
+
+def test_valid_folder(folder):
+    report = require_valid(folder)
+    assert report.ok and report.tools == 3 and report.orgs == {"a": 6, "b": 6} and report.test == 2
+    assert set(report.hashes) == {"catalog.json", "org_a.jsonl", "org_b.jsonl", "test.jsonl"}
+
+
+def test_demo_folder_is_valid():
+    assert require_valid(demo_dir()).ok
+
+
+def test_missing_folder_and_catalog(folder):
+    assert "does not exist" in _problems(folder / "nope")[0]
+    (folder / "catalog.json").unlink()
+    assert "no catalog.json or catalog.jsonl" in _problems(folder)[0]
+
+
+def test_empty_catalog(folder):
+    (folder / "catalog.json").write_text("[]")
+    assert "catalog holds no tools" in _problems(folder)[0]
+
+
+def test_bad_json_lines_each_named(folder):
+    _jsonl(folder / "org_a.jsonl", [EVENTS[0], "{not json", EVENTS[1], "[1, 2]"])
+    problems = _problems(folder)
+    assert any("org_a.jsonl:2: invalid JSON" in p for p in problems)
+    assert any("org_a.jsonl:4: not a JSON object" in p for p in problems)
+
+
+def test_bad_field(folder):
+    _jsonl(folder / "org_b.jsonl", [{"query": "x", "tool": "book_hotel"}])
+    assert any("org_b.jsonl:1: field 'success'" in p for p in _problems(folder))
+
+
+def test_unknown_tool_in_log_suggests_the_close_one(folder):
+    _jsonl(folder / "org_a.jsonl", [EVENTS[0], {"query": "q", "tool": "get_wether", "success": True}])
+    (problem,) = _problems(folder)
+    assert "org_a.jsonl:2: field 'tool': tool 'get_wether' is not in the catalog" in problem
+    assert "did you mean 'get_weather'?" in problem
+
+
+def test_duplicate_and_colliding_ids_name_both(folder):
+    entries = [*CATALOG, {"name": "get_weather", "description": "again"}, {"name": "Book-Hotel", "description": "?"}]
+    (folder / "catalog.json").write_text(json.dumps(entries))
+    problems = _problems(folder)
+    assert len(problems) == 2
+    assert "catalog.json:4: field 'name': duplicate tool 'get_weather'" in problems[0] and "(entry 1)" in problems[0]
+    assert "'book_hotel' and 'Book-Hotel'" in problems[1] and "(entry 2)" in problems[1]
+
+
+def test_alias_table_declares_a_collision(folder):
+    entries = [*CATALOG, {"name": "GetWeather", "description": "MCP spelling"}]
+    (folder / "catalog.json").write_text(json.dumps(entries))
+    assert "aliases.json" in _problems(folder)[0]
+    (folder / "aliases.json").write_text('{"GetWeather": "get_weather"}')
+    assert _problems(folder) == []
+
+
+def test_mismatched_test_gold(folder):
+    _jsonl(folder / "test.jsonl", [TEST[0], {"query": "pay", "gold": ["book_hotel", "pay_bill"]}])
+    (problem,) = _problems(folder)
+    assert "test.jsonl:2: field 'gold': tool 'pay_bill' is not in the catalog" in problem
+
+
+def test_train_without_org_files_suggests_split_orgs(folder):
+    for p in folder.glob("org_*.jsonl"):
+        p.unlink()
+    _jsonl(folder / "train.jsonl", EVENTS)
+    (problem,) = _problems(folder)
+    assert "train.jsonl found, but no org_*.jsonl" in problem and "synapse split-orgs" in problem
+
+
+def test_empty_org_file(folder):
+    (folder / "org_b.jsonl").write_text("\n")
+    assert "org_b.jsonl: holds no records" in _problems(folder)[0]
+
+
+def test_load_folder_raises_every_problem_at_once(folder):
+    _jsonl(folder / "org_a.jsonl", ["{", {"query": "q", "tool": "nope", "success": True}])
+    with pytest.raises(DataError) as err:
+        load_folder(folder)
+    assert "2 problem(s)" in str(err.value) and "synapse check-data" in str(err.value)
+
+
+def test_one_org_reads_its_own_file_only(folder):
+    _jsonl(folder / "org_b.jsonl", ["{broken"])
+    org, ds = load_partition(str(folder), 2, 0)
+    assert org == "a" and list(ds.orgs) == ["a"] and len(ds.orgs["a"]) == 6
+    with pytest.raises(DataError):
+        load_partition(str(folder), 2, 1)
+
+
+def test_leak_filter_applies_to_folders(folder):
+    _jsonl(folder / "org_a.jsonl", [*EVENTS[:6], {"query": "Will it rain tomorrow?", "tool": "get_weather",
+                                                 "success": True}])
+    ds = load_folder(folder)
+    assert ds.info["leak_filter"]["exact"] == 1 and len(ds.orgs["a"]) == 6
+    assert ds.info["orgs_as_given"] is True
+
+
+def test_split_orgs_round_trip(folder):
+    for p in folder.glob("org_*.jsonl"):
+        p.unlink()
+    _jsonl(folder / "train.jsonl", EVENTS)
+    written = split_orgs(folder / "train.jsonl", 3, seed=1)
+    assert sorted(written) == ["org0", "org1", "org2"]
+    report = require_valid(folder)
+    assert report.orgs == {"org0": 4, "org1": 4, "org2": 4}
+    ds = load_folder(folder)
+    assert sorted(e.query for e in ds.all_events) == sorted(e["query"] for e in EVENTS)
+    skewed = split_orgs(folder / "train.jsonl", 2, alpha=0.5, seed=1, overwrite=True)
+    assert sum(len(p.read_text().splitlines()) for p in skewed.values()) == len(EVENTS)
+    with pytest.raises(Exception, match="--overwrite"):
+        split_orgs(folder / "train.jsonl", 2)
+
+
+def test_hashes_change_with_the_data(folder):
+    before = file_hashes(folder)
+    _jsonl(folder / "org_a.jsonl", EVENTS[:5])
+    after = file_hashes(folder)
+    assert before["org_a.jsonl"] != after["org_a.jsonl"] and before["test.jsonl"] == after["test.jsonl"]
+
+
+def test_cli_check_data(folder):
+    runner = CliRunner()
+    ok = runner.invoke(cli.app, ["check-data", str(folder)])
+    assert ok.exit_code == 0 and "valid:" in ok.output
+    shutil.copy(folder / "org_a.jsonl", folder / "train.jsonl")
+    _jsonl(folder / "test.jsonl", [{"query": "x", "gold": "nope"}])
+    bad = runner.invoke(cli.app, ["check-data", str(folder)])
+    assert bad.exit_code == 2 and "test.jsonl:1: field 'gold'" in bad.output
