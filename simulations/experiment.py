@@ -9,7 +9,7 @@ run resumes where it stopped, and writes ``results.json``, ``tables.md``,
 ``manifest.json`` and PNG figures into ``output``.
 
 Federated arms go through the project's own Flower ``ServerApp`` and
-``ClientApp`` under the simulation engine (:func:`synapse_flwr.flower.deploy.run_simulation`),
+``ClientApp`` under the simulation engine (:func:`synapse_flwr.flower.launch.run_simulation`),
 exactly as users run them; every other arm reads the same partition and the
 same injected contradictions (:func:`synapse_flwr.data.federation.load_federated`).
 
@@ -52,7 +52,7 @@ SPLITS = ("seen", "heldout", "step", "step_prior")
 # Evaluations are cached under a hash of the code that routes, so a router
 # change re-scores every arm while the (slow) Flower runs stay cached; a
 # change to the builder or the merge needs ``--fresh``.
-ROUTING_MODULES = ("core.router", "core.render", "core.embed", "eval.baselines")
+ROUTING_MODULES = ("core.router", "core.render", "core.embed", "eval.baselines", "flower.fedavg_dp")
 
 
 def routing_code(dataset: str) -> str:
@@ -306,7 +306,7 @@ class Experiment:
         out_dir = self.cache_dir / key
 
         def compute() -> dict:
-            from synapse_flwr.flower.deploy import (
+            from synapse_flwr.flower.launch import (
                 default_app_dir,
                 read_metrics,
                 run_simulation,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from synapse_flwr.data.pins import verified_hashes
 from synapse_flwr.eval.results import experiment_parser, load_experiment, write_results
-from synapse_flwr.flower.deploy import default_app_dir, read_metrics, run_simulation
+from synapse_flwr.flower.launch import default_app_dir, read_metrics, run_simulation
 
 log = logging.getLogger("flower_scale")
 

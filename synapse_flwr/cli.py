@@ -320,7 +320,7 @@ def simulate(
     timeout: Annotated[float, typer.Option(help="Seconds before the run is abandoned.")] = 900.0,
 ) -> None:
     """Run the federation under Flower's Ray simulation engine, isolated, and clean up after."""
-    from synapse_flwr.flower.deploy import parse_overrides, run_simulation
+    from synapse_flwr.flower.launch import parse_overrides, run_simulation
 
     res = run_simulation(app_dir, nodes, parse_overrides(set_), flwr_home, timeout)
     log.info("run %s %s in %.1fs; outputs in %s (log: %s)", res.run_id, res.status, res.wall_s,
@@ -340,7 +340,7 @@ def deploy_local(
     timeout: Annotated[float, typer.Option(help="Seconds before the run is abandoned.")] = 900.0,
 ) -> None:
     """Start a real SuperLink and SuperNodes on 127.0.0.1, run the federation, shut all down."""
-    from synapse_flwr.flower.deploy import (
+    from synapse_flwr.flower.launch import (
         DeploymentConfig,
         parse_node,
         parse_overrides,

@@ -12,12 +12,12 @@ from synapse_flwr.core.catalog import Catalog, ToolDoc
 from synapse_flwr.core.embed import TfidfEmbedder
 from synapse_flwr.core.experience import Event, TestItem
 from synapse_flwr.eval.baselines import (
-    aggregate_train_metrics,
     calibrate_noise,
     fedavg_dp_arm,
     ranking_metrics,
     tfidf_svm_arm,
 )
+from synapse_flwr.flower.fedavg_dp import aggregate_train_metrics
 
 # Descriptions share no word with the queries: the untrained head (description
 # retrieval) cannot tell the tools apart, a trained map can.

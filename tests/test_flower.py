@@ -23,16 +23,16 @@ from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.schema import Compendium
 from synapse_flwr.core.wire import load_artifact
 from synapse_flwr.data.federation import demo_dir
-from synapse_flwr.flower import deploy
-from synapse_flwr.flower.deploy import (
+from synapse_flwr.flower import launch
+from synapse_flwr.flower.launch import (
     DeploymentConfig,
     NodeSpec,
     nodes_from_dataset,
-    processes_using_home,
     read_metrics,
     run_local_deployment,
     run_simulation,
 )
+from synapse_flwr.flower.processes import processes_using_home
 
 APP_DIR = Path(__file__).resolve().parent.parent
 INF = math.inf
@@ -217,7 +217,7 @@ def test_interrupt_tears_down(tmp_path):
     home, out = tmp_path / "flwr", tmp_path / "out"
     script = (
         "import logging, sys; from pathlib import Path\n"
-        "from synapse_flwr.flower.deploy import DeploymentConfig, run_local_deployment\n"
+        "from synapse_flwr.flower.launch import DeploymentConfig, run_local_deployment\n"
         "logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n"
         f"rc = {{'dataset': {dataset(tmp_path)!r}, 'num-rounds': 5, 'output-dir': {str(out)!r}}}\n"
         f"run_local_deployment(DeploymentConfig(Path({str(APP_DIR)!r}), 2, rc, Path({str(home)!r})))\n"
@@ -254,7 +254,7 @@ def test_errors_before_starting_anything(tmp_path, monkeypatch):
         with pytest.raises(SynapseError, match=f"port {port} for the SuperLink is busy"):
             run_local_deployment(DeploymentConfig(APP_DIR, [node], flwr_home=tmp_path / "h",
                                                   superlink_port=port))
-    monkeypatch.setattr(deploy, "flower_bin_dir", lambda: tmp_path)
+    monkeypatch.setattr(launch, "flower_bin_dir", lambda: tmp_path)
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(SynapseError, match="Flower binaries not found on PATH: flwr, flower-superlink"):
         run_simulation(APP_DIR, 2, {"output-dir": str(tmp_path / "out")}, flwr_home=tmp_path / "h2")

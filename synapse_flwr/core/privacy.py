@@ -156,6 +156,57 @@ def _opacus():
     )
 
 
+def rdp_alphas() -> list[float]:
+    """RDP orders of every calibration and epsilon report: opacus' defaults and higher ones.
+
+    Returns
+    -------
+    list of float
+        A new list (opacus pulls in torch: imported on first call).
+    """
+    return list(_opacus().alphas)
+
+
+def noise_multiplier_for(epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
+    """Smallest Gaussian noise multiplier meeting ``(epsilon, delta)`` after ``steps`` sampled steps.
+
+    Opacus' RDP accountant searches ``z`` (up to a 1% relative tolerance on
+    epsilon) for ``steps`` Gaussian releases, each on a Poisson sample at rate
+    ``sample_rate`` (1.0: the whole data every step, as for count releases;
+    ``< 1``: DP-SGD).
+
+    Parameters
+    ----------
+    epsilon : float
+        Target epsilon, finite and ``> 0``.
+    delta : float
+        Target delta, ``0 < delta < 1``.
+    sample_rate : float
+        Poisson sampling rate of each step, ``0 < sample_rate <= 1``.
+    steps : int
+        Releases the budget must cover, ``>= 1``.
+
+    Returns
+    -------
+    float
+        ``z``: noise standard deviation per unit of L2 sensitivity.
+
+    Raises
+    ------
+    ValueError
+        If opacus finds no noise meeting the budget (its message).
+    """
+    return float(_opacus().get_noise_multiplier(
+        target_epsilon=epsilon,
+        target_delta=delta,
+        sample_rate=sample_rate,
+        steps=steps,
+        accountant="rdp",
+        epsilon_tolerance=_RELATIVE_EPSILON_TOLERANCE * epsilon,
+        alphas=_opacus().alphas,
+    ))
+
+
 def calibrate(params: PrivacyParams) -> Calibration:
     """Calibrate the Gaussian noise and the partition-selection threshold.
 
@@ -183,15 +234,7 @@ def calibrate(params: PrivacyParams) -> Calibration:
     if not params.private:
         return Calibration(0.0, 0.0, float(params.min_support), delta_accounting, delta_selection)
     try:
-        z = _opacus().get_noise_multiplier(
-            target_epsilon=params.epsilon,
-            target_delta=delta_accounting,
-            sample_rate=1.0,
-            steps=params.rounds,
-            accountant="rdp",
-            epsilon_tolerance=_RELATIVE_EPSILON_TOLERANCE * params.epsilon,
-            alphas=_opacus().alphas,
-        )
+        z = noise_multiplier_for(params.epsilon, delta_accounting, 1.0, params.rounds)
     except ValueError as exc:
         raise ValueError(f"cannot calibrate noise for {params}: {exc}") from exc
     sigma = z * math.sqrt(params.max_contributions)

@@ -13,7 +13,9 @@
     scores a query against every tool's description embedding through a
     learned linear map ``W`` (initialised to the identity), so tools without
     any training label still get scores; at round 0 it is plain description
-    retrieval.
+    retrieval. The Flower apps are :mod:`synapse_flwr.flower.fedavg_dp`; the
+    arm prepares their job (labels, embeddings, noise calibration) and
+    launches it.
 
 Privacy of ``fedavg_dp_arm`` (example-level DP at each organisation)
 ---------------------------------------------------------------------
@@ -34,40 +36,32 @@ from __future__ import annotations
 import logging
 import math
 import time
-import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
-from flwr.clientapp import ClientApp
-from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import FedAvg
-from flwr.simulation import run_simulation
-from opacus import PrivacyEngine
-from opacus.accountants import RDPAccountant
-from opacus.accountants.utils import get_noise_multiplier
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.svm import LinearSVC
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
+from synapse_flwr.core import router
 from synapse_flwr.core.catalog import Catalog
 from synapse_flwr.core.embed import Embedder, get_embedder
 from synapse_flwr.core.experience import Event, TestItem, event_label
+from synapse_flwr.core.privacy import noise_multiplier_for
+from synapse_flwr.flower.fedavg_dp import (
+    EvalSplit,
+    FedAvgJob,
+    FedAvgOutcome,
+    OrgShard,
+    TrainSettings,
+    run_job,
+)
 
 log = logging.getLogger(__name__)
 
 #: Recall cut-off, as in :func:`synapse_flwr.core.router.evaluate_routes`.
 TOP_K = 5
-_STATE_KEY = "dp-accounting"
-# RDP orders for calibration and reporting: opacus' defaults stop at 63, too low
-# for small sample rates and large noise (as in synapse_flwr.core.privacy).
-RDP_ALPHAS = [*RDPAccountant.DEFAULT_ALPHAS, 80, 96, 128, 192, 256, 512, 1024]
 
 
 def labelled_pairs(events: Sequence[Event], catalog: Catalog) -> tuple[list[str], list[str]]:
@@ -118,7 +112,7 @@ def tool_text(tool_id: str, description: str) -> str:
 def ranking_metrics(
     scores: np.ndarray, columns: Sequence[str], test: Sequence[TestItem], k: int = TOP_K
 ) -> dict[str, float]:
-    """Top-1 accuracy and recall@k of score rows, as :func:`~synapse_flwr.core.router.evaluate_routes`.
+    """Top-1 accuracy and recall@k of score rows (:func:`synapse_flwr.core.router.ranking_metrics`).
 
     Parameters
     ----------
@@ -137,13 +131,7 @@ def ranking_metrics(
         ``acc`` (top-1 in gold), ``r5`` (any of the top ``k`` in gold), ``n``;
         zeros for an empty test set. Ties keep column order.
     """
-    if not test:
-        return {"acc": 0.0, "r5": 0.0, "n": 0}
-    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-    ids = np.asarray(columns, dtype=object)[order]
-    hits = sum(ranked[0] in item.gold for ranked, item in zip(ids, test, strict=True))
-    recall = sum(any(t in item.gold for t in ranked) for ranked, item in zip(ids, test, strict=True))
-    return {"acc": hits / len(test), "r5": recall / len(test), "n": len(test)}
+    return router.ranking_metrics(router.top_ids(scores, columns, k), [item.gold for item in test], k)
 
 
 def tfidf_svm_arm(
@@ -196,109 +184,6 @@ def tfidf_svm_arm(
     return ranking_metrics(scores, list(svm.classes_), test)
 
 
-class CosineHead(nn.Module):
-    """Scores queries against tool descriptions through a learned linear map.
-
-    ``logits = cos(W x, d_t) / temperature`` for every tool ``t``; ``W``
-    starts as the identity, so the untrained head is description retrieval
-    and tools without labels keep non-zero scores.
-
-    Parameters
-    ----------
-    tool_vectors : torch.Tensor
-        ``(tools, dim)`` description embeddings (a non-persistent buffer:
-        shared by everyone, never sent).
-    temperature : float
-        Softmax temperature of the cosine logits, ``> 0``.
-    """
-
-    def __init__(self, tool_vectors: torch.Tensor, temperature: float) -> None:
-        super().__init__()
-        dim = tool_vectors.shape[1]
-        self.proj = nn.Linear(dim, dim, bias=False)
-        with torch.no_grad():
-            self.proj.weight.copy_(torch.eye(dim))
-        self.register_buffer("tools", F.normalize(tool_vectors, dim=1), persistent=False)
-        self.scale = 1.0 / temperature
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits ``(batch, tools)`` of query embeddings ``x`` ``(batch, dim)``."""
-        return self.scale * F.normalize(self.proj(x), dim=1) @ self.tools.T
-
-
-def head_scores(weight: np.ndarray, queries: np.ndarray, tools: np.ndarray) -> np.ndarray:
-    """Cosine scores of :class:`CosineHead` with ``proj.weight = weight``, in numpy.
-
-    Parameters
-    ----------
-    weight : numpy.ndarray
-        ``(dim, dim)`` linear map.
-    queries : numpy.ndarray
-        ``(n, dim)`` query embeddings.
-    tools : numpy.ndarray
-        ``(tools, dim)`` description embeddings.
-
-    Returns
-    -------
-    numpy.ndarray
-        ``(n, tools)`` cosine similarities.
-    """
-    mapped = queries @ weight.T
-    mapped /= np.maximum(np.linalg.norm(mapped, axis=1, keepdims=True), 1e-12)
-    unit = tools / np.maximum(np.linalg.norm(tools, axis=1, keepdims=True), 1e-12)
-    return mapped @ unit.T
-
-
-@dataclass(frozen=True)
-class OrgShard:
-    """One organisation's training data as the ClientApp sees it.
-
-    Parameters
-    ----------
-    x : numpy.ndarray
-        ``(n, dim)`` float32 query embeddings.
-    y : numpy.ndarray
-        ``(n,)`` int64 catalog indices of the labels.
-    noise_multiplier : float
-        DP-SGD noise ``z`` (0 when privacy is off).
-    """
-
-    x: np.ndarray
-    y: np.ndarray
-    noise_multiplier: float
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    """Hyper-parameters every organisation trains with.
-
-    Parameters
-    ----------
-    batch_size : int
-        Expected examples per DP-SGD step (Poisson sampling when private).
-    local_epochs : int
-        Passes over the local data per round.
-    learning_rate : float
-        Adam step size.
-    max_grad_norm : float
-        Per-example gradient clipping bound (private only).
-    temperature : float
-        Cosine-logit temperature.
-    delta : float
-        Delta the organisations account epsilon at.
-    seed : int
-        Base seed of sampling and noise.
-    """
-
-    batch_size: int
-    local_epochs: int
-    learning_rate: float
-    max_grad_norm: float
-    temperature: float
-    delta: float
-    seed: int
-
-
 def steps_per_epoch(n: int, batch_size: int) -> int:
     """DP-SGD steps per epoch, ``ceil(n / batch_size)``; the sample rate is its inverse."""
     return math.ceil(n / batch_size)
@@ -326,8 +211,8 @@ def calibrate_noise(
     Returns
     -------
     float
-        ``z`` from opacus' RDP accountant (cached: organisations of equal size
-        share one search).
+        ``z`` from :func:`synapse_flwr.core.privacy.noise_multiplier_for`
+        (cached: organisations of equal size share one search).
 
     Raises
     ------
@@ -336,10 +221,7 @@ def calibrate_noise(
     """
     sample_rate = 1.0 / steps_per_epoch(n, batch_size)
     try:
-        return float(get_noise_multiplier(
-            target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate,
-            steps=steps, accountant="rdp", epsilon_tolerance=0.01 * epsilon, alphas=RDP_ALPHAS,
-        ))
+        return noise_multiplier_for(epsilon, delta, sample_rate, steps)
     except ValueError as exc:
         raise ValueError(
             f"cannot calibrate DP-SGD noise for epsilon={epsilon}, delta={delta}, "
@@ -347,117 +229,8 @@ def calibrate_noise(
         ) from exc
 
 
-def _seed(*parts: int) -> int:
-    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
-
-
-def train_local(
-    weight: torch.Tensor,
-    shard: OrgShard,
-    tools: torch.Tensor,
-    settings: TrainSettings,
-    state: RecordDict,
-    server_round: int,
-    partition: int,
-) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    """One organisation's local training of the head, DP-SGD when its shard has noise.
-
-    Parameters
-    ----------
-    weight : torch.Tensor
-        Global ``proj.weight`` received this round.
-    shard : OrgShard
-        The organisation's data and noise multiplier.
-    tools : torch.Tensor
-        Description embeddings.
-    settings : TrainSettings
-        Shared hyper-parameters.
-    state : flwr.app.RecordDict
-        The node's persistent state; its ``dp-accounting`` record carries the
-        DP-SGD steps taken in earlier rounds.
-    server_round : int
-        Current round (seeds sampling and noise).
-    partition : int
-        The organisation's partition id (seeds sampling and noise).
-
-    Returns
-    -------
-    tuple of (dict, dict)
-        The trained state dict, and metrics ``loss`` (mean over steps) and
-        ``epsilon`` (cumulative at ``settings.delta``; ``inf`` without noise).
-    """
-    torch.manual_seed(_seed(settings.seed, partition, server_round))
-    model = CosineHead(tools, settings.temperature)
-    model.load_state_dict({"proj.weight": weight})
-    optimizer = torch.optim.Adam(model.parameters(), lr=settings.learning_rate)
-    # copies: arrays arriving through Ray are read-only views of its object store
-    dataset = TensorDataset(torch.tensor(shard.x), torch.tensor(shard.y))
-    generator = torch.Generator().manual_seed(_seed(settings.seed, partition, server_round, 1))
-    loader = DataLoader(dataset, batch_size=settings.batch_size, shuffle=True, generator=generator)
-    # Benign, known opacus warnings: secure RNG is off (an experiment, seeded), and
-    # its backward hooks fire on a first layer whose input needs no gradient.
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*[Ss]ecure RNG.*")
-        warnings.filterwarnings("ignore", message="Full backward hook is firing.*")
-        engine = None
-        if shard.noise_multiplier > 0:
-            engine = PrivacyEngine(accountant="rdp")
-            done = state.metric_records.get(_STATE_KEY, MetricRecord({"steps": 0}))
-            if int(done["steps"]):
-                engine.accountant.history = [
-                    (shard.noise_multiplier, 1.0 / len(loader), int(done["steps"]))
-                ]
-            model, optimizer, loader = engine.make_private(
-                module=model, optimizer=optimizer, data_loader=loader,
-                noise_multiplier=shard.noise_multiplier, max_grad_norm=settings.max_grad_norm,
-                poisson_sampling=True,
-                noise_generator=torch.Generator().manual_seed(
-                    _seed(settings.seed, partition, server_round, 2)),
-            )
-        losses = []
-        model.train()
-        for _ in range(settings.local_epochs):
-            for xb, yb in loader:
-                optimizer.zero_grad()
-                loss = F.cross_entropy(model(xb), yb)
-                loss.backward()
-                optimizer.step()
-                losses.append(loss.detach().item())
-    metrics = {"loss": float(np.mean(losses)) if losses else 0.0, "epsilon": math.inf}
-    if engine is not None:
-        state[_STATE_KEY] = MetricRecord({"steps": sum(s for _, _, s in engine.accountant.history)})
-        metrics["epsilon"] = float(engine.accountant.get_epsilon(delta=settings.delta, alphas=RDP_ALPHAS))
-        model = model._module
-    return {"proj.weight": model.proj.weight.detach().clone()}, metrics
-
-
-def aggregate_train_metrics(records: list[RecordDict], weighting_key: str) -> MetricRecord:
-    """Round metrics over organisations: mean loss (weighted), largest epsilon, count.
-
-    Parameters
-    ----------
-    records : list of flwr.app.RecordDict
-        The organisations' replies.
-    weighting_key : str
-        Metric holding each reply's example count.
-
-    Returns
-    -------
-    flwr.app.MetricRecord
-        ``loss``, ``epsilon`` (max over organisations), ``orgs``, and the summed
-        ``weighting_key``.
-    """
-    metrics = [next(iter(r.metric_records.values())) for r in records]
-    total = sum(float(m[weighting_key]) for m in metrics)
-    return MetricRecord({
-        "loss": sum(float(m["loss"]) * float(m[weighting_key]) for m in metrics) / total,
-        "epsilon": max(float(m["epsilon"]) for m in metrics),
-        "orgs": len(metrics),
-        weighting_key: int(total),
-    })
-
-
 def _check_int(name: str, value: Any, minimum: int) -> None:
+    """Raise ValueError unless ``value`` is an integer (not a bool) ``>= minimum``."""
     if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
@@ -466,6 +239,7 @@ def _check_args(
     epsilon: float, delta: float, rounds: int, local_epochs: int, batch_size: int,
     learning_rate: float, max_grad_norm: float, temperature: float,
 ) -> None:
+    """Raise ValueError for an out-of-range argument of :func:`fedavg_dp_arm`."""
     if math.isnan(epsilon) or epsilon <= 0:
         raise ValueError(f"epsilon must be > 0 (math.inf turns privacy off), got {epsilon!r}")
     if not 0 < delta < 1:
@@ -498,16 +272,12 @@ def fedavg_dp_arm(
 ) -> dict[str, Any]:
     """Federated DP-SGD baseline: a cosine head over frozen embeddings, trained with Flower FedAvg.
 
-    One Flower simulation (``flwr.simulation.run_simulation``, one SuperNode
-    per organisation) runs a ``ServerApp`` whose main calls
-    ``FedAvg.start`` for ``rounds`` rounds; every organisation trains every
-    round. Each ``ClientApp`` finds its data by its ``partition-id`` in a
-    registry built here, once, from the embeddings (nothing is embedded per
-    round), trains the head locally (DP-SGD with opacus when ``epsilon`` is
-    finite) and returns the weights as an ``ArrayRecord`` with a
-    ``MetricRecord`` holding ``num-examples``, ``loss`` and its cumulative
-    ``epsilon``. The ``ServerApp`` evaluates the global head on the test sets
-    before the first round and after each round.
+    Embeds everything once (nothing is embedded per round), calibrates each
+    organisation's DP-SGD noise and runs one Flower simulation of the apps
+    in :mod:`synapse_flwr.flower.fedavg_dp` (one SuperNode per
+    organisation, ``rounds`` FedAvg rounds, every organisation training
+    every round, the global head evaluated before the first round and after
+    each).
 
     Parameters
     ----------
@@ -571,105 +341,154 @@ def fedavg_dp_arm(
     embedder = embedder if embedder is not None else get_embedder("minilm")
     if embedder.dim < 1:
         raise ValueError(f"embedder {embedder.name!r} has no width (a TfidfEmbedder must be fit first)")
-    index = {tool_id: i for i, tool_id in enumerate(catalog.ids)}
     settings = TrainSettings(batch_size, local_epochs, learning_rate, max_grad_norm,
                              temperature, delta, seed)
-    registry: dict[int, OrgShard] = {}
-    for pid, events in enumerate(org_events):
-        queries, labels = labelled_pairs(events, catalog)
-        if not queries:
-            raise ValueError(f"organisation {pid} has no labelled events")
-        steps = rounds * local_epochs * steps_per_epoch(len(queries), batch_size)
-        z = 0.0
-        if math.isfinite(epsilon):
-            z = calibrate_noise(len(queries), batch_size, steps, epsilon, delta)
-        registry[pid] = OrgShard(
-            np.asarray(embedder.encode(queries), dtype=np.float32),
-            np.asarray([index[t] for t in labels], dtype=np.int64),
-            z,
-        )
-        log.info("org %d: %d examples, %d DP-SGD steps planned, noise multiplier %.4f",
-                 pid, len(queries), steps, z)
-    tool_np = np.asarray(embedder.encode([tool_text(d.tool_id, d.description) for d in catalog.tools]),
-                         dtype=np.float32)
-    tool_vectors = torch.from_numpy(tool_np)
-    splits = {"test": test, **(extra_tests or {})}
-    split_x = {name: np.asarray(embedder.encode([i.query for i in items]), dtype=np.float32)
-               if items else np.zeros((0, embedder.dim), np.float32)
-               for name, items in splits.items()}
-    log.info("embedded %d orgs, %d tools and %d test queries in %.1f s", len(registry),
-             len(catalog), sum(len(v) for v in splits.values()), time.perf_counter() - t0)
+    job = fedavg_job(org_events, catalog, {"test": test, **(extra_tests or {})}, embedder, settings,
+                     epsilon, rounds)
+    log.info("embedded %d orgs, %d tools and %d test queries in %.1f s", len(job.shards),
+             len(catalog), sum(len(s.golds) for s in job.splits.values()), time.perf_counter() - t0)
+    out = fedavg_results(run_job(job, backend_config), job, list(extra_tests or {}), t0)
+    log.info("fedavg_dp: acc %.3f (init %.3f), epsilon spent %.3f over %d rounds",
+             out["acc"], out["init_acc"], out["epsilon_spent"], rounds)
+    return out
 
-    client = ClientApp()
 
-    @client.train()
-    def train(msg: Message, context: Context) -> Message:
-        pid = int(context.node_config["partition-id"])
-        server_round = int(msg.content["config"]["server-round"])
-        shard = registry[pid]
-        weights, metrics = train_local(
-            msg.content["arrays"].to_torch_state_dict()["proj.weight"], shard, tool_vectors,
-            settings, context.state, server_round, pid,
-        )
-        reply = RecordDict({
-            "arrays": ArrayRecord(weights),
-            "metrics": MetricRecord({"num-examples": len(shard.y), **metrics}),
-        })
-        return Message(content=reply, reply_to=msg)
+def org_shard(
+    partition: int, events: Sequence[Event], catalog: Catalog, embedder: Embedder,
+    settings: TrainSettings, epsilon: float, rounds: int,
+) -> OrgShard:
+    """One organisation's labelled, embedded events and its calibrated DP-SGD noise.
 
-    evaluations: dict[int, dict[str, dict[str, float]]] = {}
+    Parameters
+    ----------
+    partition : int
+        The organisation's partition id (in messages).
+    events : sequence of Event
+        The organisation's events (labels as in :func:`event_label`).
+    catalog : Catalog
+        Tools; a label is the index of its tool in ``catalog.ids``.
+    embedder : Embedder
+        Frozen sentence embedder.
+    settings : TrainSettings
+        Batch size and local epochs (the planned steps), delta.
+    epsilon : float
+        Its epsilon over all rounds (``math.inf``: no noise).
+    rounds : int
+        Federation rounds.
 
-    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        weight = arrays.to_numpy_ndarrays()[0]
-        evaluations[server_round] = {
-            name: ranking_metrics(head_scores(weight, split_x[name], tool_np), catalog.ids, items)
-            for name, items in splits.items()
-        }
-        return MetricRecord({f"{name}-{key}": float(value)
-                             for name, m in evaluations[server_round].items()
-                             for key, value in m.items()})
+    Returns
+    -------
+    OrgShard
+        float32 embeddings, int64 labels and ``z`` (0 without privacy).
 
-    outcome: dict[str, Any] = {}
-    server = ServerApp()
+    Raises
+    ------
+    ValueError
+        If no event carries a label, or the budget cannot be met.
+    """
+    queries, labels = labelled_pairs(events, catalog)
+    if not queries:
+        raise ValueError(f"organisation {partition} has no labelled events")
+    steps = rounds * settings.local_epochs * steps_per_epoch(len(queries), settings.batch_size)
+    z = 0.0
+    if math.isfinite(epsilon):
+        z = calibrate_noise(len(queries), settings.batch_size, steps, epsilon, settings.delta)
+    index = {tool_id: i for i, tool_id in enumerate(catalog.ids)}
+    log.info("org %d: %d examples, %d DP-SGD steps planned, noise multiplier %.4f",
+             partition, len(queries), steps, z)
+    return OrgShard(np.asarray(embedder.encode(queries), dtype=np.float32),
+                    np.asarray([index[t] for t in labels], dtype=np.int64), z)
 
-    @server.main()
-    def main(grid: Grid, context: Context) -> None:
-        strategy = FedAvg(
-            fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=len(registry),
-            min_available_nodes=len(registry), train_metrics_aggr_fn=aggregate_train_metrics,
-        )
-        init = CosineHead(tool_vectors, temperature).state_dict()
-        outcome["result"] = strategy.start(
-            grid=grid, initial_arrays=ArrayRecord(init), num_rounds=rounds, evaluate_fn=evaluate,
-        )
 
-    config = dict(backend_config) if backend_config is not None else {
-        "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+def fedavg_job(
+    org_events: Sequence[Sequence[Event]], catalog: Catalog, splits: Mapping[str, Sequence[TestItem]],
+    embedder: Embedder, settings: TrainSettings, epsilon: float, rounds: int,
+) -> FedAvgJob:
+    """The FedAvg + DP-SGD job of :func:`fedavg_dp_arm`: shards, tool and test embeddings.
+
+    Parameters
+    ----------
+    org_events : sequence of sequence of Event
+        Each organisation's events.
+    catalog : Catalog
+        Tools, embedded as :func:`tool_text`.
+    splits : mapping of str to sequence of TestItem
+        Test sets by name.
+    embedder : Embedder
+        Frozen sentence embedder (fitted).
+    settings : TrainSettings
+        Training hyper-parameters.
+    epsilon : float
+        Per-organisation epsilon over all rounds.
+    rounds : int
+        Federation rounds.
+
+    Returns
+    -------
+    FedAvgJob
+        Ready for :func:`synapse_flwr.flower.fedavg_dp.run_job`.
+
+    Raises
+    ------
+    ValueError
+        If an organisation has no labelled events or its budget cannot be met.
+    """
+    shards = tuple(org_shard(pid, events, catalog, embedder, settings, epsilon, rounds)
+                   for pid, events in enumerate(org_events))
+    tools = np.asarray(embedder.encode([tool_text(d.tool_id, d.description) for d in catalog.tools]),
+                       dtype=np.float32)
+    eval_splits = {
+        name: EvalSplit(np.asarray(embedder.encode([i.query for i in items]), dtype=np.float32)
+                        if items else np.zeros((0, embedder.dim), np.float32),
+                        tuple(tuple(i.gold) for i in items))
+        for name, items in splits.items()
     }
-    run_simulation(server_app=server, client_app=client, num_supernodes=len(registry),
-                   backend_config=config)
+    return FedAvgJob(shards, tools, tuple(catalog.ids), eval_splits, settings, rounds)
 
-    result = outcome.get("result")
-    train_metrics = result.train_metrics_clientapp if result is not None else {}
+
+def fedavg_results(
+    outcome: FedAvgOutcome, job: FedAvgJob, extra: Sequence[str], started: float
+) -> dict[str, Any]:
+    """The arm's results from what the job's ServerApp recorded.
+
+    Parameters
+    ----------
+    outcome : FedAvgOutcome
+        Per-round train metrics and evaluations.
+    job : FedAvgJob
+        The job (rounds, organisations, noise multipliers).
+    extra : sequence of str
+        Names of the extra test sets.
+    started : float
+        ``time.perf_counter()`` when the arm started (for ``wall_s``).
+
+    Returns
+    -------
+    dict
+        As :func:`fedavg_dp_arm` returns.
+
+    Raises
+    ------
+    RuntimeError
+        If an organisation's training failed in a round.
+    """
+    rounds, orgs = job.rounds, len(job.shards)
     for rnd in range(1, rounds + 1):
-        got = int(train_metrics[rnd]["orgs"]) if rnd in train_metrics else 0
-        if got != len(registry):
-            raise RuntimeError(f"round {rnd}: {got} of {len(registry)} organisations trained")
-    spent = float(train_metrics[rounds]["epsilon"])
+        got = int(outcome.train[rnd]["orgs"]) if rnd in outcome.train else 0
+        if got != orgs:
+            raise RuntimeError(f"round {rnd}: {got} of {orgs} organisations trained")
 
     def summary(name: str) -> dict[str, float]:
-        final, init = evaluations[rounds][name], evaluations[0][name]
+        """Final metrics of a split, with those of the untrained head."""
+        final, init = outcome.evaluations[rounds][name], outcome.evaluations[0][name]
         return {**final, "init_acc": init["acc"], "init_r5": init["r5"]}
 
-    out = {
+    return {
         **summary("test"),
-        "epsilon_spent": spent,
-        "delta": delta,
+        "epsilon_spent": float(outcome.train[rounds]["epsilon"]),
+        "delta": job.settings.delta,
         "rounds": rounds,
-        "noise_multipliers": [registry[p].noise_multiplier for p in sorted(registry)],
-        "wall_s": time.perf_counter() - t0,
-        "extra": {name: summary(name) for name in extra_tests or {}},
+        "noise_multipliers": [shard.noise_multiplier for shard in job.shards],
+        "wall_s": time.perf_counter() - started,
+        "extra": {name: summary(name) for name in extra},
     }
-    log.info("fedavg_dp: acc %.3f (init %.3f), epsilon spent %.3f over %d rounds",
-             out["acc"], out["init_acc"], spent, rounds)
-    return out

@@ -1,0 +1,515 @@
+"""Supervise a group of local processes: start, tag, sample, stop, leave nothing behind.
+
+A :class:`ProcessGroup` starts commands in their own sessions with their output
+in per-process log files, and marks each with a tag in its environment
+(:data:`TAG_ENV`) that every descendant inherits, so a teardown finds and stops
+exactly what the group started, directly or not (Flower's SuperExec,
+ServerApp, ClientApp and Ray processes included), and nothing else on the
+machine. :class:`MemorySampler` follows the summed resident memory of the
+tagged processes; :func:`safe_stop` is a teardown that survives a second
+Ctrl-C. Ports (:func:`pick_ports`) and log tails (:func:`tail`) are the other
+helpers a launcher needs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from synapse_flwr.core.errors import SynapseError
+
+log = logging.getLogger(__name__)
+
+TAG_ENV = "SYNAPSE_FLWR_SESSION"  # marks every process a session starts (inherited)
+DAEMONS = ("flower-superlink", "flower-supernode")  # never exit by themselves
+HOST = "127.0.0.1"
+LOG_TAIL = 3000  # characters of a log quoted in an error
+
+
+# ------------------------------------------------------------------ ports and logs
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now.
+
+    Returns
+    -------
+    int
+        A port the OS just handed out (it may be taken again before use).
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def check_port(port: int, what: str) -> int:
+    """Return ``port`` if it can be bound on 127.0.0.1.
+
+    Parameters
+    ----------
+    port : int
+        The port to check.
+    what : str
+        What it is for (named in the error).
+
+    Returns
+    -------
+    int
+        ``port``.
+
+    Raises
+    ------
+    SynapseError
+        If it is busy.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((HOST, port))
+        except OSError as exc:
+            raise SynapseError(f"port {port} for the {what} is busy ({exc.strerror}); "
+                               "choose another or leave it unset to pick a free one") from None
+    return port
+
+
+def pick_ports(requested: Sequence[int | None], what: Sequence[str]) -> list[int]:
+    """Check the requested ports and fill the unset ones with distinct free ports.
+
+    Parameters
+    ----------
+    requested : sequence of int or None
+        Ports asked for; None picks a free one.
+    what : sequence of str
+        What each port is for (named in errors), one per requested port.
+
+    Returns
+    -------
+    list of int
+        Distinct ports, in the order requested.
+
+    Raises
+    ------
+    SynapseError
+        If a requested port is busy or two are equal.
+    """
+    given = [p for p in requested if p is not None]
+    if len(set(given)) != len(given):
+        raise SynapseError(f"ports must be distinct: {given}")
+    ports = [check_port(p, w) if p is not None else None for p, w in zip(requested, what, strict=True)]
+    taken = set(given)
+    for i, port in enumerate(ports):
+        while port is None or (requested[i] is None and port in taken):
+            port = free_port()
+        ports[i] = port
+        taken.add(port)
+    return [int(p) for p in ports]
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def tail(path: Path, chars: int = LOG_TAIL) -> str:
+    """The end of a log file, colour codes removed ('(empty)' if missing or empty).
+
+    Parameters
+    ----------
+    path : Path
+        The log file.
+    chars : int
+        Characters to keep from its end.
+
+    Returns
+    -------
+    str
+        The last ``chars`` characters, or ``(empty)``.
+    """
+    try:
+        text = _ANSI.sub("", path.read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        text = ""
+    return text[-chars:] if text.strip() else "(empty)"
+
+
+# ------------------------------------------------------------------ processes
+
+
+def _proc_ids() -> list[int]:
+    """Pids listed in ``/proc`` ([] without it)."""
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()] if os.path.isdir("/proc") else []
+
+
+def tagged_processes(tag: str) -> list[int]:
+    """Live processes (not zombies) whose environment carries ``TAG_ENV=tag`` (Linux).
+
+    Parameters
+    ----------
+    tag : str
+        The session's tag.
+
+    Returns
+    -------
+    list of int
+        Their pids, this process excluded ([] without ``/proc``).
+    """
+    marker = f"{TAG_ENV}={tag}".encode()
+    found = []
+    for pid in _proc_ids():
+        if pid == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                if marker not in fh.read().split(b"\0"):
+                    continue
+            if _state(pid) not in ("Z", "X", None):
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def _state(pid: int) -> str | None:
+    """Process state letter from ``/proc/<pid>/stat`` (None if gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _rss(pid: int) -> int:
+    """Resident memory in bytes (0 if gone)."""
+    try:
+        with open(f"/proc/{pid}/statm", encoding="ascii") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _cmdline(pid: int) -> list[str]:
+    """Command line arguments ([] if gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return [a.decode(errors="replace") for a in fh.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    """Whether the process exists and is not a zombie."""
+    if os.path.isdir("/proc"):
+        return _state(pid) not in ("Z", "X", None)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _ps_find(fragment: str) -> list[int]:
+    """Pids whose command line contains ``fragment`` (via ``ps``, for systems without /proc)."""
+    try:
+        out = subprocess.run(["ps", "-axww", "-o", "pid=,command="], capture_output=True, text=True,
+                             timeout=10, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    pids = [int(line.split(None, 1)[0]) for line in out.splitlines()
+            if fragment in line and line.split(None, 1)[0].isdigit()]
+    return [pid for pid in pids if pid != os.getpid()]
+
+
+def _signal(pid: int, sig: int) -> None:
+    """Send ``sig``, ignoring processes that are gone or not ours."""
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class MemorySampler:
+    """Samples the summed RSS of a session's tagged processes in a background thread.
+
+    Use as a context manager; ``peak`` holds the largest sum seen (None
+    where there is no ``/proc`` to read).
+
+    Parameters
+    ----------
+    tag : str
+        The session's tag (:data:`TAG_ENV`).
+    interval : float
+        Seconds between samples.
+    """
+
+    def __init__(self, tag: str, interval: float = 0.5) -> None:
+        self.tag = tag
+        self.interval = interval
+        self.peak: int | None = 0 if os.path.isdir("/proc") else None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def _run(self) -> None:
+        """Sample until stopped."""
+        while not self._stop.wait(self.interval):
+            total = sum(_rss(pid) for pid in tagged_processes(self.tag))
+            self.peak = max(self.peak or 0, total)
+
+    def __enter__(self) -> MemorySampler:
+        """Start sampling (where ``/proc`` exists)."""
+        if self.peak is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Stop sampling; ``peak`` keeps its value."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+
+class ProcessGroup:
+    """The processes of one session: started here, stopped here, nothing left behind.
+
+    Parameters
+    ----------
+    tag : str
+        Value of :data:`TAG_ENV` in every started process's environment.
+    env : dict
+        Environment of the started processes.
+    log_dir : Path
+        Where each process's output goes (``<name>.log``).
+    """
+
+    def __init__(self, tag: str, env: dict[str, str], log_dir: Path) -> None:
+        self.tag = tag
+        self.env = env
+        self.log_dir = log_dir
+        self.started: list[tuple[str, subprocess.Popen]] = []
+        log_dir.mkdir(parents=True, exist_ok=True)
+
+    def log_path(self, name: str) -> Path:
+        """The log file of process ``name``.
+
+        Parameters
+        ----------
+        name : str
+            The name the process was started under.
+
+        Returns
+        -------
+        Path
+            ``<log_dir>/<name>.log``.
+        """
+        return self.log_dir / f"{name}.log"
+
+    def start(self, name: str, cmd: Sequence[str], cwd: Path) -> subprocess.Popen:
+        """Start ``cmd`` in its own session, output to ``<log_dir>/<name>.log``.
+
+        Parameters
+        ----------
+        name : str
+            Name of the process (its log file, log messages).
+        cmd : sequence of str
+            The command, no shell.
+        cwd : Path
+            Its working folder.
+
+        Returns
+        -------
+        subprocess.Popen
+            The started process (also kept in ``started``).
+        """
+        with open(self.log_path(name), "wb") as out:
+            proc = subprocess.Popen(  # noqa: S603 - fixed Flower binaries, no shell
+                list(cmd), env=self.env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        self.started.append((name, proc))
+        log.info("started %s (pid %d)", name, proc.pid)
+        return proc
+
+    def flwr(self, args: Sequence[str], cwd: Path, timeout: float = 60.0) -> subprocess.CompletedProcess:
+        """Run one ``flwr`` CLI command to completion.
+
+        Parameters
+        ----------
+        args : sequence of str
+            Arguments after ``flwr``.
+        cwd : Path
+            Working folder.
+        timeout : float
+            Seconds it may take.
+
+        Returns
+        -------
+        subprocess.CompletedProcess
+            Its exit code and captured output (text).
+
+        Raises
+        ------
+        SynapseError
+            If it does not finish within ``timeout``.
+        """
+        try:
+            return subprocess.run(  # noqa: S603
+                ["flwr", *args], env=self.env, cwd=cwd, capture_output=True, text=True,
+                timeout=timeout, stdin=subprocess.DEVNULL, check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise SynapseError(f"`flwr {' '.join(args)}` did not answer within {timeout:.0f}s") from exc
+
+    def stop(self, grace: float = 15.0, linger: float = 20.0) -> list[int]:
+        """Stop everything this group started; return the pids that had to be killed.
+
+        SuperNodes first, then the SuperLink (SIGTERM, SIGKILL after
+        ``grace`` seconds), then wait up to ``linger`` seconds for their
+        descendants (SuperExec, app and Ray processes) to exit on their own,
+        and terminate those that do not.
+
+        Parameters
+        ----------
+        grace : float
+            Seconds a process gets between SIGTERM and SIGKILL.
+        linger : float
+            Seconds the descendants get to exit on their own.
+
+        Returns
+        -------
+        list of int
+            Pids that had to be killed.
+        """
+        killed: list[int] = []
+        for name, proc in reversed(self.started):
+            if proc.poll() is None:
+                log.debug("stopping %s (pid %d)", name, proc.pid)
+                proc.send_signal(signal.SIGTERM)
+        for name, proc in reversed(self.started):
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                log.warning("%s (pid %d) ignored SIGTERM; killing it", name, proc.pid)
+                proc.kill()
+                proc.wait()
+                killed.append(proc.pid)
+        killed += self.stop_daemons(grace)
+        killed += self.reap(linger)
+        return killed
+
+    def stop_daemons(self, grace: float = 15.0) -> list[int]:
+        """SIGTERM tagged SuperLinks/SuperNodes started indirectly (``flwr run . local``).
+
+        They never exit by themselves; their children do once they are gone.
+
+        Parameters
+        ----------
+        grace : float
+            Seconds between SIGTERM and SIGKILL.
+
+        Returns
+        -------
+        list of int
+            Pids that had to be killed.
+        """
+        if os.path.isdir("/proc"):
+            daemons = [pid for pid in tagged_processes(self.tag)
+                       if any(Path(a).name in DAEMONS for a in _cmdline(pid)[:2])]
+        else:  # no /proc (macOS): find the managed SuperLink by its private log file
+            daemons = _ps_find(f"--log-file {self.env['FLWR_HOME']}/local-superlink/superlink.log")
+        for pid in daemons:
+            log.debug("stopping %s (pid %d)", " ".join(_cmdline(pid)[:2]), pid)
+            _signal(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while (left := [p for p in daemons if _alive(p)]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid in left:
+            log.warning("pid %d ignored SIGTERM; killing it", pid)
+            _signal(pid, signal.SIGKILL)
+        return left
+
+    def reap(self, linger: float = 20.0) -> list[int]:
+        """Wait for the tagged leftovers to exit; SIGTERM, then SIGKILL, the stubborn ones.
+
+        Parameters
+        ----------
+        linger : float
+            Seconds the leftovers get to exit on their own.
+
+        Returns
+        -------
+        list of int
+            Pids that were signalled.
+        """
+        deadline = time.monotonic() + linger
+        while (left := tagged_processes(self.tag)) and time.monotonic() < deadline:
+            time.sleep(0.25)
+        killed = []
+        for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+            if not left:
+                break
+            log.warning("processes still running after teardown, sending %s: %s", sig.name,
+                        ", ".join(f"{pid} ({' '.join(_cmdline(pid)[:2])})" for pid in left))
+            for pid in left:
+                _signal(pid, sig)
+            killed += left
+            deadline = time.monotonic() + wait
+            while (left := tagged_processes(self.tag)) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        if left:
+            log.error("could not stop processes %s", left)
+        return sorted(set(killed))
+
+
+def safe_stop(group: ProcessGroup, what: str) -> None:
+    """Teardown that survives a second Ctrl-C (it restarts, then kills).
+
+    Parameters
+    ----------
+    group : ProcessGroup
+        The processes to stop.
+    what : str
+        What they are (in log messages: ``"<what> stopped in ..."``).
+    """
+    for _ in range(3):
+        try:
+            t0 = time.monotonic()
+            group.stop()
+            log.info("%s stopped in %.1fs, no process left", what, time.monotonic() - t0)
+            return
+        except KeyboardInterrupt:
+            log.warning("interrupted during teardown of %s; finishing teardown", what)
+    for _, proc in group.started:
+        _signal(proc.pid, signal.SIGKILL)
+    for pid in tagged_processes(group.tag):
+        _signal(pid, signal.SIGKILL)
+
+
+def processes_using_home(flwr_home: Path) -> list[int]:
+    """Live processes whose ``FLWR_HOME`` is ``flwr_home`` (for tests and diagnostics, Linux).
+
+    Parameters
+    ----------
+    flwr_home : Path
+        A Flower home folder.
+
+    Returns
+    -------
+    list of int
+        Their pids, this process excluded.
+    """
+    marker = f"FLWR_HOME={Path(flwr_home).resolve()}".encode()
+    found = []
+    for pid in _proc_ids():
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                if marker in fh.read().split(b"\0") and _state(pid) not in ("Z", "X", None):
+                    found.append(pid)
+        except OSError:
+            continue
+    return [p for p in found if p != os.getpid()]
