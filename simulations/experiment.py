@@ -39,6 +39,7 @@ from synapse_flwr.core.files import write_atomic
 from synapse_flwr.core.router import Router, evaluate_routes
 from synapse_flwr.core.schema import Compendium
 from synapse_flwr.core.wire import content_hash, load_artifact
+from synapse_flwr.data.check import file_hashes, require_valid
 from synapse_flwr.data.federation import FederatedDataset, load_federated
 from synapse_flwr.eval.results import write_results
 
@@ -270,7 +271,7 @@ class Experiment:
         self.cache_dir = Path(cfg.cache).resolve()
         if fresh and self.cache_dir.exists():
             shutil.rmtree(self.cache_dir)
-        self.cache = UnitCache(self.cache_dir, cfg.fingerprint())
+        self.cache = UnitCache(self.cache_dir, cache_fingerprint(cfg))
         self.progress = progress or (lambda label: None)
         self.code = routing_code(cfg.dataset)
         self._embedder = None
@@ -321,6 +322,9 @@ class Experiment:
                   "inject": rate, "output-dir": str(out_dir), "eval-embedder": "none", "replay": replay}
             sim = run_simulation(default_app_dir(), self.cfg.orgs, rc, timeout=self.cfg.timeout)
             rounds = read_metrics(out_dir)
+            if not any(r.get("accepted") for r in rounds):
+                raise SynapseError(f"Flower run {key} merged no organisation's artifact (see {sim.log_path} "
+                                   f"and {out_dir / 'metrics.json'}); nothing was cached")
             return {"output_dir": str(out_dir), "wall_s": sim.wall_s, "peak_rss_bytes": sim.peak_rss_bytes,
                     "rounds": [{k: r[k] for k in ("round", "bytes_per_client", "bytes_out", "conflicts",
                                                   "epsilon", "accepted")} for r in rounds]}
@@ -365,6 +369,7 @@ class Experiment:
             rebuilt = {content_hash(a) for a in self.org_artifacts(seed, rate, epsilon).values()}
             injection = self.dataset(seed, rate).info.get("injection")
             return {"verified": rebuilt == merged, "orgs": len(rebuilt),
+                    "merged_only": sorted(merged - rebuilt), "rebuilt_only": sorted(rebuilt - merged),
                     "injection_sha256": injection.sha256 if injection else None,
                     "injection_counts": injection.counts if injection else {}}
 
@@ -471,8 +476,12 @@ class Experiment:
             runs = {m: self.federate(seed, m, cfg.sweep_epsilon, rate) for m in cfg.merges}
             check = self.verify_inputs(seed, rate, cfg.sweep_epsilon, runs["typed"])
             if not check["verified"]:
-                raise SynapseError(f"seed {seed} rate {rate}: Flower merged other artifacts than the "
-                                   "injected set rebuilt here")
+                raise SynapseError(
+                    f"seed {seed} rate {rate}: Flower merged other org artifacts than this process rebuilds "
+                    f"({len(check.get('merged_only', []))} merged but not rebuilt, "
+                    f"{len(check.get('rebuilt_only', []))} rebuilt but not merged, of {check['orgs']} orgs): the "
+                    "cached Flower runs were made from other data or code; start fresh with "
+                    "`synapse experiment CONFIG --fresh`")
             out["injection"][f"{rate:g}"] = check
             row = {}
             for merge, run in runs.items():
@@ -550,7 +559,7 @@ class Experiment:
         splits = self.splits(ds)
         return {"train_events": len(ds.all_events), "org_events": {o: len(e) for o, e in sorted(ds.orgs.items())},
                 "test_sizes": {split: len(items) for split, items in splits.items()},
-                "leak_filter": ds.info.get("leak_filter"),
+                "leak_filter": ds.info.get("leak_filter"), "orgs_as_given": bool(ds.info.get("orgs_as_given")),
                 "heldout_tools": len(ds.info.get("heldout_tools", [])),
                 "paraphrase_neighbours": self.unit(f"paraphrases/seed{seed}",
                                                    lambda: self._paraphrases(ds, splits))}
@@ -623,6 +632,7 @@ def aggregate(cfg: ExperimentConfig, per_seed: dict, llm: dict) -> dict:
                                   if "fedavg_dp" in r["arms"]), default=None),
         "injection": {str(s): r["injection"] for s, r in per_seed.items()},
         "leak_filter": {str(s): r["info"]["leak_filter"] for s, r in per_seed.items()},
+        "orgs_as_given": first["info"]["orgs_as_given"],
         "seed_info": {str(s): r["info"] for s, r in per_seed.items()},
         "per_seed": {str(s): {"arms": r["arms"], "2x2": r["2x2"], "rates": r["rates"]}
                      for s, r in per_seed.items()},
@@ -679,6 +689,36 @@ def _cell(m: dict | None) -> str:
     return f"{m['acc_mean']:.3f} ± {m['acc_sd']:.3f} / {m['r5_mean']:.3f}" if m else "-"
 
 
+def _partition(results: dict) -> str:
+    """How the organisations' data came about."""
+    if results.get("orgs_as_given"):
+        return "the dataset's org files as given"
+    return f"re-partitioned non-IID, Dirichlet alpha {results['alpha']}"
+
+
+def _leak_line(results: dict) -> str:
+    """The leak filter's counts per seed (or that the dataset has none)."""
+    found = {s: r for s, r in results["leak_filter"].items() if r}
+    if not found:
+        return "Leak filter: not applied (the dataset has no test set)."
+    cells = "; ".join(f"seed {s}: {r['exact']} exact, {r['near']} near duplicates and {r['garbage']} garbage "
+                      f"dropped of {r['total']}" for s, r in found.items())
+    return f"Leak filter (training events vs every test query): {cells}."
+
+
+def _privacy(results: dict) -> str:
+    """Epsilon spent by each arm where it applies."""
+    parts = []
+    if results.get("epsilon") is not None:
+        parts.append(f"`federated_private` spent epsilon {_round(results['epsilon'])} (target "
+                     f"{results['epsilon_target']}, delta {results['delta']}) per organisation")
+    if "fedavg_dp" in results["arms"]:
+        eps = results.get("fedavg_dp_epsilon")
+        parts.append(f"`fedavg_dp` spent epsilon {_round(eps)}" if eps is not None
+                     else "`fedavg_dp` reported no epsilon")
+    return ("; ".join(parts) or "no private arm ran") + "."
+
+
 def tables(results: dict) -> str:
     """``tables.md``: mean ± SD over seeds, like the paper's tables."""
     arms = results["arms"]
@@ -686,35 +726,38 @@ def tables(results: dict) -> str:
     head = "| " + " | ".join(splits) + " |"
     lines = [f"# {results['name']}", "",
              f"Dataset `{results['dataset']}`, seeds {results['seeds']}, K={results['orgs']} orgs "
-             f"(Dirichlet alpha {results['alpha']}), {results['rounds']} rounds, embedder "
+             f"({_partition(results)}), {results['rounds']} rounds, embedder "
              f"`{results['embedder']}`, reranker `{results['reranker']}`. Cells: top-1 accuracy mean ± SD "
              f"over seeds / recall@{results['k']}.", "", "## Arms", "", "| arm " + head,
              "|---" * (len(splits) + 1) + "|"]
     for arm in ARMS:
         if arm in arms:
             lines.append(f"| {arm} | " + " | ".join(_cell(arms[arm].get(s)) for s in splits) + " |")
-    lines += ["", f"Privacy: `federated_private` spent epsilon {_round(results.get('epsilon'))} "
-              f"(target {results['epsilon_target']}, delta {results['delta']}) per organisation; "
-              f"`fedavg_dp` spent {_round(results.get('fedavg_dp_epsilon'))}. Wire (gzip JSON): "
+    lines += ["", _leak_line(results)]
+    lines += ["", f"Privacy: {_privacy(results)} Wire (gzip JSON): "
               f"{results.get('bytes_per_client_round_private') or 0:,.0f} bytes per client per round "
               f"with privacy on; {results.get('bytes_per_client_round') or 0:,.0f} on average over all "
               f"clean federations (max {results.get('bytes_per_client_round_max') or 0:,})."]
-    lines += ["", "## Merge x render (2x2, clean)", "", "| merge / render " + head, "|---" * (len(splits) + 1) + "|"]
+    if results["ablation_2x2"]:
+        lines += ["", "## Merge x render (2x2, clean)", "", "| merge / render " + head,
+                  "|---" * (len(splits) + 1) + "|"]
     for cell, m in results["ablation_2x2"].items():
         lines.append(f"| {cell} | " + " | ".join(_cell(m.get(s)) for s in splits) + " |")
-    lines += ["", "## Contradiction injection", "", "| rate | arm " + head, "|---" * (len(splits) + 2) + "|"]
+    if any(results["contradiction"].values()):
+        lines += ["", "## Contradiction injection", "", "| rate | arm " + head, "|---" * (len(splits) + 2) + "|"]
     for rate, row in results["contradiction"].items():
         for cell, m in row.items():
             lines.append(f"| {float(rate):.0%} | {cell} | " + " | ".join(_cell(m.get(s)) for s in splits) + " |")
-    lines += ["", "Injected sets (identical for every arm of a rate and seed; verified against the "
-              "artifact hashes Flower merged):", "", "| seed | rate | wrong_tool | inverted | sha256 | verified |",
-              "|---|---|---|---|---|---|"]
-    for seed, by_rate in results["injection"].items():
-        for rate, inj in by_rate.items():
-            if inj["injection_sha256"]:
-                c = inj["injection_counts"]
-                lines.append(f"| {seed} | {float(rate):.0%} | {c['wrong_tool']} | {c['inverted']} | "
-                             f"`{inj['injection_sha256'][:16]}` | {inj['verified']} |")
+    injected = [(seed, rate, inj) for seed, by_rate in results["injection"].items()
+                for rate, inj in by_rate.items() if inj["injection_sha256"]]
+    if injected:
+        lines += ["", "Injected sets (identical for every arm of a rate and seed; verified against the "
+                  "artifact hashes Flower merged):", "", "| seed | rate | wrong_tool | inverted | sha256 | verified |",
+                  "|---|---|---|---|---|---|"]
+    for seed, rate, inj in injected:
+        c = inj["injection_counts"]
+        lines.append(f"| {seed} | {float(rate):.0%} | {c['wrong_tool']} | {c['inverted']} | "
+                     f"`{inj['injection_sha256'][:16]}` | {inj['verified']} |")
     if results["per_round"]:
         lines += ["", "## Per round", "", "| arm | round " + head, "|---" * (len(splits) + 2) + "|"]
         for arm, rounds in results["per_round"].items():
@@ -801,13 +844,21 @@ def data_hashes(dataset: str) -> dict[str, str]:
         root = demo_dir()
     else:
         root = Path(dataset)
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.glob("*.json*"))}
+    return file_hashes(root)
+
+
+def cache_fingerprint(cfg: ExperimentConfig) -> str:
+    """The config's fingerprint and the sha256 of every data file: changed data recomputes every unit."""
+    data = json.dumps(data_hashes(cfg.dataset), sort_keys=True)
+    return hashlib.sha256((cfg.fingerprint() + data).encode()).hexdigest()[:16]
 
 
 def run_experiment(config: Path, fresh: bool = False, output: Path | None = None,
                    progress: Callable[[str], None] | None = None) -> Path:
     """Run a config end to end and write the results folder; returns its path."""
     cfg = ExperimentConfig.from_toml(config)
+    if Path(cfg.dataset).is_dir():
+        require_valid(Path(cfg.dataset))  # every file, line and tool id, before any Flower run
     out_dir = Path(output or cfg.output)
     exp = Experiment(cfg, fresh, progress)
     t0 = time.perf_counter()

@@ -34,11 +34,19 @@ OutOption = Annotated[
 ]
 
 
+def _own_or_warning(record: logging.LogRecord) -> bool:
+    """Keep libraries' records below WARNING (faiss' optional AVX-512 import at INFO, ...) out of the log."""
+    return record.levelno >= logging.WARNING or record.name.startswith("synapse_flwr")
+
+
 @app.callback()
 def _root(
     verbose: Annotated[int, typer.Option("--verbose", "-v", count=True, help="Debug logging.")] = 0,
 ) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if not verbose:
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_own_or_warning)
 
 
 @app.command()
@@ -393,6 +401,7 @@ def experiment(
             bar.update(task, advance=1, unit=label, total=max(total, bar.tasks[0].completed + 1))
 
         out = run_experiment(config, fresh, output, advance)
+        bar.update(task, total=bar.tasks[0].completed)  # the estimate becomes the count that ran
     log.info("wrote %s", out.resolve())
 
 

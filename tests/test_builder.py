@@ -97,9 +97,9 @@ def test_private_build_drops_singleton_phrases_but_keeps_frequent_ones():
     assert comp.privacy.threshold > 1
 
 
-def test_epsilon_spent_grows_with_rounds_and_stays_in_budget():
+def test_epsilon_spent_grows_with_releases_and_stays_in_budget():
     spent = [
-        build_compendium(_events(), CATALOG, "acme", epsilon=3.0, rounds=4, round_=r).privacy.epsilon
+        build_compendium(_events(), CATALOG, "acme", epsilon=3.0, rounds=4, releases=r).privacy.epsilon
         for r in (1, 2, 3, 4)
     ]
     assert spent == sorted(spent) and spent[0] < spent[-1] <= 3.0 + 1e-6
@@ -135,9 +135,9 @@ def test_contribution_bound_holds_for_long_queries():
     assert config.max_contributions == 3 + 4
 
 
-def test_round_beyond_the_budget_is_refused():
+def test_release_beyond_the_budget_is_refused():
     with pytest.raises(ValueError, match="exceeds"):
-        build_compendium(_events(), CATALOG, "acme", epsilon=1.0, rounds=2, round_=3)
+        build_compendium(_events(), CATALOG, "acme", epsilon=1.0, rounds=2, releases=3)
 
 
 def test_optional_llm_summariser_rewrites_released_scenarios_through_litellm():

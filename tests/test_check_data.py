@@ -174,3 +174,30 @@ def test_cli_check_data(folder):
     _jsonl(folder / "test.jsonl", [{"query": "x", "gold": "nope"}])
     bad = runner.invoke(cli.app, ["check-data", str(folder)])
     assert bad.exit_code == 2 and "test.jsonl:1: field 'gold'" in bad.output
+
+
+def test_experiment_cache_key_follows_the_data(folder):
+    from synapse_flwr.simulations.experiment import ExperimentConfig, cache_fingerprint
+
+    cfg = ExperimentConfig(name="t", dataset=str(folder), orgs=2)
+    before = cache_fingerprint(cfg)
+    assert cache_fingerprint(cfg) == before
+    _jsonl(folder / "org_b.jsonl", EVENTS[6:11])
+    assert cache_fingerprint(cfg) != before
+
+
+def test_tables_describe_what_ran():
+    from synapse_flwr.simulations.experiment import tables
+
+    arm = {"seen": {"acc_mean": 0.5, "acc_sd": 0.0, "r5_mean": 0.7}}
+    results = {"name": "t", "dataset": "f", "seeds": [1], "orgs": 2, "alpha": 0.5, "rounds": 3,
+               "embedder": "static", "reranker": "fields", "k": 5, "arms": {"federated": arm},
+               "ablation_2x2": {}, "contradiction": {}, "injection": {"1": {"0": {"injection_sha256": None}}},
+               "per_round": {}, "llm_sample": {}, "targets": [], "orgs_as_given": True, "epsilon": None,
+               "epsilon_target": 8.0, "delta": 1e-5,
+               "leak_filter": {"1": {"total": 10, "exact": 1, "near": 2, "garbage": 0, "kept": 7}}}
+    text = tables(results)
+    assert "org files as given" in text and "Dirichlet" not in text
+    assert "Injected sets" not in text and "None" not in text and "## Merge x render" not in text
+    assert "## Contradiction" not in text
+    assert "1 exact, 2 near duplicates and 0 garbage dropped of 10" in text

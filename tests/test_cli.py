@@ -222,9 +222,9 @@ def test_build_with_privacy(data):
     assert 0 < art.privacy.epsilon <= 8 and art.issuer.round == 1
 
 
-def test_build_round_beyond_budget_is_a_user_error(data):
+def test_build_release_beyond_budget_is_a_user_error(data):
     res = invoke("build", "--experience", data["acme"], "--catalog", data["catalog"], "--org", "acme",
-                 "--epsilon", "8", "--rounds", "1", "--round", "2", "-o", data["dir"] / "never.json")
+                 "--epsilon", "8", "--rounds", "1", "--releases", "2", "-o", data["dir"] / "never.json")
     assert res.exit_code != 0 and isinstance(res.exception, SynapseError)
 
 
@@ -271,7 +271,7 @@ def test_schema_command(tmp_path):
 # --------------------------------------------------------------------------- help
 
 HELP = {
-    "build": ["--experience", "--catalog", "--org", "--output", "--epsilon", "--delta", "--rounds", "--round", "--seed"],
+    "build": ["--experience", "--catalog", "--org", "--output", "--epsilon", "--delta", "--rounds", "--releases", "--round", "--seed", "--embedder"],
     "validate": ["FILES"],
     "merge": ["FILES", "--output", "--policy"],
     "schema": ["--output"],

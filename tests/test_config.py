@@ -45,7 +45,8 @@ def test_defaults_and_overrides_parse():
         ({"policy": "fedavg"}, "policy", "must be one of typed"),
         ({"replay": "yes"}, "replay", "expected bool"),
         ({"inject": 1.5}, "inject", "must be in [0.0, 1.0]"),
-        ({"eval-embedder": "bert"}, "eval-embedder", "must be one of"),
+        ({"embedder": "tfidf"}, "embedder", "must be one of"),
+        ({"evaluate": 1}, "evaluate", "expected bool"),
         ({"delta": 0.5}, "delta", "must be in (0.0, 0.1]"),
     ],
 )

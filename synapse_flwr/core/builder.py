@@ -16,7 +16,9 @@ The pipeline is deterministic given a seed and never needs a network:
 
 One event touches at most ``max_unigrams + max_bigrams + 4`` counters (calls,
 successes, its phrases, one confusion, one transition): that bound is the
-sensitivity the noise is calibrated to.
+sensitivity the noise is calibrated to. With an embedder, an event also adds
+``c * u`` and +1 to one tool's query prototype (:func:`release_prototypes`),
+in the same release: the sensitivity is then ``sqrt(counters + 1 + c^2)``.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from synapse_flwr.core.catalog import Catalog
-from synapse_flwr.core.experience import Event
+from synapse_flwr.core.embed import Embedder
+from synapse_flwr.core.experience import Event, event_label
 from synapse_flwr.core.phrases import candidate_phrases, group_phrases, normalize_text
 from synapse_flwr.core.pii import mask_pii
 from synapse_flwr.core.privacy import (
@@ -41,6 +44,12 @@ from synapse_flwr.core.privacy import (
     noise_counts,
     select_partitions,
 )
+from synapse_flwr.core.prototypes import (
+    encode_prototype,
+    noise_prototypes,
+    space_of,
+    sum_prototypes,
+)
 from synapse_flwr.core.schema import (
     MAX_ITEMS,
     MAX_SCENARIOS,
@@ -50,6 +59,7 @@ from synapse_flwr.core.schema import (
     Issuer,
     Precaution,
     PrivacyBlock,
+    Prototype,
     Provenance,
     Scenario,
     ToolCount,
@@ -62,6 +72,8 @@ from synapse_flwr.core.schema import (
 # confusion, one next-tool transition.
 _NON_TEXT_CONTRIBUTIONS = 4
 LOW_SUCCESS_RATE = 0.5
+# Prototype weight c (seed-7 dev split, simulations/tune_router.py).
+PROTOTYPE_WEIGHT = 4.0
 
 Rewriter = Callable[[str, Sequence[str]], str]
 
@@ -85,6 +97,11 @@ class BuildConfig:
         Events one private record can give rise to: 2 when an organisation
         replays its traffic (the original event and its replayed outcome),
         which doubles the contribution bound the noise is calibrated to.
+    prototype_weight : float
+        ``c``: weight of a record's unit query embedding in its tool's
+        prototype sum when an embedder is given (the budget split between
+        counters and prototypes, see :mod:`synapse_flwr.core.prototypes`);
+        chosen on the seed-7 MetaTool split.
     """
 
     max_unigrams: int = 5
@@ -93,6 +110,7 @@ class BuildConfig:
     max_scenarios: int = MAX_SCENARIOS
     rewrite: Rewriter | None = field(default=None, compare=False)
     events_per_record: int = 1
+    prototype_weight: float = PROTOTYPE_WEIGHT
 
     @property
     def max_contributions(self) -> int:
@@ -309,6 +327,35 @@ def assemble_entry(
     )
 
 
+def release_prototypes(
+    events: Sequence[Event],
+    catalog: Catalog,
+    embedder: Embedder,
+    cal: Calibration,
+    weight: float,
+    rng: np.random.Generator,
+) -> dict[str, Prototype]:
+    """Noised query prototypes of the catalog's tools (part of the same Gaussian release).
+
+    Each event with a label (:func:`~synapse_flwr.core.experience.event_label`)
+    adds its PII-masked query's unit embedding to that tool's sum; ``cal.sigma``
+    must be calibrated to :func:`~synapse_flwr.core.prototypes.prototype_sensitivity`.
+    Privately every catalog tool gets a prototype (presence is not revealed);
+    without noise only the tools with experience do.
+    """
+    labels = [event_label(ev, catalog) for ev in events]
+    texts = [mask_pii(ev.query) for ev, y in zip(events, labels) if y is not None]
+    vectors = np.asarray(embedder.encode(texts), np.float64) if texts else np.zeros((0, embedder.dim))
+    ids = sorted(catalog.ids)
+    sums, counts = sum_prototypes([y for y in labels if y is not None], vectors, ids)
+    noised, noised_counts = noise_prototypes(sums, counts, weight, cal.sigma, rng)
+    return {
+        t: encode_prototype(noised[i], float(noised_counts[i]), cal.sigma / weight, cal.sigma)
+        for i, t in enumerate(ids)
+        if cal.sigma > 0 or counts[i] > 0
+    }
+
+
 def derive_seed(*parts: object) -> int:
     """A stable 63-bit seed from any parts (e.g. run seed, org, round)."""
     digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
@@ -324,8 +371,10 @@ def build_compendium(
     epsilon: float = math.inf,
     delta: float = 1e-5,
     rounds: int = 1,
+    releases: int = 1,
     seed: int = 0,
     config: BuildConfig = BuildConfig(),
+    embedder: Embedder | None = None,
 ) -> Compendium:
     """Turn one organisation's experience into its privatised typed compendium.
 
@@ -338,22 +387,35 @@ def build_compendium(
     org : str
         Organisation id written into the issuer block.
     round_ : int
-        Federation round; round ``r >= 1`` is the org's ``r``-th release, round
-        0 a standalone build (one release).
+        Federation round written into the issuer block (0: a standalone build);
+        it also seeds the noise.
     epsilon, delta : float
-        Target privacy budget over ``rounds`` releases; ``epsilon=inf`` turns
-        privacy off (exact counts: the centralised-equivalent artifact).
+        Target privacy budget per record over ``rounds`` releases;
+        ``epsilon=inf`` turns privacy off (exact counts: the
+        centralised-equivalent artifact).
     rounds : int
-        Planned number of releases the budget covers.
+        Releases one record may take part in over the run (1 when each record
+        is released once, :mod:`synapse_flwr.core.release`; the run's rounds
+        when its replayed outcomes are released every round).
+    releases : int
+        Releases any one record has taken part in so far, this one included:
+        the reported epsilon is the budget spent by then.
     seed : int
         Seed of the noise (combined with org and round).
     config : BuildConfig
         Builder knobs.
+    embedder : Embedder or None
+        When given, every tool also gets a query prototype in this embedder's
+        space, released with weight ``config.prototype_weight`` in the same
+        Gaussian release (the sensitivity grows accordingly).
     """
-    if round_ > rounds:
-        raise ValueError(f"round {round_} exceeds the {rounds} rounds the privacy budget covers")
+    events = list(events)
+    weight = config.prototype_weight if embedder is not None else 0.0
+    if releases > rounds:
+        raise ValueError(f"release {releases} exceeds the {rounds} releases the privacy budget covers")
     params = PrivacyParams(
-        epsilon=epsilon, delta=delta, rounds=rounds, max_contributions=config.max_contributions
+        epsilon=epsilon, delta=delta, rounds=rounds, max_contributions=config.max_contributions,
+        prototype_weight=weight,
     )
     cal = calibrate(params)
     rng = np.random.default_rng(derive_seed(seed, org, round_))
@@ -363,22 +425,28 @@ def build_compendium(
         assemble_entry(doc.tool_id, doc.description, per_tool[doc.tool_id], org, round_, config)
         for doc in catalog.tools
     ]
+    if embedder is not None:
+        protos = release_prototypes(events, catalog, embedder, cal, weight,
+                                    np.random.default_rng(derive_seed(seed, org, round_, "prototypes")))
+        entries = [e.model_copy(update={"prototype": protos.get(e.tool_id)}) for e in entries]
     private = math.isfinite(epsilon)
     privacy = PrivacyBlock(
         mechanism="gaussian" if private else "none",
-        clip=round(math.sqrt(config.max_contributions), 6),
+        clip=round(params.l2_sensitivity, 6),
         sigma=round(cal.sigma, 6),
         noise_multiplier=round(cal.noise_multiplier, 6),
-        epsilon=round(epsilon_spent(params, cal, max(round_, 1)), 6) if private else None,
+        epsilon=round(epsilon_spent(params, cal, releases), 6) if private else None,
         epsilon_target=epsilon if private else None,
         delta=delta if private else 0.0,
         rounds_planned=rounds,
         threshold=round(cal.threshold, 6),
         text_policy="pii-masked+dp-partition-selection" if private else "pii-masked",
+        prototype_weight=weight,
     )
     return Compendium(
         kind="org",
         issuer=Issuer(org=org, round=round_),
         privacy=privacy,
         tools=sorted(entries, key=lambda e: e.tool_id),
+        embedding=space_of(embedder) if embedder is not None else None,
     )

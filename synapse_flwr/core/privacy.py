@@ -38,6 +38,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from synapse_flwr.core.prototypes import prototype_sensitivity
+
 logger = logging.getLogger(__name__)
 
 H = TypeVar("H", bound=Hashable)
@@ -75,6 +77,12 @@ class PrivacyParams:
         ``0 < delta_split < 1``.
     min_support : int, default 1
         Release threshold on exact counts when ``epsilon`` is infinite, ``>= 1``.
+    prototype_weight : float, default 0.0
+        ``c``: one event also adds ``c * u`` (``u`` a unit query embedding)
+        and +1 (its count) to one tool's query prototype in the same release
+        (:mod:`synapse_flwr.core.prototypes`), so the L2 sensitivity is
+        ``sqrt(max_contributions + 1 + c^2)``; 0 (no prototypes) or
+        ``1 <= c <= 100``.
 
     Raises
     ------
@@ -88,6 +96,7 @@ class PrivacyParams:
     max_contributions: int
     delta_split: float = 0.5
     min_support: int = 1
+    prototype_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if math.isnan(self.epsilon) or self.epsilon <= 0:
@@ -110,6 +119,16 @@ class PrivacyParams:
             )
         if not _is_int(self.min_support) or self.min_support < 1:
             raise ValueError(f"min_support must be an integer >= 1, got {self.min_support!r}")
+        c = self.prototype_weight
+        if not (c == 0 or 1 <= c <= 100):  # also rejects NaN
+            raise ValueError(
+                f"prototype_weight must be 0 (no prototypes) or 1 <= prototype_weight <= 100, got {c!r}"
+            )
+
+    @property
+    def l2_sensitivity(self) -> float:
+        """L2 norm of one event's contribution: counters plus its weighted prototype vector."""
+        return prototype_sensitivity(self.max_contributions, self.prototype_weight)
 
     @property
     def private(self) -> bool:
@@ -126,7 +145,8 @@ class Calibration:
     noise_multiplier : float
         ``z``: noise standard deviation per unit of L2 sensitivity (0 when off).
     sigma : float
-        Standard deviation of the noise on every count, ``z * sqrt(max_contributions)``.
+        Standard deviation of the noise on every count, ``z * params.l2_sensitivity``
+        (``z * sqrt(max_contributions)`` without prototypes).
     threshold : float
         ``tau``: noised counts below it are not released by partition selection.
     delta_accounting : float
@@ -237,7 +257,7 @@ def calibrate(params: PrivacyParams) -> Calibration:
         z = noise_multiplier_for(params.epsilon, delta_accounting, 1.0, params.rounds)
     except ValueError as exc:
         raise ValueError(f"cannot calibrate noise for {params}: {exc}") from exc
-    sigma = z * math.sqrt(params.max_contributions)
+    sigma = z * params.l2_sensitivity
     per_key_delta = delta_selection / (params.rounds * params.max_contributions)
     threshold = 1.0 + sigma * NormalDist().inv_cdf(1.0 - per_key_delta)
     logger.debug("calibrated %s: z=%.4f sigma=%.4f tau=%.4f", params, z, sigma, threshold)

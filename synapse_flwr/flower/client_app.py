@@ -13,6 +13,8 @@ never leaves it.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +23,11 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from synapse_flwr.core.builder import BuildConfig, build_compendium
+from synapse_flwr.core.files import write_atomic
+from synapse_flwr.core.release import ReleaseState, record_keys, release_round
+from synapse_flwr.core.schema import SCHEMA_VERSION, Compendium
 from synapse_flwr.core.catalog import Catalog, load_catalog
-from synapse_flwr.core.embed import get_embedder
+from synapse_flwr.core.embed import Embedder, get_embedder
 from synapse_flwr.core.errors import InputError
 from synapse_flwr.core.experience import Event, load_experience
 from synapse_flwr.core.replay import replay_events
@@ -74,12 +79,70 @@ def org_data(context: Context, cfg: RunConfig) -> OrgData:
     return OrgData(org, ds.catalog, ds.orgs[org])
 
 
+def fingerprint(cfg: RunConfig, org: str, catalog: Catalog, build: BuildConfig) -> str:
+    """The settings a release cache belongs to: a cache made under others is not reused."""
+    parts = [org, cfg.dataset, cfg.seed, cfg.epsilon, cfg.delta, cfg.num_rounds, cfg.replay, cfg.embedder,
+             cfg.alpha, cfg.inject, repr(build), SCHEMA_VERSION, *catalog.ids]
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
+
+
+def cache_path(cfg: RunConfig, context: Context, org: str) -> Path:
+    """Where this org keeps its release cache: node config, else run config, else under the output dir."""
+    folder = str(context.node_config.get("release-cache", "")) or cfg.release_cache
+    return Path(folder or Path(cfg.output_dir) / "release-cache") / f"{org}.json"
+
+
+def load_state(path: Path, fingerprint_: str) -> ReleaseState:
+    """The cached releases, or a fresh state when there is none for these settings."""
+    try:
+        state = ReleaseState.model_validate_json(path.read_bytes())
+    except FileNotFoundError:
+        return ReleaseState(fingerprint=fingerprint_)
+    except ValueError as exc:
+        log.warning("release cache %s is unreadable (%s); starting a new one", path, exc)
+        return ReleaseState(fingerprint=fingerprint_)
+    if state.fingerprint != fingerprint_:
+        log.warning("release cache %s was made under other settings; starting a new one", path)
+        return ReleaseState(fingerprint=fingerprint_)
+    return state
+
+
+def org_release(
+    data: OrgData,
+    cfg: RunConfig,
+    state: ReleaseState,
+    server_round: int,
+    replayed: list[Event],
+    embedder: Embedder | None,
+) -> tuple[Compendium, ReleaseState, int]:
+    """This round's artifact: each record released once, the cached release re-sent.
+
+    Replayed outcomes are released under keys of their own round, but count as
+    their record: with replay on, the budget covers one release per round.
+    """
+    keyed = list(zip(record_keys(data.events), data.events))
+    keyed += [(f"{k}/replay{server_round}", e) for k, e in zip(record_keys(replayed), replayed)]
+    rounds = cfg.num_rounds if cfg.replay else 1
+
+    def build(events: list[Event]) -> Compendium:
+        return build_compendium(
+            events, data.catalog, data.org, round_=server_round, epsilon=cfg.epsilon, delta=cfg.delta,
+            rounds=rounds, releases=min(state.windows + 1, rounds), seed=cfg.seed, embedder=embedder,
+        )
+
+    return release_round(keyed, state, build, server_round)
+
+
+def federation_embedder(cfg: RunConfig) -> Embedder | None:
+    """The federation's embedding space (prototypes, replay, evaluation); None when off."""
+    return None if cfg.embedder == "none" else get_embedder(cfg.embedder)
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """Validate the global, build and privatise this org's compendium, reply with it."""
+    """Validate the global, release this org's new experience, reply with its compendium."""
     cfg = RunConfig.from_mapping(context.run_config)
-    config = msg.content["config"]
-    server_round = int(config["server-round"])
+    server_round = int(msg.content["config"]["server-round"])
     incoming = decode(from_record(msg.content["arrays"]))  # raises on an invalid global
     try:
         data = org_data(context, cfg)
@@ -89,33 +152,24 @@ def train(msg: Message, context: Context) -> Message:
         first = exc.report.problems[0] if isinstance(exc, DataError) else exc
         where = f"line {first.line}" if first.line is not None else "file"
         raise RuntimeError(f"invalid local experience data ({where}): {first.message}") from None
-    replay = cfg.replay
-    events, replayed = data.events, []
+    embedder = federation_embedder(cfg)
+    replayed: list[Event] = []
     # a typed global has tools, a flat-majority one texts; round 1's global has neither
-    if replay and (getattr(incoming, "tools", None) or getattr(incoming, "texts", None)):
-        router = Router(incoming, data.catalog, embedder=get_embedder(cfg.replay_embedder))
+    if cfg.replay and (getattr(incoming, "tools", None) or getattr(incoming, "texts", None)):
+        router = Router(incoming, data.catalog, embedder=embedder or get_embedder("static"))
         replayed = replay_events(data.events, router)
-        events = [*data.events, *replayed]
-    artifact = build_compendium(
-        events,
-        data.catalog,
-        data.org,
-        round_=server_round,
-        epsilon=cfg.epsilon,
-        delta=cfg.delta,
-        rounds=cfg.num_rounds,
-        seed=cfg.seed,
-        # with replay on, every round is calibrated for two events per record
-        config=BuildConfig(events_per_record=2 if replay else 1),
-    )
+    path = cache_path(cfg, context, data.org)
+    state = load_state(path, fingerprint(cfg, data.org, data.catalog, BuildConfig()))
+    artifact, new_state, released = org_release(data, cfg, state, server_round, replayed, embedder)
+    if new_state is not state:
+        write_atomic(path, new_state.model_dump_json())  # before replying: a restart never re-releases
     wire = encode(artifact)
-    log.info(
-        "%s round %d: %d events -> %d bytes (global in: %d tools)",
-        data.org, server_round, len(data.events), len(wire), len(getattr(incoming, "tools", [])),
-    )
+    log.info("%s round %d: %d events, %d released now -> %d bytes (global in: %d tools)",
+             data.org, server_round, len(data.events), released, len(wire), len(getattr(incoming, "tools", [])))
     metrics = MetricRecord(
         {
             "events": len(data.events),
+            "released": released,
             "bytes-sent": len(wire),
             "epsilon": artifact.privacy.epsilon if artifact.privacy.epsilon is not None else -1.0,
             "replayed": len(replayed),

@@ -20,6 +20,10 @@ from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.merge import POLICIES
 
 
+# Embedders whose space is fixed (TF-IDF's is fitted per corpus, so it cannot carry prototypes).
+SPACES = (*(name for name in EMBEDDERS if name != "tfidf"), "none")
+
+
 class RunConfigError(SynapseError, ValueError):
     """A run-config key that is unknown, of the wrong type or out of range."""
 
@@ -101,10 +105,9 @@ KEYS: tuple[Key, ...] = (
     Key("release-cache", str, "", "client release cache folder (empty: <output-dir>/release-cache)"),
     Key("round-timeout", float, 600.0, "seconds a round waits for replies", _between(0.0, 86_400.0, low_open=True)),
     Key("replay", bool, False, "feedback loop: replay own traffic with the global, outcomes become experience"),
-    Key("replay-embedder", str, "static", "embedder of the replay router: " + " | ".join(EMBEDDERS),
-        _one_of(tuple(EMBEDDERS))),
-    Key("eval-embedder", str, "static", "server-side evaluation each round: " + " | ".join((*EMBEDDERS, "none")),
-        _one_of((*EMBEDDERS, "none"))),
+    Key("embedder", str, "minilm", "the federation's embedding space (query prototypes, replay, evaluation): "
+        + " | ".join(SPACES) + " (none: no prototypes)", _one_of(SPACES)),
+    Key("evaluate", bool, True, "server-side evaluation of each round's global on the dataset's test queries"),
     Key("inject", float, 0.0, "share of each org's events corrupted (robustness experiments)", _between(0.0, 1.0)),
 )
 BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
@@ -126,8 +129,8 @@ class RunConfig:
     release_cache: str
     round_timeout: float
     replay: bool
-    replay_embedder: str
-    eval_embedder: str
+    embedder: str
+    evaluate: bool
     inject: float
 
     @classmethod

@@ -90,17 +90,18 @@ def empty_global() -> bytes:
 def make_evaluator(cfg: RunConfig) -> Callable[[bytes], dict] | None:
     """Server-side evaluation of a global compendium on the dataset's test sets.
 
-    Returns None when ``eval-embedder`` is ``"none"`` or the dataset has no
+    Returns None when ``evaluate`` is off or the dataset has no
     test set. Metrics: top-1 accuracy and recall@5 of the ``fields`` router,
     on seen-tool and held-out-tool queries.
     """
-    if cfg.eval_embedder == "none":
+    if not cfg.evaluate:
         return None
     ds = load_dataset(cfg.dataset, cfg.seed)
     splits = {k: v for k, v in (("seen", ds.seen_test), ("heldout", ds.heldout_test)) if v}
     if not splits:
         return None
-    embedder = get_embedder(cfg.eval_embedder)
+    # the federation's space, so that the router reads the prototypes
+    embedder = get_embedder("static" if cfg.embedder == "none" else cfg.embedder)
 
     def evaluate(global_bytes: bytes) -> dict:
         router = Router(decode(global_bytes), ds.catalog, embedder=embedder, reranker="fields")

@@ -1,0 +1,116 @@
+"""Release-once: each private record is released in one window of the run, then re-sent.
+
+An organisation's experience grows over the run. Round ``r`` releases only the
+records it has not released before (one window, with the full per-record
+budget) and combines that window with its earlier releases; a round with
+nothing new re-sends the cached release. Windows hold disjoint records, so
+they compose in parallel: the per-record guarantee over the whole run is the
+one of a single window (docs/privacy.md). Re-sending and combining released
+artifacts is post-processing and costs nothing.
+
+A record is identified by the content of its event and its occurrence among
+identical events (:func:`record_keys`); an outcome derived from a record later
+(a replayed event) is released under a key of its own but counts as that
+record, which the caller accounts for by calibrating for that many releases.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from synapse_flwr.core.experience import Event
+from synapse_flwr.core.merge import merge_typed
+from synapse_flwr.core.schema import Compendium, Issuer
+
+
+class ReleaseState(BaseModel):
+    """What an organisation has released so far (kept on its own disk, never sent).
+
+    Parameters
+    ----------
+    fingerprint : str
+        The settings the releases were made under (dataset, budget, builder,
+        catalog); a cache with another fingerprint belongs to another run.
+    released : list of str
+        Keys of the records already released, sorted.
+    windows : int
+        Releases made so far (rounds with new records).
+    artifact : Compendium or None
+        The combined release, re-sent as long as nothing new arrives.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fingerprint: str
+    released: list[str] = Field(default_factory=list)
+    windows: int = Field(default=0, ge=0)
+    artifact: Compendium | None = None
+
+
+def record_keys(events: Sequence[Event]) -> list[str]:
+    """A stable key per event: a hash of its content and its occurrence among identical events."""
+    seen: Counter[str] = Counter()
+    keys = []
+    for event in events:
+        digest = hashlib.sha256(event.model_dump_json().encode()).hexdigest()[:32]
+        keys.append(f"{digest}.{seen[digest]}")
+        seen[digest] += 1
+    return keys
+
+
+def combine(previous: Compendium, window: Compendium) -> Compendium:
+    """One organisation's combined release: its earlier release and a new window.
+
+    Counts, supports and prototype sums add up (the typed merge's field-wise
+    sums); the result is the organisation's artifact with the window's issuer
+    and privacy block (every window is calibrated alike). The merge's conflict
+    log is dropped: disagreements between one organisation's own windows are
+    not disagreements between organisations.
+    """
+    merged = merge_typed([previous, window])
+    return Compendium(kind="org", issuer=window.issuer, privacy=window.privacy, tools=merged.tools)
+
+
+def release_round(
+    keyed: Sequence[tuple[str, Event]],
+    state: ReleaseState,
+    build: Callable[[list[Event]], Compendium],
+    round_: int,
+) -> tuple[Compendium, ReleaseState, int]:
+    """This round's artifact: the cached release, plus a new window for unreleased records.
+
+    Parameters
+    ----------
+    keyed : sequence of (str, Event)
+        The organisation's experience with each event's record key.
+    state : ReleaseState
+        What was released before (a fresh state releases everything).
+    build : callable
+        Builds and privatises the artifact of a list of events (one window).
+    round_ : int
+        Server round, written into the re-sent artifact's issuer block.
+
+    Returns
+    -------
+    (Compendium, ReleaseState, int)
+        The artifact to send, the new state and the number of events released
+        this round (0 when the cached release is re-sent).
+    """
+    released = set(state.released)
+    fresh = [(k, e) for k, e in keyed if k not in released]
+    if not fresh and state.artifact is not None:
+        artifact = state.artifact.model_copy(update={"issuer": Issuer(org=state.artifact.issuer.org, round=round_)})
+        return artifact, state, 0
+    window = build([e for _, e in fresh])
+    artifact = window if state.artifact is None else combine(state.artifact, window)
+    new_state = ReleaseState(
+        fingerprint=state.fingerprint,
+        released=sorted(released | {k for k, _ in fresh}),
+        windows=state.windows + 1,
+        artifact=artifact,
+    )
+    return artifact, new_state, len(fresh)

@@ -1,0 +1,97 @@
+"""Release-once accounting: a record is released in one window, later rounds re-send it."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+from synapse_flwr.core.builder import BuildConfig, build_compendium
+from synapse_flwr.core.catalog import ToolDoc, make_catalog
+from synapse_flwr.core.experience import Event
+from synapse_flwr.core.release import ReleaseState, record_keys, release_round
+from synapse_flwr.core.wire import canonical_json
+from synapse_flwr.flower.client_app import OrgData, cache_path, fingerprint, load_state, org_release
+from synapse_flwr.flower.config import RunConfig
+
+CATALOG = make_catalog([
+    ToolDoc("get_weather", "get_weather", "Weather forecast for a city."),
+    ToolDoc("book_hotel", "book_hotel", "Book a hotel room."),
+])
+
+
+def _events(n: int, start: int = 0) -> list[Event]:
+    return [Event(query=f"weather forecast for city {i}", tool="get_weather", success=True)
+            for i in range(start, start + n)] + [
+        Event(query=f"book a hotel room in town {i}", tool="book_hotel", success=i % 3 > 0)
+        for i in range(start, start + n)]
+
+
+def _build(events: list[Event]):
+    return build_compendium(events, CATALOG, "acme", round_=1, epsilon=4.0, rounds=1, seed=3)
+
+
+def test_record_keys_tell_duplicates_apart_and_are_stable():
+    ev = Event(query="same query", tool="get_weather", success=True)
+    keys = record_keys([ev, ev, _events(1)[0]])
+    assert len(set(keys)) == 3 and keys == record_keys([ev, ev, _events(1)[0]])
+
+
+def test_an_unchanged_org_releases_nothing_after_round_one():
+    keyed = list(zip(record_keys(_events(30)), _events(30)))
+    first, state, n1 = release_round(keyed, ReleaseState(fingerprint="f"), _build, 1)
+    calls = []
+    second, state2, n2 = release_round(keyed, state, lambda evs: calls.append(evs) or _build(evs), 2)
+    assert n1 == 60 and n2 == 0 and not calls  # no new window, no new noise
+    assert state2 == state and state2.windows == 1
+    assert second.issuer.round == 2 and second.privacy == first.privacy  # epsilon unchanged
+    assert second.tools == first.tools
+
+
+def test_new_events_are_what_gets_released():
+    old, new = _events(30), _events(10, start=100)
+    state = ReleaseState(fingerprint="f")
+    _, state, _ = release_round(list(zip(record_keys(old), old)), state, _build, 1)
+    released_events = []
+
+    def build(evs):
+        released_events.extend(evs)
+        return _build(evs)
+
+    both = [*old, *new]
+    artifact, state, n = release_round(list(zip(record_keys(both), both)), state, build, 2)
+    assert n == 20 and sorted(e.query for e in released_events) == sorted(e.query for e in new)
+    assert state.windows == 2 and len(state.released) == 80
+    # the combined release adds up both windows' noised calls
+    calls = artifact.tool("get_weather").stats.calls
+    assert abs(calls - 40) < 6 * 4 * artifact.privacy.sigma + 1
+    assert artifact.kind == "org" and not artifact.conflicts
+    assert artifact.privacy.epsilon <= 4.0 + 1e-6  # disjoint windows: one window's epsilon
+
+
+def test_a_restarted_client_reads_its_cache_and_does_not_re_release(tmp_path):
+    cfg = RunConfig.from_mapping({"epsilon": 4.0, "embedder": "none", "output-dir": str(tmp_path)})
+    context = SimpleNamespace(node_config={})
+    data = OrgData("acme", CATALOG, _events(20))
+    path = cache_path(cfg, context, "acme")
+    fp = fingerprint(cfg, "acme", CATALOG, BuildConfig())
+    art1, state, n1 = org_release(data, cfg, load_state(path, fp), 1, [], None)
+    path.parent.mkdir(parents=True)
+    path.write_text(state.model_dump_json())
+    art2, _, n2 = org_release(data, cfg, load_state(path, fp), 2, [], None)  # "restarted"
+    assert n1 == 40 and n2 == 0
+    assert canonical_json(art2.model_copy(update={"issuer": art1.issuer})) == canonical_json(art1)
+    # other settings: another run, a fresh state
+    other = RunConfig.from_mapping({"epsilon": 2.0, "embedder": "none", "output-dir": str(tmp_path)})
+    assert load_state(path, fingerprint(other, "acme", CATALOG, BuildConfig())).windows == 0
+
+
+def test_replayed_outcomes_are_new_windows_accounted_as_their_record():
+    cfg = RunConfig.from_mapping({"epsilon": 4.0, "embedder": "none", "replay": True, "num-rounds": 3})
+    data = OrgData("acme", CATALOG, _events(20))
+    _, state, _ = org_release(data, cfg, ReleaseState(fingerprint="f"), 1, [], None)
+    replayed = [e.model_copy(update={"success": not e.success}) for e in data.events[:5]]
+    art, state, n = org_release(data, cfg, state, 2, replayed, None)
+    assert n == 5 and state.windows == 2
+    # a record now took part in two of the three planned releases
+    single = build_compendium(data.events, CATALOG, "acme", epsilon=4.0, rounds=3, releases=2)
+    assert math.isclose(art.privacy.epsilon, single.privacy.epsilon) and art.privacy.epsilon < 4.0
