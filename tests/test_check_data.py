@@ -201,3 +201,25 @@ def test_tables_describe_what_ran():
     assert "Injected sets" not in text and "None" not in text and "## Merge x render" not in text
     assert "## Contradiction" not in text
     assert "1 exact, 2 near duplicates and 0 garbage dropped of 10" in text
+
+
+def test_launch_checks_the_folder_before_any_process(folder):
+    from synapse_flwr.flower.launch import check_dataset
+
+    check_dataset({"dataset": str(folder)})
+    check_dataset({"dataset": "demo"})
+    _jsonl(folder / "org_a.jsonl", ["{"])
+    with pytest.raises(DataError, match="org_a.jsonl:1: invalid JSON"):
+        check_dataset({"dataset": str(folder)})
+
+
+def test_a_run_that_merged_nothing_is_a_failure(tmp_path):
+    from synapse_flwr.flower.launch import nothing_merged
+
+    rounds = [{"round": 1, "accepted": [], "rejected": [{"node_id": 1, "reason": "invalid local data"}]}]
+    (tmp_path / "metrics.json").write_text(json.dumps({"rounds": rounds}))
+    assert "no organisation's artifact was merged" in nothing_merged(tmp_path)
+    assert "invalid local data" in nothing_merged(tmp_path)
+    rounds.append({"round": 2, "accepted": [3], "rejected": []})
+    (tmp_path / "metrics.json").write_text(json.dumps({"rounds": rounds}))
+    assert nothing_merged(tmp_path) is None

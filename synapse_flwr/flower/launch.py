@@ -518,6 +518,38 @@ def read_metrics(output_dir: Path) -> list[dict]:
         return []
 
 
+def check_dataset(run_config: Mapping[str, Any]) -> None:
+    """Check the dataset folder a run config names before any process starts (other datasets: nothing).
+
+    Raises
+    ------
+    DataError
+        Listing every problem of the folder, by file and line.
+    """
+    from synapse_flwr.data.check import require_valid
+
+    dataset = str(run_config.get("dataset", ""))
+    if dataset and Path(dataset).is_dir():
+        require_valid(Path(dataset))
+
+
+def nothing_merged(output_dir: Path) -> str | None:
+    """Why a completed run still failed: no round merged any artifact (None if one did).
+
+    Parameters
+    ----------
+    output_dir : Path
+        The run's ``output-dir``.
+    """
+    rounds = read_metrics(output_dir)
+    if not rounds or any(r.get("accepted") for r in rounds):
+        return None
+    reasons = sorted({str(x.get("reason", x)) if isinstance(x, dict) else str(x)
+                      for r in rounds for x in r.get("rejected", [])})
+    return (f"no organisation's artifact was merged in any of its {len(rounds)} rounds; rejections: "
+            + ("; ".join(reasons[:3]) or "none recorded"))
+
+
 def check_outputs(output_dir: Path, num_rounds: int) -> str | None:
     """Why the outputs of a run of ``num_rounds`` rounds are incomplete (None if complete).
 
@@ -587,6 +619,7 @@ class Launch:
         self.what = what
         self.source = _app_dir(app_dir)
         self.run_config = absolute_run_config(run_config)
+        check_dataset(self.run_config)
         self.num_rounds = _num_rounds(self.source, self.run_config)
         self.output_dir = Path(self.run_config["output-dir"])
         self.home = _home(flwr_home, home_prefix)
@@ -708,7 +741,7 @@ class Launch:
             If the run did not complete or left incomplete outputs.
         """
         problem = None if status == FINISHED_OK else f"run {run_id} ended with status {status!r}"
-        problem = problem or check_outputs(self.output_dir, self.num_rounds)
+        problem = problem or check_outputs(self.output_dir, self.num_rounds) or nothing_merged(self.output_dir)
         if problem:
             raise SynapseError(f"{self.what} failed: {problem}; {log_name} tail ({log_path}):\n{tail(log_path)}")
 
