@@ -36,19 +36,21 @@ from typing import Any
 from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.files import write_atomic
-from synapse_flwr.core.router import Router, evaluate_routes
+from synapse_flwr.core.merge import FLAT_MAJORITY, TYPED
+from synapse_flwr.core.release import ReleaseState
+from synapse_flwr.core.router import RENDERS, Router, evaluate_routes
 from synapse_flwr.core.schema import Compendium
 from synapse_flwr.core.wire import content_hash, load_artifact
 from synapse_flwr.data.check import file_hashes, require_valid
 from synapse_flwr.data.federation import FederatedDataset, load_federated
+from synapse_flwr.flower.config import SPACES, RunConfig
 from synapse_flwr.eval.results import write_results
 
 log = logging.getLogger(__name__)
 
 ARMS = ("local_only", "docs_only", "federated", "federated_private", "centralized", "classifier",
         "oracle", "fedavg_dp")
-MERGES = ("typed", "flat-majority")
-RENDERS = ("typed", "flat")
+MERGES = (TYPED, FLAT_MAJORITY)
 SPLITS = ("seen", "heldout", "step", "step_prior")
 # Evaluations are cached under a hash of the code that routes, so a router
 # change re-scores every arm while the (slow) Flower runs stay cached; a
@@ -188,7 +190,7 @@ class ExperimentConfig:
             problems.append("rounds and k must be at least 1")
         if not self.epsilon > 0 or not self.sweep_epsilon > 0:
             problems.append("epsilon and sweep_epsilon must be positive ('inf' turns privacy off)")
-        if "typed" not in self.merges:
+        if TYPED not in self.merges:
             problems.append("merges: must include 'typed' (the main arm)")
         if problems:
             raise SynapseError(f"{where}: " + "; ".join(problems))
@@ -286,6 +288,16 @@ class Experiment:
             self._embedder = get_embedder(self.cfg.embedder)
         return self._embedder
 
+    @property
+    def space_name(self) -> str:
+        """The federation's embedding space: the experiment's embedder where it can carry prototypes."""
+        return self.cfg.embedder if self.cfg.embedder in SPACES else "none"
+
+    @property
+    def space(self):
+        """The embedder the org artifacts' prototypes are in (None: no prototypes)."""
+        return None if self.space_name == "none" else self.embedder
+
     def dataset(self, seed: int, rate: float = 0.0) -> FederatedDataset:
         return load_federated(self.cfg.dataset, self.cfg.orgs, seed, self.cfg.alpha, rate)
 
@@ -315,11 +327,7 @@ class Experiment:
 
             if out_dir.exists():
                 shutil.rmtree(out_dir)  # a half-finished run of an older config
-            rc = {"dataset": str(Path(self.cfg.dataset).resolve()) if Path(self.cfg.dataset).is_dir()
-                  else self.cfg.dataset,
-                  "num-rounds": self.cfg.rounds, "policy": policy, "min-nodes": self.cfg.orgs,
-                  "epsilon": epsilon, "delta": self.cfg.delta, "alpha": self.cfg.alpha, "seed": seed,
-                  "inject": rate, "output-dir": str(out_dir), "eval-embedder": "none", "replay": replay}
+            rc = self.run_config(seed, policy, epsilon, rate, replay, out_dir).to_mapping()
             sim = run_simulation(default_app_dir(), self.cfg.orgs, rc, timeout=self.cfg.timeout)
             rounds = read_metrics(out_dir)
             if not any(r.get("accepted") for r in rounds):
@@ -341,19 +349,37 @@ class Experiment:
         path = Path(run["output_dir"]) / f"global_round_{round_ or self.cfg.rounds}.json"
         return self._memo(("global", path), lambda: load_artifact(path))
 
+    def run_config(self, seed: int, policy: str, epsilon: float, rate: float, replay: bool,
+                   out_dir: Path) -> RunConfig:
+        """The run config of one Flower simulation of this experiment."""
+        dataset = str(Path(self.cfg.dataset).resolve()) if Path(self.cfg.dataset).is_dir() else self.cfg.dataset
+        return RunConfig.from_mapping({
+            "dataset": dataset, "num-rounds": self.cfg.rounds, "policy": policy, "min-nodes": self.cfg.orgs,
+            "epsilon": epsilon, "delta": self.cfg.delta, "alpha": self.cfg.alpha, "seed": seed, "inject": rate,
+            "output-dir": str(out_dir), "evaluate": False, "replay": replay, "embedder": self.space_name})
+
     def org_artifacts(self, seed: int, rate: float, epsilon: float) -> dict[str, Compendium]:
-        """Each org's final-round artifact, rebuilt exactly as its ClientApp built it."""
+        """Each org's final-round artifact, rebuilt through its ClientApp's own release path."""
+        from synapse_flwr.flower.client_app import OrgData, org_release
+
         ds = self.dataset(seed, rate)
+        cfg = self.run_config(seed, TYPED, epsilon, rate, False, self.cache_dir)
+
+        def final(org: str, events: list) -> Compendium:
+            state = ReleaseState(fingerprint="")
+            for round_ in range(1, cfg.num_rounds + 1):
+                artifact, state, _ = org_release(OrgData(org, ds.catalog, events), cfg, state, round_, [],
+                                                 self.space)
+            return artifact
+
         return self._memo(("orgs", seed, rate, epsilon), lambda: {
-            org: build_compendium(events, ds.catalog, org, round_=self.cfg.rounds, epsilon=epsilon,
-                                  delta=self.cfg.delta, rounds=self.cfg.rounds, seed=seed)
-            for org, events in ds.orgs.items()})
+            org: final(org, events) for org, events in ds.orgs.items()})
 
     def centralized(self, seed: int, rate: float = 0.0) -> Compendium:
         """All experience of the federation (same partition, same injected set) pooled in one place."""
         ds = self.dataset(seed, rate)
         return self._memo(("central", seed, rate), lambda: build_compendium(
-            ds.all_events, ds.catalog, "central", round_=self.cfg.rounds, rounds=self.cfg.rounds, seed=seed))
+            ds.all_events, ds.catalog, "central", round_=self.cfg.rounds, seed=seed, embedder=self.space))
 
     def verify_inputs(self, seed: int, rate: float, epsilon: float, run: dict) -> dict:
         """Check that the Flower clients merged exactly the artifacts this process rebuilds.
@@ -423,7 +449,7 @@ class Experiment:
         cfg, ds, out = self.cfg, self.dataset(seed), {}
         arms = set(cfg.arms)
         need_fed = arms & {"federated", "oracle", "local_only"}
-        fed = self.federate(seed, "typed", math.inf, 0.0) if need_fed else None
+        fed = self.federate(seed, TYPED, math.inf, 0.0) if need_fed else None
         if "docs_only" in arms:
             out["docs_only"] = self.evaluate(None, seed)
         if "centralized" in arms:
@@ -444,7 +470,7 @@ class Experiment:
                                          "per_org_acc": [m[split]["acc"] for m in per_org]}
                                  for split in per_org[0]}
         if "federated_private" in arms:
-            private = self.federate(seed, "typed", cfg.epsilon, 0.0)
+            private = self.federate(seed, TYPED, cfg.epsilon, 0.0)
             out["federated_private"] = self.evaluate(self.global_of(private), seed)
         if "classifier" in arms:
             out["classifier"] = self.unit(f"classifier/seed{seed}", lambda: self._classifier(ds))
@@ -474,7 +500,7 @@ class Experiment:
         cfg, out = self.cfg, {"2x2": {}, "rates": {}, "injection": {}}
         for rate in cfg.rates:
             runs = {m: self.federate(seed, m, cfg.sweep_epsilon, rate) for m in cfg.merges}
-            check = self.verify_inputs(seed, rate, cfg.sweep_epsilon, runs["typed"])
+            check = self.verify_inputs(seed, rate, cfg.sweep_epsilon, runs[TYPED])
             if not check["verified"]:
                 raise SynapseError(
                     f"seed {seed} rate {rate}: Flower merged other org artifacts than this process rebuilds "
@@ -486,7 +512,7 @@ class Experiment:
             row = {}
             for merge, run in runs.items():
                 globl = self.global_of(run)
-                renders = cfg.renders if rate == 0 else ["typed" if merge == "typed" else "flat"]
+                renders = cfg.renders if rate == 0 else ["typed" if merge == TYPED else "flat"]
                 for render in renders:
                     metrics = self.evaluate(globl, seed, render=render)
                     if rate == 0:
@@ -505,7 +531,7 @@ class Experiment:
         for arm, eps, replay in runs:
             if arm.removesuffix("_replay") not in self.cfg.arms:
                 continue
-            run = self.federate(seed, "typed", eps, 0.0, replay)
+            run = self.federate(seed, TYPED, eps, 0.0, replay)
             out[arm] = {"rounds": [self.evaluate(self.global_of(run, r), seed) for r in
                                    range(1, self.cfg.rounds + 1)], "records": run["rounds"]}
         return out
@@ -513,7 +539,7 @@ class Experiment:
     def llm_sample(self, seed: int) -> dict:
         """The LLM reranker on a fixed sample of every split, for the router arms."""
         n, out = self.cfg.llm_sample, {}
-        fed = self.global_of(self.federate(seed, "typed", math.inf, 0.0))
+        fed = self.global_of(self.federate(seed, TYPED, math.inf, 0.0))
         central = self.centralized(seed)
         # (no flat render here: a whole compendium entry as one string makes
         # prompts of thousands of tokens, minutes per query for the local model)
@@ -533,11 +559,11 @@ class Experiment:
         cfg, runs = self.cfg, []
         for seed in cfg.seeds:
             if set(cfg.arms) & {"federated", "oracle", "local_only"}:
-                runs.append((seed, "typed", math.inf, 0.0, False))
+                runs.append((seed, TYPED, math.inf, 0.0, False))
             if "federated_private" in cfg.arms:
-                runs.append((seed, "typed", cfg.epsilon, 0.0, False))
+                runs.append((seed, TYPED, cfg.epsilon, 0.0, False))
             if cfg.replay and "federated" in cfg.arms:
-                runs.append((seed, "typed", math.inf, 0.0, True))
+                runs.append((seed, TYPED, math.inf, 0.0, True))
             runs += [(seed, m, cfg.sweep_epsilon, r, False) for r in cfg.rates for m in cfg.merges]
         return list(dict.fromkeys(runs))
 
