@@ -22,6 +22,7 @@ from flwr.app import Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from synapse_flwr.core.embed import get_embedder
+from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.files import write_atomic
 from synapse_flwr.core.merge import GLOBAL_ORG
 from synapse_flwr.core.router import Router, evaluate_routes
@@ -96,7 +97,11 @@ def make_evaluator(cfg: RunConfig) -> Callable[[bytes], dict] | None:
     """
     if not cfg.evaluate:
         return None
-    ds = load_dataset(cfg.dataset, cfg.seed)
+    try:
+        ds = load_dataset(cfg.dataset, cfg.seed)
+    except SynapseError as exc:  # named in the run's log before any round, not as a traceback
+        log.error("server-side evaluation cannot load dataset %s:\n%s", cfg.dataset, exc)
+        raise RuntimeError(f"dataset {cfg.dataset} is invalid (see the ServerApp log above)") from None
     splits = {k: v for k, v in (("seen", ds.seen_test), ("heldout", ds.heldout_test)) if v}
     if not splits:
         return None
