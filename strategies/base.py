@@ -18,10 +18,11 @@ from flwr.app import (
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
-from synapse_flwr.strategies.records import from_record, to_record
+from synapse_flwr.strategies.records import attach_signature, from_record, signature_from, to_record
 
 from synapse_flwr.core.schema import Compendium, FlatCompendium
-from synapse_flwr.core.wire import MAX_WIRE_BYTES, ArtifactError, decode, encode
+from synapse_flwr.core.signing import ARTIFACT, GLOBAL, Registry, Signer
+from synapse_flwr.core.wire import MAX_WIRE_BYTES, ArtifactError, encode, parse_artifact, parse_json, unwrap
 
 Merged = Compendium | FlatCompendium
 MergeFn = Callable[[Sequence[Compendium]], Merged]
@@ -83,8 +84,15 @@ class RoundReport:
     merged: bool = False
 
 
-def check_reply(msg: Message, max_bytes: int) -> tuple[Compendium | None, int, str | None]:
-    """Validate one reply at the edge: ``(artifact, size, reason_if_rejected)``."""
+def check_reply(
+    msg: Message, max_bytes: int, registry: Registry | None = None, round_: int = 0
+) -> tuple[Compendium | None, int, str | None]:
+    """Validate one reply at the edge: ``(artifact, size, reason_if_rejected)``. Never raises.
+
+    With a ``registry`` the signature is checked on the received JSON bytes
+    before they are parsed (unsigned, unknown key, wrong org, other round,
+    forged), and the artifact's issuer must be the signer.
+    """
     if msg.has_error():
         return None, 0, f"client error {msg.error.code}: {msg.error.reason}"
     try:
@@ -92,11 +100,18 @@ def check_reply(msg: Message, max_bytes: int) -> tuple[Compendium | None, int, s
     except (KeyError, AttributeError, TypeError, ValueError) as exc:
         return None, 0, f"reply carries no artifact ({type(exc).__name__}: {exc})"
     try:
-        art = decode(raw, max_bytes)
+        body = unwrap(raw, max_bytes)
+        sig, reason = signature_from(msg.content) if registry is not None else (None, None)
+        reason = reason or (registry.verify(sig, ARTIFACT, body, round_) if registry is not None else None)
+        if reason:
+            return None, len(raw), f"rejected signature: {reason}"
+        art = parse_artifact(parse_json(body))
     except ArtifactError as exc:
         return None, len(raw), f"invalid artifact: {exc}"
     if not isinstance(art, Compendium) or art.kind != "org":
         return None, len(raw), "invalid artifact: expected a typed org compendium"
+    if sig is not None and art.issuer.org != sig.signer:
+        return None, len(raw), f"rejected signature: issuer.org {art.issuer.org!r} is not the signer {sig.signer!r}"
     return art, len(raw), None
 
 
@@ -130,6 +145,10 @@ class CompendiumStrategy(Strategy):
         round ``round_offset + r`` of the federation.
     wait_timeout : float
         Seconds to wait for ``min_nodes`` nodes to connect.
+    registry : Registry or None
+        Public keys every reply's signature is verified against (None: signing off).
+    signer : Signer or None
+        The server's key, which signs every broadcast global (None: signing off).
     """
 
     def __init__(
@@ -141,6 +160,8 @@ class CompendiumStrategy(Strategy):
         compress: bool = True,
         round_offset: int = 0,
         wait_timeout: float = 300.0,
+        registry: Registry | None = None,
+        signer: Signer | None = None,
     ) -> None:
         self.merge_fn = merge_fn
         self.policy = policy
@@ -149,6 +170,8 @@ class CompendiumStrategy(Strategy):
         self.compress = compress
         self.round_offset = round_offset
         self.wait_timeout = wait_timeout
+        self.registry = registry
+        self.signer = signer
         self.latest: dict[str, tuple[int, Compendium]] = {}
         self.reports: dict[int, RoundReport] = {}
 
@@ -172,10 +195,11 @@ class CompendiumStrategy(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Send the global compendium and the round's config to every node."""
-        config = ConfigRecord({**dict(config), "server-round": self.round_offset + server_round,
-                               "policy": self.policy})
-        content = RecordDict({"arrays": arrays, "config": config})
+        """Send the global compendium (signed when a signer is set) and the round's config to every node."""
+        rnd = self.round_offset + server_round
+        config = ConfigRecord({**dict(config), "server-round": rnd, "policy": self.policy})
+        content = attach_signature(RecordDict({"arrays": arrays, "config": config}), self.signer, GLOBAL, rnd,
+                                   from_record(arrays))
         return [
             Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node)
             for node in self._node_ids(grid)
@@ -190,7 +214,7 @@ class CompendiumStrategy(Strategy):
         self.reports[rnd] = report
         for msg in replies:
             node = msg.metadata.src_node_id
-            art, size, reason = check_reply(msg, self.max_bytes)
+            art, size, reason = check_reply(msg, self.max_bytes, self.registry, rnd)
             report.bytes_in += size
             report.artifacts_in += size > 0
             if reason is None and art is not None:

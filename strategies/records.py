@@ -3,13 +3,18 @@
 As in Flower's own ``FedXgbBagging`` (serialised trees as bytes), a compendium
 travels as a single ``uint8`` :class:`~flwr.app.Array` inside an
 :class:`~flwr.app.ArrayRecord`, so it flows through ``Strategy.start`` like
-model weights do.
+model weights do. Its detached signature travels beside it as a
+:class:`~flwr.app.ConfigRecord` under :data:`SIGNATURE_KEY` of the same
+``RecordDict``, so the artifact's bytes and schema are unchanged.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import Array, ArrayRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+
+from synapse_flwr.core.signing import Registry, Signature, Signer
+from synapse_flwr.core.wire import ArtifactError, unwrap
 
 ARTIFACT_KEY = "compendium"
 
@@ -28,3 +33,53 @@ def from_record(record: ArrayRecord) -> bytes:
         If the record holds no artifact.
     """
     return record[ARTIFACT_KEY].numpy().tobytes()
+
+
+SIGNATURE_KEY = "signature"
+_SIGNATURE_FIELDS = ("signer", "key-id", "round", "value")
+
+
+def signature_record(sig: Signature) -> ConfigRecord:
+    """A detached signature as the ConfigRecord that travels beside the artifact (public data only)."""
+    return ConfigRecord({"signer": sig.signer, "key-id": sig.key_id, "round": sig.round, "value": sig.value})
+
+
+def signature_from(content: RecordDict) -> tuple[Signature | None, str | None]:
+    """The signature carried in a message's content: ``(signature, None)``, ``(None, None)`` when
+    there is none, or ``(None, reason)`` when it is malformed. Never raises."""
+    if SIGNATURE_KEY not in content.config_records:
+        return None, None
+    rec = content.config_records[SIGNATURE_KEY]
+    missing = [k for k in _SIGNATURE_FIELDS if k not in rec]
+    if missing:
+        return None, f"signature: malformed record, missing {', '.join(missing)}"
+    signer, kid, round_, value = (rec[k] for k in _SIGNATURE_FIELDS)
+    if not (isinstance(signer, str) and isinstance(kid, str) and isinstance(value, str)
+            and isinstance(round_, int) and not isinstance(round_, bool)):
+        return None, "signature: malformed record, expected str signer, key-id, value and int round"
+    if len(signer) > 128 or len(kid) > 64 or len(value) > 256:
+        return None, "signature: malformed record, a field is longer than a signature's"
+    return Signature(signer, kid, round_, value), None
+
+
+def attach_signature(content: RecordDict, signer: Signer | None, what: str, round_: int, wire: bytes) -> RecordDict:
+    """``content`` with ``signer``'s signature of the wire payload's JSON bytes added (unchanged when off)."""
+    if signer is not None:
+        content[SIGNATURE_KEY] = signature_record(signer.sign(what, round_, unwrap(wire)))
+    return content
+
+
+def signature_problem(content: RecordDict, registry: Registry | None, what: str, round_: int,
+                      wire: bytes) -> str | None:
+    """Why the signature beside ``wire`` in ``content`` is not valid for ``round_``; None when it is
+    (or signing is off). Never raises: a payload that cannot be unwrapped is reported too."""
+    if registry is None:
+        return None
+    sig, malformed = signature_from(content)
+    if malformed:
+        return malformed
+    try:
+        body = unwrap(wire)
+    except ArtifactError as exc:
+        return str(exc)
+    return registry.verify(sig, what, body, round_)

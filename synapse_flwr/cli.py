@@ -126,6 +126,68 @@ def validate(files: Annotated[list[Path], typer.Argument(help="Artifacts to chec
     raise typer.Exit(1 if bad else 0)
 
 
+@app.command()
+def keygen(
+    owner: Annotated[str, typer.Argument(help="Org id, or 'server' for the server's key.")],
+    key_dir: Annotated[Path, typer.Option("--dir", help="Folder of the private key <owner>.key.")] = Path("keys"),
+    registry: Annotated[
+        Optional[Path], typer.Option(help="Public-key registry to add the key to (default: <dir>/keys.json).")
+    ] = None,
+    replace: Annotated[
+        bool, typer.Option(help="Rotate: overwrite <owner>.key and drop the owner's older public keys.")
+    ] = False,
+) -> None:
+    """Make an Ed25519 key pair: the private key to <dir>/<owner>.key (mode 600), the public one into the registry.
+
+    Prints the key id and the files, never the key.
+    """
+    from synapse_flwr.core.signing import add_to_registry, new_signer, save_private_key
+
+    key_path = key_dir / f"{owner}.key"
+    if key_path.exists() and not replace:
+        raise SynapseError(f"{key_path} exists; pass --replace to rotate the key of {owner!r}")
+    signer = new_signer(owner)
+    save_private_key(key_path, signer)
+    reg = add_to_registry(registry or key_dir / "keys.json", signer, replace=replace)
+    typer.echo(f"{owner}: key {signer.key_id} -> {key_path} (private), {registry or key_dir / 'keys.json'} "
+               f"({sum(o == owner for o, _ in reg.keys.values())} registered for {owner})")
+
+
+@app.command("check-data")
+def check_data(folder: Annotated[Path, typer.Argument(help="Dataset folder: catalog.json, org_*.jsonl, test.jsonl.")]) -> None:
+    """Check a dataset folder: every file, field and tool id; exit 0 if valid, 2 otherwise.
+
+    Prints one line per problem, naming the file, line and field, with the fix
+    where one is known.
+    """
+    from synapse_flwr.data.check import DataError, require_valid
+
+    try:
+        report = require_valid(folder)
+    except DataError as exc:
+        typer.echo(str(exc))
+        raise typer.Exit(2) from None
+    typer.echo(f"valid: {report.summary()}")
+
+
+@app.command("split-orgs")
+def split_orgs(
+    log_file: Annotated[Path, typer.Argument(help="Labelled experience log (e.g. FOLDER/train.jsonl).")],
+    orgs: Annotated[int, typer.Option(help="Organisations (org_org0.jsonl ...).")] = 5,
+    alpha: Annotated[
+        Optional[float], typer.Option(help="Dirichlet concentration of a non-IID split over tools (default: IID).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Shuffle / partition seed.")] = 0,
+    out: Annotated[Optional[Path], typer.Option(help="Folder of the org logs (default: beside the log).")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace existing org_*.jsonl logs.")] = False,
+) -> None:
+    """Split one labelled log into organisation logs, IID or Dirichlet non-IID."""
+    from synapse_flwr.data.split import split_orgs as split
+
+    for org, path in split(log_file, orgs, alpha, seed, out, overwrite).items():
+        typer.echo(f"{org}: {path}")
+
+
 @app.command("check-data")
 def check_data(folder: Annotated[Path, typer.Argument(help="Dataset folder: catalog.json, org_*.jsonl, test.jsonl.")]) -> None:
     """Check a dataset folder: every file, field and tool id; exit 0 if valid, 2 otherwise.

@@ -253,7 +253,8 @@ def test_model_level_violations_have_a_root_path():
 
 
 def test_many_errors_are_summarised_in_the_message():
-    doc = {"issuer": {"org": "a"}, "tools": [{"tool_id": f"t{i}", "stats": {"calls": -1}} for i in range(8)]}
+    doc = {"schema_version": "1.0", "kind": "org", "issuer": {"org": "a"}, "privacy": {},
+           "tools": [{"tool_id": f"t{i}", "stats": {"calls": -1}} for i in range(8)]}
     err = rejects(json.dumps(doc).encode())
     assert len(err.errors) == 8
     assert str(err).endswith("(+3 more)")

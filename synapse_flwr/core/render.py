@@ -3,7 +3,9 @@
 The same content can be shown to a reranker either way; that is the paper's
 rendering ablation. The flat form is a ``" | "``-joined list of clauses, which
 :func:`parse_flat` can decode back into an approximate typed entry (the
-"decoded" arm of the 2x2 merge x render experiment).
+"decoded" arm of the 2x2 merge x render experiment). Every text goes through
+:func:`~synapse_flwr.core.sanitize.neutralise`: text that reads as an
+instruction is never shown to a reader.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import re
 
 from synapse_flwr.core.phrases import normalize_text
+from synapse_flwr.core.sanitize import neutralise
 from synapse_flwr.core.schema import (
     MAX_TEXT,
     Precaution,
@@ -26,18 +29,19 @@ _CONTESTED = ("about", "scenario:")
 
 
 def _scenario_text(s: Scenario) -> str:
-    return s.text + (f" ({', '.join(s.variants)})" if s.variants else "")
+    variants = [neutralise(v) for v in s.variants]
+    return neutralise(s.text) + (f" ({', '.join(variants)})" if variants else "")
 
 
 def render_flat(entry: ToolEntry) -> str:
     """One string per tool: every field as a clause, without typed structure."""
-    clauses = [f"about: {entry.description}"] if entry.description else []
+    clauses = [f"about: {neutralise(entry.description)}"] if entry.description else []
     clauses += [f"use when: {_scenario_text(s)}" for s in entry.when]
     clauses += [
         f"avoid when: {_scenario_text(w)}" + (f" -> prefer {w.prefer}" if w.prefer else "")
         for w in entry.when_not
     ]
-    clauses += [f"caution: {p.text}" for p in entry.precautions]
+    clauses += [f"caution: {neutralise(p.text)}" for p in entry.precautions]
     if entry.stats.calls > 0:
         rate = entry.stats.success_rate or 0.0
         clauses.append(f"stats: {entry.stats.calls:.0f} calls, {rate:.0%} success")
@@ -114,18 +118,18 @@ def render_typed(entry: ToolEntry, max_items: int = 8) -> str:
     """A labelled, field-by-field view of a tool for an LLM reader."""
     lines = [f"tool: {entry.tool_id}"]
     if entry.description:
-        lines.append(f"description: {entry.description}")
+        lines.append(f"description: {neutralise(entry.description)}")
     top = sorted(entry.when, key=lambda s: -s.support)[:max_items]
     if top:
-        lines.append("use when: " + "; ".join(s.text for s in top))
+        lines.append("use when: " + "; ".join(neutralise(s.text) for s in top))
     avoid = sorted(entry.when_not, key=lambda s: -s.support)[:max_items]
     if avoid:
         lines.append(
             "do not use when: "
-            + "; ".join(w.text + (f" (use {w.prefer} instead)" if w.prefer else "") for w in avoid)
+            + "; ".join(neutralise(w.text) + (f" (use {w.prefer} instead)" if w.prefer else "") for w in avoid)
         )
     if entry.precautions:
-        lines.append("precautions: " + "; ".join(p.text for p in entry.precautions[:max_items]))
+        lines.append("precautions: " + "; ".join(neutralise(p.text) for p in entry.precautions[:max_items]))
     if entry.stats.calls >= 1:
         lines.append(f"success rate: {entry.stats.success_rate or 0:.0%} of {entry.stats.calls:.0f} calls")
     if entry.confusions:

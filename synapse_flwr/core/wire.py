@@ -4,8 +4,11 @@ Canonical JSON (sorted keys, no insignificant whitespace, UTF-8) makes equal
 compendia byte-identical, so a sha256 of it identifies an artifact. On the wire
 an artifact may be gzip-compressed (deterministically: no timestamp).
 Decoding is defensive: size limits before and after decompression, JSON
-parsing, then strict schema validation, every failure reported as one
-:class:`ArtifactError` listing field paths.
+parsing (strict UTF-8, no NaN/Infinity literals, no duplicate keys, a bounded
+number of JSON values), the required blocks, strict schema validation, then
+the content checks the schema cannot express (duplicate entries inside a tool,
+text that is not valid Unicode or reads as an instruction to an LLM), every
+failure reported as one :class:`ArtifactError` listing field paths.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import math
 import zlib
 from pathlib import Path
 from typing import Any
@@ -21,9 +25,25 @@ from pydantic import BaseModel, ValidationError
 
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.files import write_atomic
-from synapse_flwr.core.schema import Compendium, FlatCompendium
+from synapse_flwr.core.prototypes import decode_prototype
+from synapse_flwr.core.sanitize import instruction_like
+from synapse_flwr.core.schema import (
+    MAX_CONFLICTS,
+    MAX_ITEMS,
+    MAX_SCENARIOS,
+    MAX_TOOLS,
+    Compendium,
+    FlatCompendium,
+)
 
 MAX_WIRE_BYTES = 64 * 1024 * 1024
+# Upper bound on the JSON values of one artifact, checked before parsing: it bounds
+# the parser's memory (a 20,000-tool artifact has a few hundred thousand values).
+MAX_JSON_VALUES = 1_000_000
+# Issuer ids of the merged global and of the server's key: no organisation may claim them.
+RESERVED_ORGS = ("global", "server")
+REQUIRED_BLOCKS = {Compendium: ("schema_version", "kind", "issuer", "privacy", "tools"),
+                   FlatCompendium: ("schema_version", "kind", "issuer", "privacy", "texts")}
 _GZIP_MAGIC = b"\x1f\x8b"
 
 Artifact = Compendium | FlatCompendium
@@ -84,21 +104,191 @@ def validation_errors(exc: ValidationError) -> list[str]:
     return lines
 
 
+def _strings(obj: Any, path: str = ""):
+    # every string value of a decoded JSON object, with its field path
+    if isinstance(obj, str):
+        yield path or "(root)", obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _strings(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _strings(v, f"{path}.{i}" if path else str(i))
+
+
+def boolean_values(obj: Any) -> list[str]:
+    """JSON booleans: no field of the compendium is one, and the schema would read them as 0 or 1."""
+    lines: list[str] = []
+    stack: list[tuple[str, Any]] = [("", obj)]
+    while stack and len(lines) < 5:
+        path, value = stack.pop()
+        if isinstance(value, bool):
+            lines.append(f"{path or '(root)'}: a boolean ({value!r}) where the schema has a number or text")
+        elif isinstance(value, dict):
+            stack += [(f"{path}.{k}" if path else str(k), v) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(f"{path}.{i}" if path else str(i), v) for i, v in enumerate(value)]
+    return lines
+
+
+def text_problems(obj: Any) -> list[str]:
+    """Strings that are not valid Unicode (lone surrogates) or read as an instruction to an LLM."""
+    lines = []
+    for path, text in _strings(obj):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            lines.append(f"{path}: not valid Unicode (lone surrogate)")
+            continue
+        found = instruction_like(text)
+        if found:
+            lines.append(f"{path}: instruction-like text quarantined ({found})")
+    return lines
+
+
+def _repeated(values: list, path: str) -> list[str]:
+    seen: set = set()
+    dups = [v for v in values if v in seen or seen.add(v)]
+    return [f"{path}: duplicate entry {dups[0]!r}"] if dups else []
+
+
+def duplicate_entries(art: Compendium) -> list[str]:
+    """Entries repeated inside one tool (scenario texts, variants, precautions, tool counts, rounds)."""
+    lines = []
+    for i, t in enumerate(art.tools):
+        at = f"tools.{i}"
+        lines += _repeated([s.text for s in t.when], f"{at}.when")
+        lines += _repeated([(w.text, w.prefer) for w in t.when_not], f"{at}.when_not")
+        for field, scenarios in (("when", t.when), ("when_not", t.when_not)):
+            for j, s in enumerate(scenarios):
+                lines += _repeated([s.text, *s.variants], f"{at}.{field}.{j}.variants")
+        lines += _repeated([(p.kind, p.text) for p in t.precautions], f"{at}.precautions")
+        lines += _repeated([c.tool for c in t.confusions], f"{at}.confusions")
+        lines += _repeated([c.tool for c in t.next_tools], f"{at}.next_tools")
+        lines += _repeated(t.provenance.rounds, f"{at}.provenance.rounds")
+    return lines
+
+
+def prototype_problems(art: Compendium) -> list[str]:
+    """Prototypes longer than a sum of ``count`` unit vectors can be, noise and int8 steps allowed.
+
+    A sum of ``n`` unit vectors has norm at most ``n``; the bound adds six noise
+    SDs of the count, the noise norm (``sum_sd * (sqrt(dim) + 6)``) and the
+    quantisation error (``scale * sqrt(dim) / 2``).
+    """
+    lines = []
+    for i, t in enumerate(art.tools):
+        p = t.prototype
+        if p is None:
+            continue
+        root = math.sqrt(p.dim)
+        bound = p.count + 6 * p.count_sd + p.sum_sd * (root + 6) + p.scale * root / 2 + 1e-6
+        x = decode_prototype(p)
+        norm = math.sqrt(float(x @ x))
+        if norm > bound:
+            lines.append(f"tools.{i}.prototype: norm {norm:.4g} exceeds {bound:.4g}, "
+                         f"the most a sum of {p.count:g} unit vectors can have")
+    return lines
+
+
+_TOP_LISTS = {"tools": MAX_TOOLS, "texts": MAX_TOOLS, "conflicts": MAX_CONFLICTS}
+_TOOL_LISTS = {"when": MAX_SCENARIOS, "when_not": MAX_SCENARIOS, "precautions": MAX_ITEMS,
+               "confusions": MAX_ITEMS, "next_tools": MAX_ITEMS}
+
+
+def oversized_lists(obj: dict) -> list[str]:
+    """Lists far over their schema limit, found before validation (which checks a list's
+    length only after validating every item, so a huge list would cost its full validation)."""
+    lines = [f"{k}: {len(obj[k])} items, at most {n} allowed" for k, n in _TOP_LISTS.items()
+             if isinstance(obj.get(k), (list, dict)) and len(obj[k]) > n]
+    tools = obj.get("tools")
+    if lines or not isinstance(tools, list):
+        return lines
+    for i, t in enumerate(tools):
+        if isinstance(t, dict):
+            lines += [f"tools.{i}.{k}: {len(t[k])} items, at most {n} allowed" for k, n in _TOOL_LISTS.items()
+                      if isinstance(t.get(k), list) and len(t[k]) > n]
+    return lines
+
+
 def parse_artifact(obj: Any) -> Artifact:
     """Validate a decoded JSON object as a typed or flat compendium.
 
     Raises
     ------
     ArtifactError
-        With one line per schema violation.
+        With one line per missing block, schema violation, duplicate entry or bad text.
     """
     if not isinstance(obj, dict):
         raise ArtifactError(["(root): an artifact must be a JSON object"])
     model = FlatCompendium if "texts" in obj else Compendium
+    errors = [f"{name}: required block missing" for name in REQUIRED_BLOCKS[model] if name not in obj]
+    if oversized := oversized_lists(obj):
+        raise ArtifactError(errors + oversized)
     try:
-        return model.model_validate(obj)
+        art = model.model_validate(obj)
     except ValidationError as exc:
-        raise ArtifactError(validation_errors(exc)) from None
+        raise ArtifactError(errors + validation_errors(exc)) from None
+    if art.kind == "org" and art.issuer.org in RESERVED_ORGS:
+        errors.append(f"issuer.org: {art.issuer.org!r} is reserved, no organisation may issue as it")
+    if isinstance(art, Compendium):
+        errors += duplicate_entries(art) + prototype_problems(art)
+    errors += boolean_values(obj) + text_problems(obj)
+    if errors:
+        raise ArtifactError(errors)
+    return art
+
+
+class _NonFinite:
+    # NaN/Infinity literals become a value of no JSON type: the schema rejects it at the field's path
+    def __repr__(self) -> str:
+        return "NaN/Infinity"
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"duplicate key {dup!r} in one object")
+    return obj
+
+
+def unwrap(data: bytes, max_bytes: int = MAX_WIRE_BYTES) -> bytes:
+    """The JSON bytes of a wire payload (gzip inflated), within ``max_bytes`` before and after.
+
+    Raises
+    ------
+    ArtifactError
+        If the payload is oversized or its gzip stream corrupt or truncated.
+    """
+    if len(data) > max_bytes:
+        raise ArtifactError([f"(wire): {len(data)} bytes exceeds the limit of {max_bytes} bytes"])
+    return _inflate(data, max_bytes) if data[:2] == _GZIP_MAGIC else data
+
+
+def parse_json(raw: bytes) -> Any:
+    """Parse untrusted JSON bytes: strict UTF-8, bounded size of the tree, no duplicate keys.
+
+    NaN and Infinity literals parse to a non-number marker that schema validation
+    rejects at its field path.
+
+    Raises
+    ------
+    ArtifactError
+        If the bytes are not UTF-8, hold too many values, or are not JSON.
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ArtifactError([f"(wire): not valid JSON: invalid UTF-8 at byte {exc.start}"]) from None
+    values = raw.count(b",") + raw.count(b"{") + raw.count(b"[") + 1  # an upper bound, counted in C
+    if values > MAX_JSON_VALUES:
+        raise ArtifactError([f"(wire): about {values} JSON values exceeds the limit of {MAX_JSON_VALUES}"])
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=lambda _: _NonFinite())
+    except (ValueError, RecursionError) as exc:  # incl. JSONDecodeError
+        raise ArtifactError([f"(wire): not valid JSON: {exc}"]) from None
 
 
 def decode(data: bytes, max_bytes: int = MAX_WIRE_BYTES) -> Artifact:
@@ -116,14 +306,7 @@ def decode(data: bytes, max_bytes: int = MAX_WIRE_BYTES) -> Artifact:
     ArtifactError
         If the artifact is oversized, corrupt, not JSON, or not schema-valid.
     """
-    if len(data) > max_bytes:
-        raise ArtifactError([f"(wire): {len(data)} bytes exceeds the limit of {max_bytes} bytes"])
-    raw = _inflate(data, max_bytes) if data[:2] == _GZIP_MAGIC else data
-    try:
-        obj = json.loads(raw)
-    except (ValueError, RecursionError) as exc:  # incl. JSONDecodeError, UnicodeDecodeError
-        raise ArtifactError([f"(wire): not valid JSON: {exc}"]) from None
-    return parse_artifact(obj)
+    return parse_artifact(parse_json(unwrap(data, max_bytes)))
 
 
 def load_artifact(path: str | Path, max_bytes: int = MAX_WIRE_BYTES) -> Artifact:

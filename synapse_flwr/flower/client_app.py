@@ -36,7 +36,9 @@ from synapse_flwr.core.wire import decode, encode
 from synapse_flwr.data.check import DataError
 from synapse_flwr.data.federation import load_dataset, load_partition
 from synapse_flwr.flower.config import RunConfig
-from synapse_flwr.strategies.records import from_record, to_record
+from synapse_flwr.strategies.records import attach_signature, from_record, signature_problem, to_record
+from synapse_flwr.core.signing import ARTIFACT, GLOBAL
+from synapse_flwr.flower.keys import registry_for, signer_for
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +145,10 @@ def train(msg: Message, context: Context) -> Message:
     """Validate the global, release this org's new experience, reply with its compendium."""
     cfg = RunConfig.from_mapping(context.run_config)
     server_round = int(msg.content["config"]["server-round"])
+    # signing: a global whose server signature does not verify is never used
+    if problem := signature_problem(msg.content, registry_for(cfg, context.node_config), GLOBAL, server_round,
+                                    from_record(msg.content["arrays"])):
+        raise RuntimeError(f"global rejected: {problem}")
     incoming = decode(from_record(msg.content["arrays"]))  # raises on an invalid global
     try:
         data = org_data(context, cfg)
@@ -176,4 +182,6 @@ def train(msg: Message, context: Context) -> Message:
             "replay-acc": sum(e.success for e in replayed) / len(replayed) if replayed else -1.0,
         }
     )
-    return Message(content=RecordDict({"artifact": to_record(wire), "metrics": metrics}), reply_to=msg)
+    content = RecordDict({"artifact": to_record(wire), "metrics": metrics})
+    signer = signer_for(cfg, data.org, context.node_config)  # signing: over the artifact, org and round
+    return Message(content=attach_signature(content, signer, ARTIFACT, server_round, wire), reply_to=msg)

@@ -109,6 +109,8 @@ KEYS: tuple[Key, ...] = (
         + " | ".join(SPACES) + " (none: no prototypes)", _one_of(SPACES)),
     Key("evaluate", bool, True, "server-side evaluation of each round's global on the dataset's test queries"),
     Key("inject", float, 0.0, "share of each org's events corrupted (robustness experiments)", _between(0.0, 1.0)),
+    Key("sign", bool, True, "sign every artifact and global and verify them against keys-file (false turns it off)"),
+    Key("keys-file", str, "", "public-key registry from `synapse keygen` (empty: the demo key set, not secrets)"),
 )
 BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
 
@@ -132,6 +134,8 @@ class RunConfig:
     embedder: str
     evaluate: bool
     inject: float
+    sign: bool
+    keys_file: str
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:

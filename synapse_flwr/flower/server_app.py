@@ -39,6 +39,8 @@ from synapse_flwr.flower.config import RunConfig
 from synapse_flwr.strategies import make_strategy
 from synapse_flwr.strategies.base import CompendiumStrategy, RoundReport
 from synapse_flwr.strategies.records import from_record, to_record
+from synapse_flwr.core.signing import SERVER
+from synapse_flwr.flower.keys import registry_for, signer_for
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +164,8 @@ def main(grid: Grid, context: Context) -> None:
         cfg.policy,
         min_nodes=cfg.min_nodes,
         round_offset=done,
+        registry=registry_for(cfg),  # signing: verify replies, sign the global
+        signer=signer_for(cfg, SERVER),
     )
     strategy.start(
         grid=grid,

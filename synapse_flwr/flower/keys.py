@@ -1,0 +1,62 @@
+"""Which keys a run signs and verifies with, from its run config (``sign``, ``keys-file``).
+
+- ``sign = false``: nothing is signed or verified (only when asked for).
+- ``keys-file = "<dir>/keys.json"``: the registry of public keys written by
+  ``synapse keygen``; a party's private key is its node config's
+  ``signing-key`` when given, else ``<dir>/<owner>.key`` (the server's:
+  ``<dir>/server.key``). A SuperNode may name its own copy of the registry
+  with node config ``keys-file``.
+- ``keys-file = ""``: the demo key set, derived from the party names and the
+  run seed. It exercises signing end to end but anyone can compute it: demo
+  keys are not secrets.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from synapse_flwr.core.signing import (
+    Registry,
+    Signer,
+    demo_registry,
+    demo_signer,
+    load_private_key,
+    load_registry,
+)
+from synapse_flwr.flower.config import RunConfig
+
+log = logging.getLogger(__name__)
+
+
+def _keys_file(cfg: RunConfig, node_config: Mapping[str, Any] | None) -> str:
+    return str((node_config or {}).get("keys-file", "")) or cfg.keys_file
+
+
+def registry_for(cfg: RunConfig, node_config: Mapping[str, Any] | None = None) -> Registry | None:
+    """The public keys to verify against; None when the run config turns signing off."""
+    if not cfg.sign:
+        return None
+    path = _keys_file(cfg, node_config)
+    return _demo(cfg.seed) if not path else load_registry(path)
+
+
+@functools.lru_cache(maxsize=4)
+def _demo(seed: int) -> Registry:
+    # once per process: the warning is not repeated every round
+    log.warning("signing with the demo key set (keys-file is empty): demo keys are public, not secrets")
+    return demo_registry(seed)
+
+
+def signer_for(cfg: RunConfig, owner: str, node_config: Mapping[str, Any] | None = None) -> Signer | None:
+    """``owner``'s private key; None when signing is off."""
+    if not cfg.sign:
+        return None
+    path = _keys_file(cfg, node_config)
+    if not path:
+        return demo_signer(owner, cfg.seed)
+    key = str((node_config or {}).get("signing-key", "")) or str(Path(path).parent / f"{owner}.key")
+    return load_private_key(key, owner)

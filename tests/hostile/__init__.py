@@ -1,0 +1,1 @@
+"""Hostile inputs for the edge: bad artifacts (corpus) and bad signatures (signatures)."""

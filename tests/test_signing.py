@@ -1,0 +1,185 @@
+"""Signed artifacts and globals: keys, registry files, rotation, every bad signature rejected with its reason."""
+
+from __future__ import annotations
+
+import logging
+import stat
+
+import pytest
+from flwr.app import ConfigRecord, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+from hostile.corpus import base_artifact
+from hostile.signatures import ROUND, all_cases, artifact_wire, make_keys, signed_reply
+from synapse_flwr.strategies.base import CompendiumStrategy, check_reply
+from synapse_flwr.strategies.records import (
+    attach_signature,
+    signature_problem,
+    to_record,
+)
+from typer.testing import CliRunner
+
+from synapse_flwr import cli
+from synapse_flwr.core.merge import merge_typed
+from synapse_flwr.core.signing import (
+    ARTIFACT,
+    GLOBAL,
+    SERVER,
+    DemoRegistry,
+    KeyFileError,
+    demo_registry,
+    demo_signer,
+    load_private_key,
+    load_registry,
+    new_signer,
+)
+from synapse_flwr.core.wire import MAX_WIRE_BYTES, canonical_json, unwrap
+from synapse_flwr.flower.config import RunConfig
+from synapse_flwr.flower.keys import registry_for, signer_for
+
+KEYS = make_keys()
+CASES = all_cases(KEYS)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_signature_is_rejected_with_its_reason(case):
+    reason = case.check()
+    assert reason is not None and case.expect in reason, reason
+
+
+def test_a_good_signature_is_accepted():
+    art, _, reason = check_reply(signed_reply(artifact_wire(), KEYS.org_a), MAX_WIRE_BYTES, KEYS.registry, ROUND)
+    assert reason is None and art is not None and art.issuer.org == "org_a"
+    wire = artifact_wire()
+    content = attach_signature(RecordDict({}), KEYS.server, GLOBAL, ROUND, wire)
+    assert signature_problem(content, KEYS.registry, GLOBAL, ROUND, wire) is None
+
+
+def test_signature_covers_org_round_kind_and_bytes():
+    body = canonical_json(base_artifact())
+    sig = KEYS.org_a.sign(ARTIFACT, ROUND, body)
+    assert KEYS.registry.verify(sig, ARTIFACT, body, ROUND) is None
+    assert KEYS.registry.verify(sig, ARTIFACT, body + b" ", ROUND) is not None
+    assert KEYS.registry.verify(sig, GLOBAL, body, ROUND) is not None
+    assert KEYS.registry.verify(sig, ARTIFACT, body, ROUND + 1) is not None
+
+
+def test_the_strategy_signs_the_global_it_broadcasts(monkeypatch):
+    for attr in ("_run_id", "_node_id", "_task_id"):  # a Message outside a running app needs its identity
+        monkeypatch.setattr(TaskIdentity, attr, 1)
+    strategy = CompendiumStrategy(merge_typed, "typed", min_nodes=1, registry=KEYS.registry, signer=KEYS.server,
+                                  round_offset=2, wait_timeout=0.0)
+
+    class Grid:
+        def get_node_ids(self):
+            return [7]
+
+    wire = artifact_wire()
+    (msg,) = strategy.configure_train(1, to_record(wire), ConfigRecord({}), Grid())
+    assert msg.content["config"]["server-round"] == 3
+    assert signature_problem(msg.content, KEYS.registry, GLOBAL, 3, wire) is None
+    assert "signature.round" in signature_problem(msg.content, KEYS.registry, GLOBAL, 4, wire)
+
+
+# --------------------------------------------------------------------------- demo keys
+
+
+def test_demo_keys_verify_and_are_per_org_and_seed():
+    reg = demo_registry(42)
+    body = b"{}"
+    assert reg.verify(demo_signer("org_a", 42).sign(ARTIFACT, 1, body), ARTIFACT, body, 1) is None
+    other_seed = demo_signer("org_a", 7).sign(ARTIFACT, 1, body)
+    assert "not a registered key" in reg.verify(other_seed, ARTIFACT, body, 1)
+    a = demo_signer("org_a", 42).sign(ARTIFACT, 1, body)
+    claimed = type(a)("org_b", a.key_id, a.round, a.value)
+    assert "not a registered key" in reg.verify(claimed, ARTIFACT, body, 1)
+    assert demo_signer("org_a", 42).key_id == demo_signer("org_a", 42).key_id != demo_signer("org_b", 42).key_id
+
+
+def test_run_config_picks_the_keys(tmp_path):
+    assert registry_for(RunConfig.from_mapping({"sign": False})) is None
+    assert signer_for(RunConfig.from_mapping({"sign": False}), "org_a") is None
+    cfg = RunConfig.from_mapping({})
+    assert cfg.sign and cfg.keys_file == ""
+    assert isinstance(registry_for(cfg), DemoRegistry)
+    assert signer_for(cfg, "org_a").key_id == demo_signer("org_a", cfg.seed).key_id
+    runner = CliRunner()
+    for owner in ("org_a", SERVER):
+        assert runner.invoke(cli.app, ["keygen", owner, "--dir", str(tmp_path)]).exit_code == 0
+    cfg = RunConfig.from_mapping({"keys-file": str(tmp_path / "keys.json")})
+    reg = registry_for(cfg)
+    assert reg.owners() == {"org_a", SERVER}
+    signer = signer_for(cfg, "org_a")
+    assert signer.key_id in reg.keys
+    moved = tmp_path / "elsewhere.key"
+    moved.write_bytes((tmp_path / "org_a.key").read_bytes())
+    assert signer_for(cfg, "org_a", {"signing-key": str(moved)}).key_id == signer.key_id
+    with pytest.raises(KeyFileError, match="org_b.key"):
+        signer_for(cfg, "org_b")
+
+
+# --------------------------------------------------------------------------- keygen, files, rotation
+
+
+def test_keygen_writes_a_private_key_and_registers_the_public_one(tmp_path, caplog):
+    caplog.set_level(logging.DEBUG)
+    result = CliRunner().invoke(cli.app, ["keygen", "org_a", "--dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    key_file, reg_file = tmp_path / "org_a.key", tmp_path / "keys.json"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    signer = load_private_key(key_file, "org_a")
+    assert signer.key_id in result.output
+    assert list(load_registry(reg_file).keys) == [signer.key_id]
+    pem = signer.private_pem()
+    secret = pem.splitlines()[1]
+    for text in (result.output, reg_file.read_text(), caplog.text, repr(signer)):
+        assert secret.decode() not in text and "PRIVATE" not in text
+    again = CliRunner().invoke(cli.app, ["keygen", "org_a", "--dir", str(tmp_path)])
+    assert again.exit_code != 0 and load_private_key(key_file, "org_a").key_id == signer.key_id
+
+
+def test_rotation_keeps_then_drops_the_old_key(tmp_path):
+    reg_file = tmp_path / "keys.json"
+    runner = CliRunner()
+    assert runner.invoke(cli.app, ["keygen", "org_a", "--dir", str(tmp_path / "old"), "--registry", str(reg_file)]).exit_code == 0
+    assert runner.invoke(cli.app, ["keygen", "org_a", "--dir", str(tmp_path / "new"), "--registry", str(reg_file)]).exit_code == 0
+    old = load_private_key(tmp_path / "old" / "org_a.key", "org_a")
+    new = load_private_key(tmp_path / "new" / "org_a.key", "org_a")
+    body = b"{}"
+    both = load_registry(reg_file)
+    assert both.verify(old.sign(ARTIFACT, 1, body), ARTIFACT, body, 1) is None  # overlap: both verify
+    assert both.verify(new.sign(ARTIFACT, 1, body), ARTIFACT, body, 1) is None
+    assert runner.invoke(cli.app, ["keygen", "org_a", "--dir", str(tmp_path / "new"), "--registry", str(reg_file),
+                                   "--replace"]).exit_code == 0
+    newest = load_private_key(tmp_path / "new" / "org_a.key", "org_a")
+    after = load_registry(reg_file)
+    assert list(after.keys) == [newest.key_id]
+    assert "not a registered key" in after.verify(old.sign(ARTIFACT, 1, body), ARTIFACT, body, 1)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("not json", "cannot read it as JSON"),
+    ('{"format": "other", "keys": []}', "expected"),
+    ('{"format": "synapse-keys/1", "keys": [{"owner": "a", "public": "zz"}]}', "keys.0"),
+    ('{"format": "synapse-keys/1", "keys": [{"public": "' + "00" * 32 + '"}]}', "keys.0"),
+])
+def test_malformed_registry_names_the_problem(tmp_path, text, match):
+    path = tmp_path / "keys.json"
+    path.write_text(text)
+    with pytest.raises(KeyFileError, match=match):
+        load_registry(path)
+
+
+def test_a_non_key_file_is_refused_without_its_bytes(tmp_path):
+    path = tmp_path / "x.key"
+    path.write_text("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")
+    with pytest.raises(KeyFileError) as info:
+        load_private_key(path, "org_a")
+    assert "AAAA" not in str(info.value)
+
+
+def test_signed_bytes_are_the_wire_payloads_json():
+    wire = artifact_wire()
+    content = attach_signature(RecordDict({}), KEYS.org_a, ARTIFACT, 1, wire)
+    sig_value = content["signature"]["value"]
+    assert KEYS.org_a.sign(ARTIFACT, 1, unwrap(wire)).value == sig_value  # Ed25519 is deterministic
+    assert new_signer("org_a").key_id != KEYS.org_a.key_id
