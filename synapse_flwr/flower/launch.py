@@ -42,6 +42,7 @@ from typing import Any
 import synapse_flwr
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.data.pins import ENV_VAR, data_dir
+from synapse_flwr.flower.config import check_overrides
 from synapse_flwr.flower.processes import (
     HOST,
     LOG_TAIL,
@@ -320,10 +321,18 @@ def absolute_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
     Returns
     -------
     dict
-        A copy with absolute ``output-dir`` and, when a folder, ``dataset``.
+        A validated copy with absolute ``output-dir``, ``release-cache`` and,
+        when a folder, ``dataset``.
+
+    Raises
+    ------
+    RunConfigError
+        For an unknown key, a wrong type or a value out of range.
     """
-    rc = dict(run_config)
+    rc = check_overrides(run_config)  # a bad key or value fails here, before any process starts
     rc["output-dir"] = str(Path(str(rc.get("output-dir", "runs/latest"))).expanduser().resolve())
+    if rc.get("release-cache"):
+        rc["release-cache"] = str(Path(str(rc["release-cache"])).expanduser().resolve())
     dataset = rc.get("dataset")
     if isinstance(dataset, (str, Path)) and str(dataset) not in ("demo", "metatool"):
         if Path(dataset).expanduser().is_dir():
