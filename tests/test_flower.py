@@ -189,14 +189,22 @@ def test_resume(tmp_path):
 def test_failed_run_reports_the_log(tmp_path):
     """A ServerApp that fails ends the run as failed: the error quotes `flwr log`."""
     home = tmp_path / "flwr"
-    rc = {"dataset": dataset(tmp_path), "num-rounds": 1, "policy": "no-such-policy",
-          "output-dir": str(tmp_path / "out")}
+    (tmp_path / "a-file").write_text("not a folder")
+    # valid run config, but the ServerApp cannot create its output folder
+    rc = {"dataset": dataset(tmp_path), "num-rounds": 1, "output-dir": str(tmp_path / "a-file" / "out")}
     try:
         with pytest.raises(SynapseError, match="finished:failed") as err:
             run_local_deployment(DeploymentConfig(APP_DIR, 1, rc, flwr_home=home, timeout=120))
     finally:
         assert_nothing_left(home)
-    assert "unknown policy 'no-such-policy'" in str(err.value)
+    assert "a-file" in str(err.value)
+
+
+def test_a_bad_run_config_fails_before_any_process_starts(tmp_path):
+    rc = {"dataset": "demo", "policy": "no-such-policy", "output-dir": str(tmp_path / "out")}
+    with pytest.raises(RunConfigError, match="'policy' must be one of"):
+        run_simulation(APP_DIR, 2, rc, flwr_home=tmp_path / "flwr")
+    assert not (tmp_path / "flwr" / "logs").exists()
 
 
 @pytest.mark.slow
