@@ -760,6 +760,9 @@ def tables(results: dict) -> str:
         if arm in arms:
             lines.append(f"| {arm} | " + " | ".join(_cell(arms[arm].get(s)) for s in splits) + " |")
     lines += ["", _leak_line(results)]
+    if results.get("cache"):
+        lines += ["", f"Units of work: {results['cache']['computed']} computed in this run, "
+                      f"{results['cache']['hits']} read from the cache."]
     lines += ["", f"Privacy: {_privacy(results)} Wire (gzip JSON): "
               f"{results.get('bytes_per_client_round_private') or 0:,.0f} bytes per client per round "
               f"with privacy on; {results.get('bytes_per_client_round') or 0:,.0f} on average over all "

@@ -195,12 +195,14 @@ def test_tables_describe_what_ran():
                "ablation_2x2": {}, "contradiction": {}, "injection": {"1": {"0": {"injection_sha256": None}}},
                "per_round": {}, "llm_sample": {}, "targets": [], "orgs_as_given": True, "epsilon": None,
                "epsilon_target": 8.0, "delta": 1e-5,
-               "leak_filter": {"1": {"total": 10, "exact": 1, "near": 2, "garbage": 0, "kept": 7}}}
+               "leak_filter": {"1": {"total": 10, "exact": 1, "near": 2, "garbage": 0, "kept": 7}},
+               "cache": {"computed": 3, "hits": 4}}
     text = tables(results)
     assert "org files as given" in text and "Dirichlet" not in text
     assert "Injected sets" not in text and "None" not in text and "## Merge x render" not in text
     assert "## Contradiction" not in text
     assert "1 exact, 2 near duplicates and 0 garbage dropped of 10" in text
+    assert "3 computed in this run, 4 read from the cache" in text
 
 
 def test_launch_checks_the_folder_before_any_process(folder):

@@ -23,14 +23,21 @@ EVENTS = [
 
 
 def test_misroutes_become_when_not_with_prefer():
-    docs_router = Router(None, CATALOG, embedder=TfidfEmbedder(), reranker="none")
-    replayed = replay_events(EVENTS, docs_router)
-    assert len(replayed) == len(EVENTS)
-    wrong = [e for e in replayed if not e.success]
-    assert wrong and all(e.tool == "convert_currency" and e.gold == "crypto_ticker" for e in wrong)
+    # the global knows convert_currency from experience (the dollar event), crypto_ticker from its docs only
+    known = build_compendium(EVENTS[-1:], CATALOG, "other")
+    replayed = replay_events(EVENTS, Router(known, CATALOG, embedder=TfidfEmbedder(), reranker="none"))
+    assert replayed and len(replayed) < len(EVENTS)  # routes that were right are not replayed
+    assert all(not e.success and e.tool == "convert_currency" and e.gold == "crypto_ticker" for e in replayed)
     comp = build_compendium([*EVENTS, *replayed], CATALOG, "acme", config=BuildConfig(events_per_record=2))
     when_not = comp.tool("convert_currency").when_not
     assert any(w.prefer == "crypto_ticker" and w.text in ("bitcoin", "convert bitcoin") for w in when_not)
+
+
+def test_no_failure_is_invented_for_a_tool_known_only_from_its_docs():
+    # a docs-only global: every misroute lands on a tool without experience, so nothing is replayed
+    docs_router = Router(None, CATALOG, embedder=TfidfEmbedder(), reranker="none")
+    assert docs_router.route_many([EVENTS[0].query])[0].tool == "convert_currency"  # a misroute
+    assert replay_events(EVENTS, docs_router) == []
 
 
 def test_replay_doubles_the_contribution_bound_and_the_noise():
