@@ -303,7 +303,7 @@ class PrivacyBlock(_Strict):
         Noise mechanism on numeric fields.
     clip : float
         L2 sensitivity bound of one event's contribution (sqrt of the number
-        of counters one event may touch).
+        of counters one event may touch, plus ``1 + c^2`` with prototypes).
     sigma : float
         Standard deviation of the Gaussian noise on every count.
     noise_multiplier : float
