@@ -73,7 +73,7 @@ from synapse_flwr.core.schema import (
 _NON_TEXT_CONTRIBUTIONS = 4
 LOW_SUCCESS_RATE = 0.5
 # Prototype weight c (seed-7 dev split, simulations/tune_router.py).
-PROTOTYPE_WEIGHT = 4.0
+PROTOTYPE_WEIGHT = 8.0
 
 Rewriter = Callable[[str, Sequence[str]], str]
 
