@@ -8,6 +8,7 @@ LLM render.
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 import tracemalloc
 from collections import Counter
@@ -24,7 +25,7 @@ from synapse_flwr import cli
 from synapse_flwr.core.merge import GLOBAL_ORG, merge_typed
 from synapse_flwr.core.render import render_flat, render_typed
 from synapse_flwr.core.sanitize import QUARANTINED, instruction_like, neutralise
-from synapse_flwr.core.schema import Issuer, Scenario
+from synapse_flwr.core.schema import Compendium, FlatCompendium, Issuer, Scenario
 from synapse_flwr.core.signing import ARTIFACT, new_signer
 from synapse_flwr.core.wire import (
     RESERVED_ORGS,
@@ -187,3 +188,9 @@ def test_strategy_rejects_every_case_and_the_global_is_unchanged(signing):
     for rej, case in zip(sorted(report.rejected, key=lambda r: r.node_id), CASES):
         assert rej.reason.startswith("invalid artifact: "), (case.name, rej.reason)
         assert case.field in rej.reason, (case.name, rej.reason)
+
+
+def test_no_field_of_the_schema_is_a_boolean():
+    # the edge rejects every JSON boolean (boolean_values): that is only right while no field is one
+    for model in (Compendium, FlatCompendium):
+        assert '"boolean"' not in json.dumps(model.model_json_schema())

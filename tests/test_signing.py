@@ -183,3 +183,21 @@ def test_signed_bytes_are_the_wire_payloads_json():
     sig_value = content["signature"]["value"]
     assert KEYS.org_a.sign(ARTIFACT, 1, unwrap(wire)).value == sig_value  # Ed25519 is deterministic
     assert new_signer("org_a").key_id != KEYS.org_a.key_id
+
+
+def test_the_round_report_names_each_signature_rejection():
+    strategy = CompendiumStrategy(merge_typed, "typed", min_nodes=1, registry=KEYS.registry, signer=KEYS.server,
+                                  round_offset=ROUND - 1)
+    replies = [
+        signed_reply(artifact_wire("org_a"), KEYS.org_a, node=1),
+        signed_reply(artifact_wire("org_b"), None, node=2),
+        signed_reply(artifact_wire("org_b"), KEYS.org_b, round_=ROUND - 1, node=3),
+        signed_reply(artifact_wire("org_a"), KEYS.org_b, node=4),
+    ]
+    merged, _ = strategy.aggregate_train(1, replies)
+    report = strategy.reports[ROUND]
+    assert merged is not None and report.accepted == [1]
+    reasons = {r.node_id: r.reason for r in report.rejected}
+    assert "signature: missing" in reasons[2]
+    assert "signature.round" in reasons[3] and "replay" in reasons[3]
+    assert "issuer.org 'org_a' is not the signer 'org_b'" in reasons[4]

@@ -104,37 +104,31 @@ def validation_errors(exc: ValidationError) -> list[str]:
     return lines
 
 
-def _strings(obj: Any, path: str = ""):
-    # every string value of a decoded JSON object, with its field path
-    if isinstance(obj, str):
-        yield path or "(root)", obj
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _strings(v, f"{path}.{k}" if path else str(k))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            yield from _strings(v, f"{path}.{i}" if path else str(i))
+def _leaves(obj: Any):
+    # every scalar of a decoded JSON object with its field path, depth-first, without recursion
+    stack: list[tuple[str, Any]] = [("", obj)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, dict):
+            stack += [(f"{path}.{k}" if path else str(k), v) for k, v in reversed(value.items())]
+        elif isinstance(value, list):
+            stack += [(f"{path}.{i}" if path else str(i), v) for i, v in reversed(list(enumerate(value)))]
+        else:
+            yield path or "(root)", value
 
 
 def boolean_values(obj: Any) -> list[str]:
     """JSON booleans: no field of the compendium is one, and the schema would read them as 0 or 1."""
-    lines: list[str] = []
-    stack: list[tuple[str, Any]] = [("", obj)]
-    while stack and len(lines) < 5:
-        path, value = stack.pop()
-        if isinstance(value, bool):
-            lines.append(f"{path or '(root)'}: a boolean ({value!r}) where the schema has a number or text")
-        elif isinstance(value, dict):
-            stack += [(f"{path}.{k}" if path else str(k), v) for k, v in value.items()]
-        elif isinstance(value, list):
-            stack += [(f"{path}.{i}" if path else str(i), v) for i, v in enumerate(value)]
-    return lines
+    return [f"{path}: a boolean ({value!r}) where the schema has a number or text"
+            for path, value in _leaves(obj) if isinstance(value, bool)]
 
 
 def text_problems(obj: Any) -> list[str]:
     """Strings that are not valid Unicode (lone surrogates) or read as an instruction to an LLM."""
     lines = []
-    for path, text in _strings(obj):
+    for path, text in _leaves(obj):
+        if not isinstance(text, str):
+            continue
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:
@@ -197,8 +191,8 @@ _TOOL_LISTS = {"when": MAX_SCENARIOS, "when_not": MAX_SCENARIOS, "precautions": 
 
 
 def oversized_lists(obj: dict) -> list[str]:
-    """Lists far over their schema limit, found before validation (which checks a list's
-    length only after validating every item, so a huge list would cost its full validation)."""
+    """Lists over their schema limit, found before validation (which checks a list's length
+    only after validating every item, so a huge list would cost its full validation)."""
     lines = [f"{k}: {len(obj[k])} items, at most {n} allowed" for k, n in _TOP_LISTS.items()
              if isinstance(obj.get(k), (list, dict)) and len(obj[k]) > n]
     tools = obj.get("tools")
