@@ -21,6 +21,7 @@ import pytest
 
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.schema import Compendium
+from synapse_flwr.core.signing import SERVER, add_to_registry, new_signer, save_private_key
 from synapse_flwr.core.wire import load_artifact
 from synapse_flwr.data.federation import demo_dir
 from synapse_flwr.flower.config import RunConfigError
@@ -267,3 +268,30 @@ def test_errors_before_starting_anything(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(SynapseError, match="Flower binaries not found on PATH: flwr, flower-superlink"):
         run_simulation(APP_DIR, 2, {"output-dir": str(tmp_path / "out")}, flwr_home=tmp_path / "h2")
+
+
+@pytest.mark.slow
+def test_deployment_with_registered_keys(tmp_path):
+    """A keys file: registered orgs are merged, an org whose key nobody registered is rejected by signature."""
+    home, out, keys = tmp_path / "flwr", tmp_path / "out", tmp_path / "keys"
+    ds = dataset(tmp_path)
+    nodes = nodes_from_dataset(ds, 3, tmp_path / "nodes")
+    signers = [new_signer(owner) for owner in (nodes[0].org, nodes[1].org, SERVER)]
+    for signer in signers:
+        save_private_key(keys / f"{signer.owner}.key", signer)
+        add_to_registry(keys / "keys.json", signer)
+    save_private_key(keys / f"{nodes[2].org}.key", new_signer(nodes[2].org))  # never registered
+    rc = {"dataset": ds, "num-rounds": 1, "min-nodes": 2, "epsilon": INF, "output-dir": str(out),
+          "keys-file": str(keys / "keys.json")}
+    try:
+        res = run_local_deployment(DeploymentConfig(APP_DIR, nodes, rc, flwr_home=home, timeout=300))
+    finally:
+        assert_nothing_left(home)
+    (record,) = read_metrics(out)
+    assert sorted(record["accepted"]) == sorted(res.node_ids[n.org] for n in nodes[:2])
+    (rejection,) = record["rejected"]
+    assert rejection["node_id"] == res.node_ids[nodes[2].org]
+    assert rejection["reason"].startswith("rejected signature: signature.key_id")
+    log_text = res.log_path.read_text()
+    for signer in signers:
+        assert signer.private_pem().splitlines()[1].decode() not in log_text
