@@ -28,7 +28,7 @@ from pathlib import Path
 from synapse_flwr.core.builder import BuildConfig, build_compendium
 from synapse_flwr.core.embed import Embedder, get_embedder
 from synapse_flwr.core.merge import merge_typed
-from synapse_flwr.core.router import DEFAULT_WEIGHTS, Fusion, Router, evaluate_routes
+from synapse_flwr.core.router import PROTOTYPE_WEIGHTS, Fusion, Router, evaluate_routes
 from synapse_flwr.core.schema import Compendium
 from synapse_flwr.core.wire import canonical_json
 from synapse_flwr.data.federation import FederatedDataset, load_folder, metatool_dataset, repartition
@@ -40,7 +40,7 @@ FUSION_KEYS = ("prototype", "margin", "phrases", "shrink", "gate_sds")
 
 def weights(scenario: float) -> tuple[float, float, float]:
     """Router retrieval weights with another scenario weight."""
-    return (DEFAULT_WEIGHTS[0], DEFAULT_WEIGHTS[1], scenario)
+    return (PROTOTYPE_WEIGHTS[0], PROTOTYPE_WEIGHTS[1], scenario)
 
 
 def dataset(seed: int, cfg: dict, heldout_frac: float = 0.2) -> FederatedDataset:

@@ -66,10 +66,11 @@ PHRASE_FLOOR = 1e-4
 DESCRIPTION_RATE = 0.06
 VARIANT_SHARE = 0.5
 # Retrieval weights (dense documentation, phrase likelihood, scenario beyond
-# documentation), chosen on the seed-7 split. The prototype tuning
-# (simulations/tune_router.py) routes with scenario weight 0: with prototypes
-# 0.3 cost 2-4 held-out points; it stays the default for compendia without them.
-DEFAULT_WEIGHTS = (1.0, 0.015, 0.3)
+# documentation), chosen on the seed-7 split: with query prototypes a scenario
+# weight of 0.3 cost 2-4 held-out points (simulations/tune_router.py), so it is
+# 0; a compendium without prototypes keeps the scenario evidence it had.
+PROTOTYPE_WEIGHTS = (1.0, 0.015, 0.0)
+SCENARIO_WEIGHTS = (1.0, 0.015, 0.3)
 # Stats whose call count is within this many noise SDs of zero are not evidence.
 NOISE_SDS = 3.0
 RERANKERS = ("fields", "llm", "none")
@@ -324,9 +325,10 @@ class Router:
         reads each tool's entry as one string, for retrieval and reranking.
     model : str
         litellm model string for the ``llm`` reranker.
-    weights : tuple of float
+    weights : tuple of float or None
         Weights of (dense documentation, lexical profile, extra scenario
-        similarity) in the retrieval score.
+        similarity) in the retrieval score; None: :data:`PROTOTYPE_WEIGHTS`
+        when the compendium's prototypes are used, else :data:`SCENARIO_WEIGHTS`.
     fusion : Fusion
         How phrases and prototypes add to the documentation score.
     """
@@ -340,7 +342,7 @@ class Router:
         k: int = 5,
         render: str = "typed",
         model: str = "local/smollm2",
-        weights: tuple[float, float, float] = DEFAULT_WEIGHTS,
+        weights: tuple[float, float, float] | None = None,
         fusion: Fusion = Fusion(),
     ) -> None:
         if reranker not in RERANKERS:
@@ -353,7 +355,7 @@ class Router:
 
         self.catalog = catalog
         self.embedder = get_embedder(embedder) if isinstance(embedder, str) else embedder
-        self.reranker, self.k, self.render, self.model, self.weights = reranker, k, render, model, weights
+        self.reranker, self.k, self.render, self.model = reranker, k, render, model
         self.fusion = fusion
         self.entries = typed_entries(compendium, catalog)
         if render == "flat":
@@ -406,6 +408,7 @@ class Router:
         self.phrase_tools = np.array([bool(e.when) for e in self.entries.values()])
         self.compendium = compendium
         self.prototypes = self._load_prototypes(compendium)
+        self.weights = weights or (SCENARIO_WEIGHTS if self.prototypes is None else PROTOTYPE_WEIGHTS)
 
     def _embed(self, texts: Sequence[str]) -> np.ndarray:
         return np.asarray(self.embedder.encode(list(texts)), dtype=np.float32)
