@@ -664,8 +664,23 @@ def aggregate(cfg: ExperimentConfig, per_seed: dict, llm: dict) -> dict:
                      for s, r in per_seed.items()},
         "llm_sample": llm,
     }
+    results["no_harm"] = no_harm(results)
     results["targets"] = targets(results)
     return results
+
+
+# How far below docs_only a federated arm may route on tools without experience
+# (noise of a test set of a few thousand queries); overall it may not be below at all.
+NO_HARM_MARGIN = 0.005
+
+
+def no_harm(results: dict) -> dict[str, dict[str, float]]:
+    """Federated arms minus docs_only, per split: the no-harm check every dataset reports."""
+    arms = results["arms"]
+    docs = arms.get("docs_only", {})
+    return {arm: {split: round(m["acc_mean"] - docs[split]["acc_mean"], 4)
+                  for split, m in arms[arm].items() if split in docs and "acc_mean" in m}
+            for arm in ("federated", "federated_private") if arm in arms and docs}
 
 
 def targets(results: dict) -> list[dict]:
@@ -686,9 +701,10 @@ def targets(results: dict) -> list[dict]:
         add(f"federated - centralized ({seen})", fed - cen, ">= -0.015", lambda v: v >= -0.015)
     if fed is not None and docs is not None:
         add(f"federated - docs_only ({seen})", fed - docs, ">= 0.10", lambda v: v >= 0.10)
-    if acc("federated", "heldout") is not None and acc("docs_only", "heldout") is not None:
-        add("federated - docs_only (heldout)", acc("federated", "heldout") - acc("docs_only", "heldout"),
-            ">= 0", lambda v: v >= 0)
+    for arm, block in no_harm(results).items():
+        for split, gap in block.items():
+            goal = NO_HARM_MARGIN if split == "heldout" else 0.0
+            add(f"no harm: {arm} - docs_only ({split})", gap, f">= -{goal:g}", lambda v, g=goal: v >= -g)
     cells = results["ablation_2x2"]
     for split in (seen, "heldout"):
         if acc("typed/typed", split, cells) is not None and acc("typed/flat", split, cells) is not None:

@@ -118,15 +118,17 @@ def test_targets_compare_the_right_numbers():
         return out
 
     results = {
-        "arms": {"federated": arm(0.70, 0.50), "centralized": arm(0.71), "docs_only": arm(0.55, 0.52),
-                 "classifier": arm(0.86, 0.0)},
+        "arms": {"federated": arm(0.70, 0.50), "federated_private": arm(0.60, 0.516), "centralized": arm(0.71),
+                 "docs_only": arm(0.55, 0.52), "classifier": arm(0.86, 0.0)},
         "ablation_2x2": {"typed/typed": arm(0.70, 0.55), "typed/flat": arm(0.62, 0.45)},
         "contradiction": {"0": {"typed/typed": arm(0.70)}, "0.6": {"typed/typed": arm(0.66)}},
     }
     got = {t["target"]: (t["value"], t["met"]) for t in targets(results)}
     assert got["federated - centralized (seen)"] == (-0.01, True)
     assert got["federated - docs_only (seen)"] == (0.15, True)
-    assert got["federated - docs_only (heldout)"] == (-0.02, False)
+    assert got["no harm: federated - docs_only (heldout)"] == (-0.02, False)
+    assert got["no harm: federated_private - docs_only (heldout)"] == (-0.004, True)  # within the margin
+    assert got["no harm: federated_private - docs_only (seen)"] == (0.05, True)
     assert got["typed render - flat render, typed merge (seen)"] == (0.08, True)
     assert got["typed render - flat render, typed merge (heldout)"] == (0.1, True)
     assert got["typed arm change at 60% contradiction (seen)"] == (-0.04, False)
