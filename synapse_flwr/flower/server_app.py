@@ -110,15 +110,48 @@ def make_evaluator(cfg: RunConfig) -> Callable[[bytes], dict] | None:
     # the federation's space, so that the router reads the prototypes
     embedder = get_embedder("static" if cfg.embedder == "none" else cfg.embedder)
 
+    def score(compendium) -> dict[str, dict]:
+        router = Router(compendium, ds.catalog, embedder=embedder, reranker="fields")
+        return {split: evaluate_routes(router.route_many([i.query for i in items]), [i.gold for i in items])
+                for split, items in splits.items()}
+
+    docs = score(None)  # the documentation-only line every round is read against
+
     def evaluate(global_bytes: bytes) -> dict:
-        router = Router(decode(global_bytes), ds.catalog, embedder=embedder, reranker="fields")
+        compendium = decode(global_bytes)
         out = {}
-        for split, items in splits.items():
-            m = evaluate_routes(router.route_many([i.query for i in items]), [i.gold for i in items])
+        for split, m in score(compendium).items():
             out[f"{split}_acc"], out[f"{split}_r5"], out[f"{split}_n"] = m["acc"], m["r5"], m["n"]
+            out[f"docs_{split}_acc"] = docs[split]["acc"]
+        tools = getattr(compendium, "tools", [])
+        out["prototype_share"] = sum(t.prototype is not None for t in tools) / max(len(ds.catalog), 1)
         return out
 
     return evaluate
+
+
+SUMMARY_COLUMNS = (
+    ("round", "round", "{}"), ("accepted", "accepted", "{}"), ("rejected", "rejected", "{}"),
+    ("epsilon", "epsilon", "{:.3f}"), ("bytes/client", "bytes_per_client", "{:,}"),
+    ("prototypes", "prototype_share", "{:.0%}"), ("seen", "seen_acc", "{:.3f}"),
+    ("held-out", "heldout_acc", "{:.3f}"), ("docs seen", "docs_seen_acc", "{:.3f}"),
+    ("docs held-out", "docs_heldout_acc", "{:.3f}"),
+)
+
+
+def summary_table(rounds: list[dict]) -> str:
+    """The run's final table: one row per round (a dash where a value was not measured)."""
+
+    def cell(record: dict, key: str, fmt: str) -> str:
+        value = record.get(key)
+        if isinstance(value, list):
+            value = len(value)
+        return "-" if value is None else fmt.format(value)
+
+    rows = [[name for name, _, _ in SUMMARY_COLUMNS]]
+    rows += [[cell(r, key, fmt) for _, key, fmt in SUMMARY_COLUMNS] for r in rounds]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(SUMMARY_COLUMNS))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows)
 
 
 def make_evaluate_fn(
@@ -174,4 +207,4 @@ def main(grid: Grid, context: Context) -> None:
         timeout=cfg.round_timeout,
         evaluate_fn=make_evaluate_fn(strategy, recorder, done, make_evaluator(cfg)),
     )
-    log.warning("federation finished: outputs in %s", out_dir)
+    log.warning("federation finished: outputs in %s\n%s", out_dir, summary_table(recorder.rounds))
