@@ -42,7 +42,7 @@ from typing import Any
 import synapse_flwr
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.data.pins import ENV_VAR, data_dir
-from synapse_flwr.flower.config import check_overrides
+from synapse_flwr.flower.config import RunConfig, check_overrides
 from synapse_flwr.flower.processes import (
     HOST,
     LOG_TAIL,
@@ -1021,8 +1021,8 @@ def _node_specs(nodes: int | Sequence[NodeSpec], run_config: Mapping[str, Any], 
     if isinstance(nodes, int):
         if nodes < 1:
             raise SynapseError("a deployment needs at least one SuperNode")
-        specs = nodes_from_dataset(str(run_config.get("dataset", "demo")), nodes, data_dir,
-                                   int(run_config.get("seed", 42)), float(run_config.get("alpha", 0.5)))
+        cfg = RunConfig.from_mapping(run_config)
+        specs = nodes_from_dataset(cfg.dataset, nodes, data_dir, cfg.seed, cfg.alpha)
     else:
         specs = list(nodes)
     for spec in specs:
