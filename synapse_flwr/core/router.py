@@ -30,8 +30,9 @@ Rerankers choose among the top ``k``:
 ``none``
     retrieval order;
 ``fields``
-    deterministic, no LLM: ``when_not`` matches, ``prefer`` redirects, and a
-    success prior read only from stats above the privacy noise;
+    deterministic, no LLM: ``when_not`` matches and ``prefer`` redirects (a
+    success prior read only from stats above the privacy noise is reported,
+    not scored);
 ``llm``
     any litellm model (the embedded SmolLM2 by default) reads the candidates
     rendered as typed fields (or one flat string) and scores them.
@@ -56,7 +57,6 @@ from synapse_flwr.core.schema import Compendium, FlatCompendium, ToolEntry
 
 log = logging.getLogger(__name__)
 
-FIELD_PRIOR_WEIGHT = 0.05
 # Phrase-likelihood constants, chosen on the seed-7 MetaTool split (dev), never
 # on the reported seeds: description pseudo-count per unit of release threshold,
 # probability of a phrase a tool neither released nor documents, documentation
@@ -511,9 +511,11 @@ class Router:
             "when": max(when - best_doc, 0.0),
             # a when_not scenario that matches better than anything in favour
             "when_not": max(when_not - max(when, doc), 0.0),
-            # a penalty for tools known to fail (Laplace-smoothed success rate
-            # below one half); no bonus for success, which would favour tools
-            # with experience over tools with documentation only
+            # how often a tool known to fail fails (Laplace-smoothed success rate
+            # below one half), reported for the explanation and the LLM's
+            # precautions; not added to the score: a tool's overall failure
+            # rate says nothing about this request (on the demo it moved
+            # queries off the right tool, below the docs-only line)
             "success_prior": min(0.0, math.log((stats.successes + 1) / (stats.calls + 2) / 0.5)) if known else 0.0,
         }
 
@@ -540,7 +542,7 @@ class Router:
             s = {**{f: float(parts[f][t]) for f in EVIDENCE}, **self._field_signals(qv, t, best_doc)}
             # `when` is reported but not added: retrieval already counts scenario
             # evidence (weights[2]); counting it twice cost held-out accuracy (seed 7)
-            score = fused[t] - s["when_not"] + FIELD_PRIOR_WEIGHT * s["success_prior"]
+            score = fused[t] - s["when_not"]
             target, sim = self._prefer_target(qv, t)
             if target is not None and s["when_not"] > 0:
                 # the experience says: for this request, use `target` instead
