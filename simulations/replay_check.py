@@ -1,8 +1,9 @@
 """The feedback loop in process on MetaTool: per-round accuracy with replay.
 
 Each round every organisation builds its artifact from its experience plus the
-misroutes it replayed with the previous round's global
-(:func:`~synapse_flwr.core.replay.replay_events`), the artifacts are merged
+misroutes it replayed with each earlier round's global
+(:func:`~synapse_flwr.core.replay.replay_events`; the release-once ClientApp
+re-sends earlier windows, so replays accumulate), the artifacts are merged
 (typed) and the global is scored on the seen-tool and held-out-tool test sets;
 privacy off, as the experiment's ``federated_replay`` arm. Run::
 
@@ -33,7 +34,7 @@ def replay_rounds(seed: int, rounds: int = 3, orgs: int = 5, alpha: float = 0.5,
     -------
     list of dict
         Per round: ``seen`` and ``heldout`` accuracy, and ``replayed`` (the
-        misroutes replayed into that round's artifacts).
+        misroutes replayed into that round's artifacts, all rounds so far).
     """
     ds = load_federated("metatool", orgs, seed, alpha)
     emb = get_embedder(embedder)
@@ -50,7 +51,7 @@ def replay_rounds(seed: int, rounds: int = 3, orgs: int = 5, alpha: float = 0.5,
         log.info("seed %d round %d: %s", seed, round_, row)
         out.append(row)
         if round_ < rounds:
-            replayed = {o: replay_events(ds.orgs[o], router) for o in ds.orgs}
+            replayed = {o: replayed[o] + replay_events(ds.orgs[o], router) for o in ds.orgs}
     return out
 
 
