@@ -101,10 +101,15 @@ def check_reply(
         return None, 0, f"reply carries no artifact ({type(exc).__name__}: {exc})"
     try:
         body = unwrap(raw, max_bytes)
-        sig, reason = signature_from(msg.content) if registry is not None else (None, None)
-        reason = reason or (registry.verify(sig, ARTIFACT, body, round_) if registry is not None else None)
+    except ArtifactError as exc:
+        return None, len(raw), f"invalid artifact: {exc}"
+    sig = None
+    if registry is not None:
+        sig, reason = signature_from(msg.content)
+        reason = reason or registry.verify(sig, ARTIFACT, body, round_)
         if reason:
             return None, len(raw), f"rejected signature: {reason}"
+    try:
         art = parse_artifact(parse_json(body))
     except ArtifactError as exc:
         return None, len(raw), f"invalid artifact: {exc}"
@@ -120,8 +125,9 @@ class CompendiumStrategy(Strategy):
 
     Each round every connected node receives the current global compendium
     (an ``ArrayRecord`` holding its wire bytes) and replies with its own
-    artifact. Replies that error, carry no artifact, are oversized or fail
-    schema validation are rejected with node id and reason, logged and counted;
+    artifact. Replies that error, carry no artifact, are oversized, carry no
+    valid signature (when a registry is set) or fail validation are rejected
+    with node id and reason, logged and counted;
     they never break the round. When at least ``min_nodes`` valid artifacts
     arrived, the latest valid artifact of every organisation seen so far is
     merged into the new global (an org that misses a round keeps contributing
