@@ -1,6 +1,7 @@
 """The typed run config: one declaration per key, equal to pyproject's, clear errors."""
 
 import math
+import os
 import subprocess
 import sys
 import tomllib
@@ -63,5 +64,8 @@ def test_strategies_and_simulations_are_not_top_level_modules(tmp_path):
         "import importlib.util as u, synapse_flwr.strategies, synapse_flwr.simulations.experiment;"
         "print(u.find_spec('strategies'), u.find_spec('simulations'))"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+    # a fresh interpreter outside the checkout, with no inherited search path (Ray sets PYTHONPATH)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         check=True)
     assert out.stdout.split() == ["None", "None"], out.stdout + out.stderr

@@ -193,7 +193,7 @@ def test_failed_run_reports_the_log(tmp_path):
     home = tmp_path / "flwr"
     (tmp_path / "a-file").write_text("not a folder")
     # valid run config, but the ServerApp cannot create its output folder
-    rc = {"dataset": dataset(tmp_path), "num-rounds": 1, "output-dir": str(tmp_path / "a-file" / "out")}
+    rc = {"dataset": dataset(tmp_path), "num-rounds": 1, "min-nodes": 1, "output-dir": str(tmp_path / "a-file" / "out")}
     try:
         with pytest.raises(SynapseError, match="finished:failed") as err:
             run_local_deployment(DeploymentConfig(APP_DIR, 1, rc, flwr_home=home, timeout=120))

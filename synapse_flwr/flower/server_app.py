@@ -59,6 +59,7 @@ class RunRecorder:
     """
 
     def __init__(self, out_dir: Path, run_config: dict) -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)  # an unusable output folder fails the run before round 1
         self.out_dir = out_dir
         self.metrics_path = out_dir / "metrics.json"
         self.rounds: list[dict] = []
