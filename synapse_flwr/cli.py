@@ -56,12 +56,16 @@ def build(
     org: Annotated[str, typer.Option(help="This organisation's id (written into the issuer block).")],
     output: OutOption,
     epsilon: Annotated[
-        float, typer.Option(help="Privacy budget over all rounds; 'inf' turns privacy off.")
-    ] = math.inf,
+        float, typer.Option(help="Privacy budget per record over the whole run; 'inf' turns privacy off.")
+    ] = 4.0,
     delta: Annotated[float, typer.Option(help="Privacy delta (accounting + phrase selection).")] = 1e-5,
-    rounds: Annotated[int, typer.Option(help="Planned releases the budget must cover.")] = 1,
-    round_: Annotated[int, typer.Option("--round", help="Which release this is (0: standalone).")] = 0,
+    rounds: Annotated[int, typer.Option(help="Releases one record may take part in (1: released once).")] = 1,
+    releases: Annotated[int, typer.Option(help="Releases a record has taken part in, this one included.")] = 1,
+    round_: Annotated[int, typer.Option("--round", help="Server round written into the issuer (0: standalone).")] = 0,
     seed: Annotated[int, typer.Option(help="Noise seed (combined with org and round).")] = 0,
+    embedder: Annotated[
+        str, typer.Option(help="Embedding space of the query prototypes: minilm | static | none.")
+    ] = "minilm",
     summarise_model: Annotated[
         Optional[str],
         typer.Option(help="litellm model that rewrites released scenario phrases into a line "
@@ -71,6 +75,7 @@ def build(
     """Build this organisation's privatised typed compendium from its experience."""
     from synapse_flwr.core.builder import BuildConfig, build_compendium
     from synapse_flwr.core.catalog import load_catalog
+    from synapse_flwr.core.embed import get_embedder
     from synapse_flwr.core.experience import load_experience
     from synapse_flwr.core.wire import content_hash, encode, save_artifact
 
@@ -84,8 +89,8 @@ def build(
     try:
         config = BuildConfig(rewrite=scenario_rewriter(summarise_model) if summarise_model else None)
         comp = build_compendium(
-            events, cat, org, round_=round_, epsilon=epsilon, delta=delta, rounds=rounds, seed=seed,
-            config=config,
+            events, cat, org, round_=round_, epsilon=epsilon, delta=delta, rounds=rounds, releases=releases,
+            seed=seed, config=config, embedder=None if embedder == "none" else get_embedder(embedder),
         )
     except ValueError as exc:
         raise SynapseError(str(exc)) from None
@@ -151,41 +156,6 @@ def keygen(
     reg = add_to_registry(registry or key_dir / "keys.json", signer, replace=replace)
     typer.echo(f"{owner}: key {signer.key_id} -> {key_path} (private), {registry or key_dir / 'keys.json'} "
                f"({sum(o == owner for o, _ in reg.keys.values())} registered for {owner})")
-
-
-@app.command("check-data")
-def check_data(folder: Annotated[Path, typer.Argument(help="Dataset folder: catalog.json, org_*.jsonl, test.jsonl.")]) -> None:
-    """Check a dataset folder: every file, field and tool id; exit 0 if valid, 2 otherwise.
-
-    Prints one line per problem, naming the file, line and field, with the fix
-    where one is known.
-    """
-    from synapse_flwr.data.check import DataError, require_valid
-
-    try:
-        report = require_valid(folder)
-    except DataError as exc:
-        typer.echo(str(exc))
-        raise typer.Exit(2) from None
-    typer.echo(f"valid: {report.summary()}")
-
-
-@app.command("split-orgs")
-def split_orgs(
-    log_file: Annotated[Path, typer.Argument(help="Labelled experience log (e.g. FOLDER/train.jsonl).")],
-    orgs: Annotated[int, typer.Option(help="Organisations (org_org0.jsonl ...).")] = 5,
-    alpha: Annotated[
-        Optional[float], typer.Option(help="Dirichlet concentration of a non-IID split over tools (default: IID).")
-    ] = None,
-    seed: Annotated[int, typer.Option(help="Shuffle / partition seed.")] = 0,
-    out: Annotated[Optional[Path], typer.Option(help="Folder of the org logs (default: beside the log).")] = None,
-    overwrite: Annotated[bool, typer.Option(help="Replace existing org_*.jsonl logs.")] = False,
-) -> None:
-    """Split one labelled log into organisation logs, IID or Dirichlet non-IID."""
-    from synapse_flwr.data.split import split_orgs as split
-
-    for org, path in split(log_file, orgs, alpha, seed, out, overwrite).items():
-        typer.echo(f"{org}: {path}")
 
 
 @app.command("check-data")
