@@ -178,8 +178,7 @@ def train(msg: Message, context: Context) -> Message:
             "released": released,
             "bytes-sent": len(wire),
             "epsilon": artifact.privacy.epsilon if artifact.privacy.epsilon is not None else -1.0,
-            "replayed": len(replayed),
-            "replay-acc": sum(e.success for e in replayed) / len(replayed) if replayed else -1.0,
+            "replayed": len(replayed),  # replay keeps only misroutes: this is their count
         }
     )
     content = RecordDict({"artifact": to_record(wire), "metrics": metrics})
