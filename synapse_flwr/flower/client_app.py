@@ -13,6 +13,7 @@ never leaves it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -137,7 +138,13 @@ def org_release(
 
 def federation_embedder(cfg: RunConfig) -> Embedder | None:
     """The federation's embedding space (prototypes, replay, evaluation); None when off."""
-    return None if cfg.embedder == "none" else get_embedder(cfg.embedder)
+    return None if cfg.embedder == "none" else _loaded_embedder(cfg.embedder)
+
+
+@functools.cache
+def _loaded_embedder(name: str) -> Embedder:
+    # one model load per client process, not one per round
+    return get_embedder(name)
 
 
 @app.train()
