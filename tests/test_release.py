@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
-from synapse_flwr.core.builder import BuildConfig, build_compendium
+from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.catalog import ToolDoc, make_catalog
 from synapse_flwr.core.experience import Event
 from synapse_flwr.core.release import ReleaseState, record_keys, release_round
@@ -73,7 +73,7 @@ def test_a_restarted_client_reads_its_cache_and_does_not_re_release(tmp_path):
     context = SimpleNamespace(node_config={})
     data = OrgData("acme", CATALOG, _events(20))
     path = cache_path(cfg, context, "acme")
-    fp = fingerprint(cfg, "acme", CATALOG, BuildConfig())
+    fp = fingerprint(cfg, "acme", CATALOG)
     art1, state, n1 = org_release(data, cfg, load_state(path, fp), 1, [], None)
     path.parent.mkdir(parents=True)
     path.write_text(state.model_dump_json())
@@ -82,7 +82,7 @@ def test_a_restarted_client_reads_its_cache_and_does_not_re_release(tmp_path):
     assert canonical_json(art2.model_copy(update={"issuer": art1.issuer})) == canonical_json(art1)
     # other settings: another run, a fresh state
     other = RunConfig.from_mapping({"epsilon": 2.0, "embedder": "none", "output-dir": str(tmp_path)})
-    assert load_state(path, fingerprint(other, "acme", CATALOG, BuildConfig())).windows == 0
+    assert load_state(path, fingerprint(other, "acme", CATALOG)).windows == 0
 
 
 def test_replayed_outcomes_are_new_windows_accounted_as_their_record():

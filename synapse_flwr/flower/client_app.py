@@ -82,10 +82,10 @@ def org_data(context: Context, cfg: RunConfig) -> OrgData:
     return OrgData(org, ds.catalog, ds.orgs[org])
 
 
-def fingerprint(cfg: RunConfig, org: str, catalog: Catalog, build: BuildConfig) -> str:
+def fingerprint(cfg: RunConfig, org: str, catalog: Catalog) -> str:
     """The settings a release cache belongs to: a cache made under others is not reused."""
     parts = [org, cfg.dataset, cfg.seed, cfg.epsilon, cfg.delta, cfg.num_rounds, cfg.replay, cfg.embedder,
-             cfg.alpha, cfg.inject, repr(build), SCHEMA_VERSION, *catalog.ids]
+             cfg.alpha, cfg.inject, repr(BuildConfig()), SCHEMA_VERSION, *catalog.ids]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
 
 
@@ -172,7 +172,7 @@ def train(msg: Message, context: Context) -> Message:
         router = Router(incoming, data.catalog, embedder=embedder or get_embedder("static"))
         replayed = replay_events(data.events, router)
     path = cache_path(cfg, context, data.org)
-    state = load_state(path, fingerprint(cfg, data.org, data.catalog, BuildConfig()))
+    state = load_state(path, fingerprint(cfg, data.org, data.catalog))
     artifact, new_state, released = org_release(data, cfg, state, server_round, replayed, embedder)
     if new_state is not state:
         write_atomic(path, new_state.model_dump_json())  # before replying: a restart never re-releases
