@@ -12,35 +12,18 @@ import time
 from pathlib import Path
 
 import numpy as np
+from synapse_flwr.simulations.catalog_gen import real_catalog, scaled_catalog
 
 from synapse_flwr.core.builder import build_compendium
-from synapse_flwr.core.catalog import Catalog, ToolDoc, make_catalog
+from synapse_flwr.core.catalog import Catalog
 from synapse_flwr.core.embed import get_embedder
 from synapse_flwr.core.files import write_atomic
 from synapse_flwr.core.router import Router, evaluate_routes
 from synapse_flwr.data.federation import metatool_dataset
-from synapse_flwr.data.metatool import load_metatool
 from synapse_flwr.data.pins import verified_hashes
 from synapse_flwr.eval.results import experiment_parser, load_experiment, write_results
 
 log = logging.getLogger("router_bench")
-
-
-def scaled_catalog(base: Catalog, extra: Catalog, size: int, seed: int) -> Catalog:
-    """Real tools (MetaTool + unlabelled plugin manifests), topped up with generated ones.
-
-    Generated tools splice sentences of two real descriptions, so their text
-    is realistic in length and vocabulary; they only serve speed measurements.
-    """
-    real = {d.tool_id: d for d in (*base.tools, *extra.tools)}
-    rng = np.random.default_rng(seed)
-    texts = [d.description for d in real.values() if d.description]
-    docs = list(real.values())
-    for i in range(size - len(docs)):
-        a, b = rng.choice(len(texts), 2, replace=False)
-        desc = f"{texts[a].split('. ')[0]}. {texts[b].split('. ')[-1]}"
-        docs.append(ToolDoc(f"generated_{i:05d}", f"generated_{i:05d}", desc))
-    return make_catalog(docs)
 
 
 def quality(ds, compendia: dict, cfg: dict, seed: int) -> dict:
@@ -137,10 +120,9 @@ def main() -> None:
             continue
         if "speed" in parts:
             queries = [i.query for i in ds.seen_test + ds.heldout_test][:2000]
-            extra = load_metatool(with_extra_tools=True).catalog
             results["speed"] = {
                 "real": speed(ds.catalog, compendia["central"], queries, cfg),
-                "scaled": speed(scaled_catalog(ds.catalog, extra, cfg["scaled_tools"], seed),
+                "scaled": speed(scaled_catalog(cfg["scaled_tools"], seed, real_catalog()),
                                 compendia["central"], queries, cfg),
             }
         if "llm" in parts:
