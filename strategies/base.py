@@ -22,6 +22,7 @@ from synapse_flwr.strategies.records import attach_signature, from_record, signa
 
 from synapse_flwr.core.schema import Compendium, FlatCompendium
 from synapse_flwr.core.signing import ARTIFACT, GLOBAL, Registry, Signer
+from synapse_flwr.core.delta import apply_delta, sha256_hex
 from synapse_flwr.core.wire import MAX_WIRE_BYTES, ArtifactError, encode, parse_artifact, parse_json, unwrap
 
 Merged = Compendium | FlatCompendium
@@ -63,6 +64,8 @@ class RoundReport:
         Wire bytes of all received artifacts.
     artifacts_in : int
         Replies that carried an artifact (valid or not).
+    deltas_in : int
+        Accepted replies that came as a delta against the org's previous artifact.
     bytes_out : int
         Wire bytes of the broadcast global.
     epsilon : float or None
@@ -78,46 +81,76 @@ class RoundReport:
     rejected: list[Rejection] = field(default_factory=list)
     bytes_in: int = 0
     artifacts_in: int = 0
+    deltas_in: int = 0
     bytes_out: int = 0
     epsilon: float | None = None
     conflicts: int = 0
     merged: bool = False
 
 
-def check_reply(
-    msg: Message, max_bytes: int, registry: Registry | None = None, round_: int = 0
-) -> tuple[Compendium | None, int, str | None]:
-    """Validate one reply at the edge: ``(artifact, size, reason_if_rejected)``. Never raises.
+DELTA_KEY = "delta"  # the reply's ArrayRecord when it carries a delta instead of the full artifact
+DELTA_BASE = "delta-base"  # config key: sha256 of the artifact the server holds from the node's org
 
-    With a ``registry`` the signature is checked on the received JSON bytes
-    before they are parsed (unsigned, unknown key, wrong org, other round,
-    forged), and the artifact's issuer must be the signer.
+
+def reply_body(msg: Message, max_bytes: int, base: bytes | None) -> tuple[bytes | None, int, str | None]:
+    """The canonical JSON a reply carries, rebuilt from ``base`` when it is a delta: ``(body, size, reason)``.
+
+    Never raises; a delta the server has no base for is rejected with a reason
+    that tells the client to send its full artifact.
     """
-    if msg.has_error():
-        return None, 0, f"client error {msg.error.code}: {msg.error.reason}"
+    is_delta = DELTA_KEY in msg.content.array_records
     try:
-        raw = from_record(msg.content["artifact"])
+        raw = from_record(msg.content[DELTA_KEY if is_delta else "artifact"])
     except (KeyError, AttributeError, TypeError, ValueError) as exc:
         return None, 0, f"reply carries no artifact ({type(exc).__name__}: {exc})"
+    if is_delta and base is None:
+        return None, len(raw), "invalid delta: the server holds no base for this node's org; send the full artifact"
     try:
-        body = unwrap(raw, max_bytes)
+        return (apply_delta(base, raw, max_bytes) if is_delta else unwrap(raw, max_bytes)), len(raw), None
     except ArtifactError as exc:
-        return None, len(raw), f"invalid artifact: {exc}"
+        return None, len(raw), f"invalid {'delta' if is_delta else 'artifact'}: {exc}"
+
+
+def verify_reply(
+    msg: Message, max_bytes: int, registry: Registry | None = None, round_: int = 0, base: bytes | None = None
+) -> tuple[Compendium | None, bytes | None, int, str | None]:
+    """:func:`check_reply` that also returns the artifact's canonical JSON (the next round's delta base)."""
+    if msg.has_error():
+        return None, None, 0, f"client error {msg.error.code}: {msg.error.reason}"
+    body, size, reason = reply_body(msg, max_bytes, base)
+    if body is None:
+        return None, None, size, reason
     sig = None
     if registry is not None:
         sig, reason = signature_from(msg.content)
         reason = reason or registry.verify(sig, ARTIFACT, body, round_)
         if reason:
-            return None, len(raw), f"rejected signature: {reason}"
+            return None, None, size, f"rejected signature: {reason}"
     try:
         art = parse_artifact(parse_json(body))
     except ArtifactError as exc:
-        return None, len(raw), f"invalid artifact: {exc}"
+        return None, None, size, f"invalid artifact: {exc}"
     if not isinstance(art, Compendium) or art.kind != "org":
-        return None, len(raw), "invalid artifact: expected a typed org compendium"
+        return None, None, size, "invalid artifact: expected a typed org compendium"
     if sig is not None and art.issuer.org != sig.signer:
-        return None, len(raw), f"rejected signature: issuer.org {art.issuer.org!r} is not the signer {sig.signer!r}"
-    return art, len(raw), None
+        return None, None, size, f"rejected signature: issuer.org {art.issuer.org!r} is not the signer {sig.signer!r}"
+    return art, body, size, None
+
+
+def check_reply(
+    msg: Message, max_bytes: int, registry: Registry | None = None, round_: int = 0, base: bytes | None = None
+) -> tuple[Compendium | None, int, str | None]:
+    """Validate one reply at the edge: ``(artifact, size, reason_if_rejected)``. Never raises.
+
+    A reply carries its artifact's wire bytes, or a delta against ``base``
+    (the canonical JSON the server accepted from the node's org last), which is
+    rebuilt and checked against its target digest first. With a ``registry``
+    the signature is checked on the (rebuilt) JSON bytes before they are parsed
+    (unsigned, unknown key, wrong org, other round, forged), and the artifact's
+    issuer must be the signer.
+    """
+    art, _, size, reason = verify_reply(msg, max_bytes, registry, round_, base)
+    return art, size, reason
 
 
 class CompendiumStrategy(Strategy):
@@ -128,7 +161,10 @@ class CompendiumStrategy(Strategy):
     artifact. Replies that error, carry no artifact, are oversized, carry no
     valid signature (when a registry is set) or fail validation are rejected
     with node id and reason, logged and counted;
-    they never break the round. When at least ``min_nodes`` valid artifacts
+    they never break the round. A reply may be a delta against the artifact
+    the server accepted from the node's org last (each node is told that
+    artifact's sha256 as ``delta-base``); it is rebuilt, then checked exactly
+    like a full artifact. When at least ``min_nodes`` valid artifacts
     arrived, the latest valid artifact of every organisation seen so far is
     merged into the new global (an org that misses a round keeps contributing
     its last artifact); otherwise the previous global is kept.
@@ -179,6 +215,7 @@ class CompendiumStrategy(Strategy):
         self.registry = registry
         self.signer = signer
         self.latest: dict[str, tuple[int, Compendium]] = {}
+        self.bases: dict[str, tuple[str, bytes]] = {}  # org -> (sha256, canonical JSON) of its latest artifact
         self.reports: dict[int, RoundReport] = {}
 
     def summary(self) -> None:
@@ -206,10 +243,19 @@ class CompendiumStrategy(Strategy):
         config = ConfigRecord({**dict(config), "server-round": rnd, "policy": self.policy})
         content = attach_signature(RecordDict({"arrays": arrays, "config": config}), self.signer, GLOBAL, rnd,
                                    from_record(arrays))
+        held = {node: self.bases[org][0] for org, (node, _) in self.latest.items() if org in self.bases}
         return [
-            Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node)
+            Message(content=self._for_node(content, held.get(node)), message_type=MessageType.TRAIN, dst_node_id=node)
             for node in self._node_ids(grid)
         ]
+
+    @staticmethod
+    def _for_node(content: RecordDict, base: str | None) -> RecordDict:
+        # the node's own delta base travels in its copy of the config; the signed global is shared
+        if base is None:
+            return content
+        config = ConfigRecord({**dict(content["config"]), DELTA_BASE: base})
+        return RecordDict({**{k: v for k, v in content.items() if k != "config"}, "config": config})
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -218,9 +264,11 @@ class CompendiumStrategy(Strategy):
         rnd = self.round_offset + server_round
         report = RoundReport(round=rnd)
         self.reports[rnd] = report
+        owned = {node: org for org, (node, _) in self.latest.items()}
         for msg in replies:
             node = msg.metadata.src_node_id
-            art, size, reason = check_reply(msg, self.max_bytes, self.registry, rnd)
+            base = self.bases.get(owned.get(node, ""), (None, None))[1]
+            art, body, size, reason = verify_reply(msg, self.max_bytes, self.registry, rnd, base)
             report.bytes_in += size
             report.artifacts_in += size > 0
             if reason is None and art is not None:
@@ -232,6 +280,8 @@ class CompendiumStrategy(Strategy):
                 log(WARNING, "round %d: rejected reply from node %d: %s", rnd, node, reason)
                 continue
             self.latest[art.issuer.org] = (node, art)
+            self.bases[art.issuer.org] = (sha256_hex(body), body)
+            report.deltas_in += DELTA_KEY in msg.content.array_records
             report.accepted.append(node)
         metrics = {"accepted": len(report.accepted), "rejected": len(report.rejected),
                    "bytes-in": report.bytes_in}

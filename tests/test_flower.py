@@ -117,6 +117,27 @@ def test_simulation(tmp_path):
 
 
 @pytest.mark.slow
+def test_delta_on_the_wire(tmp_path):
+    """With privacy on, round 2 sends deltas, far smaller, and the final global is byte-identical to full sends."""
+    globals_, sent = {}, {}
+    for delta in (True, False):
+        home, out = tmp_path / f"flwr-{delta}", tmp_path / f"out-{delta}"
+        rc = {"dataset": dataset(tmp_path), "num-rounds": 2, "epsilon": 4.0, "embedder": "static",
+              "evaluate": False, "wire-delta": delta, "output-dir": str(out)}
+        try:
+            run_simulation(APP_DIR, num_supernodes=3, run_config=rc, flwr_home=home, timeout=300)
+        finally:
+            assert_nothing_left(home)
+        rounds = read_metrics(out)
+        assert [r["deltas_in"] for r in rounds] == ([0, 3] if delta else [0, 0])
+        sent[delta] = [r["bytes_per_client"] for r in rounds]
+        globals_[delta] = (out / "global_round_2.json").read_bytes()
+    assert sent[True][0] == sent[False][0]
+    assert all(d * 5 < f for d, f in zip(sent[True][1:], sent[False][1:])), sent
+    assert globals_[True] == globals_[False]
+
+
+@pytest.mark.slow
 def test_rejected_artifact(tmp_path):
     """A SuperNode whose experience file is malformed is rejected; the round completes."""
     home, out = tmp_path / "flwr", tmp_path / "out"
@@ -183,6 +204,7 @@ def test_resume(tmp_path):
     assert rounds[0] == first
     assert (out / "global_round_1.json").read_bytes() == global_1
     assert len(rounds[1]["accepted"]) == 2
+    assert rounds[1]["deltas_in"] == 0  # a new server holds no base: the clients send full artifacts
     assert "resuming after round 1" in res.log_path.read_text()
     load_artifact(out / "global_round_2.json")
 

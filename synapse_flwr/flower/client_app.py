@@ -7,8 +7,9 @@ configured dataset, with run config ``inject`` > 0 corrupting that share of
 it for robustness experiments), optionally replays that traffic with the global
 compendium so that the outcomes become new experience (run config
 ``replay = true``: the feedback loop), builds and privatises its compendium,
-and replies with the artifact's wire bytes plus metrics. The raw experience
-never leaves it.
+and replies with the artifact's wire bytes plus metrics (after round 1 a
+delta against the artifact it sent before, when the server holds that one:
+run config ``wire-delta``). The raw experience never leaves it.
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ from synapse_flwr.core.errors import InputError
 from synapse_flwr.core.experience import Event, load_experience
 from synapse_flwr.core.replay import replay_events
 from synapse_flwr.core.router import Router
-from synapse_flwr.core.wire import decode, encode
+from synapse_flwr.core.delta import encode_delta, make_delta, sha256_hex
+from synapse_flwr.core.wire import decode, encode, unwrap
 from synapse_flwr.data.check import DataError
 from synapse_flwr.data.federation import load_dataset, load_partition
 from synapse_flwr.flower.config import RunConfig
+from synapse_flwr.strategies.base import DELTA_BASE, DELTA_KEY
 from synapse_flwr.strategies.records import attach_signature, from_record, signature_problem, to_record
 from synapse_flwr.core.signing import ARTIFACT, GLOBAL
 from synapse_flwr.flower.keys import registry_for, signer_for
@@ -136,6 +139,38 @@ def org_release(
     return release_round(keyed, state, build, server_round)
 
 
+def reply_payload(cfg: RunConfig, org: str, wire: bytes, held: str | None, sent_path: Path) -> tuple[str, bytes]:
+    """The reply's record key and bytes: a delta against what this org sent last, when the server holds it.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        ``wire-delta`` turns deltas on.
+    org : str
+        This organisation (named in the log).
+    wire : bytes
+        The full artifact's wire bytes.
+    held : str or None
+        sha256 of the artifact the server holds from this org (its ``delta-base``), None when none.
+    sent_path : Path
+        This org's copy of the canonical JSON it sent last (kept locally, never sent).
+    """
+    body = unwrap(wire)
+    last = sent_path.read_bytes() if sent_path.is_file() else None
+    write_atomic(sent_path, body)  # before replying: the next round's base is what the server may accept now
+    if not cfg.wire_delta:
+        return "artifact", wire
+    if held is None:
+        log.info("%s: the server holds no earlier artifact of this org (first round, new server or lost "
+                 "state); sending the full artifact", org)
+        return "artifact", wire
+    if last is None or sha256_hex(last) != held:
+        log.info("%s: the server's base %s... is not the artifact this org sent last; sending the full artifact",
+                 org, held[:16])
+        return "artifact", wire
+    return DELTA_KEY, encode_delta(make_delta(last, body))
+
+
 def federation_embedder(cfg: RunConfig) -> Embedder | None:
     """The federation's embedding space (prototypes, replay, evaluation); None when off."""
     return None if cfg.embedder == "none" else _loaded_embedder(cfg.embedder)
@@ -149,7 +184,7 @@ def _loaded_embedder(name: str) -> Embedder:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """Validate the global, release this org's new experience, reply with its compendium."""
+    """Validate the global, release this org's new experience, reply with its compendium (or a delta)."""
     cfg = RunConfig.from_mapping(context.run_config)
     server_round = int(msg.content["config"]["server-round"])
     # signing: a global whose server signature does not verify is never used
@@ -177,17 +212,20 @@ def train(msg: Message, context: Context) -> Message:
     if new_state is not state:
         write_atomic(path, new_state.model_dump_json())  # before replying: a restart never re-releases
     wire = encode(artifact)
-    log.info("%s round %d: %d events, %d released now -> %d bytes (global in: %d tools)",
-             data.org, server_round, len(data.events), released, len(wire), len(getattr(incoming, "tools", [])))
+    key, payload = reply_payload(cfg, data.org, wire, msg.content["config"].get(DELTA_BASE),
+                                 path.with_name(f"{data.org}.sent.json"))
+    log.info("%s round %d: %d events, %d released now -> %d bytes as %s (global in: %d tools)", data.org,
+             server_round, len(data.events), released, len(payload), key, len(getattr(incoming, "tools", [])))
     metrics = MetricRecord(
         {
             "events": len(data.events),
             "released": released,
-            "bytes-sent": len(wire),
+            "bytes-sent": len(payload),
+            "bytes-full": len(wire),
             "epsilon": artifact.privacy.epsilon if artifact.privacy.epsilon is not None else -1.0,
             "replayed": len(replayed),  # replay keeps only misroutes: this is their count
         }
     )
-    content = RecordDict({"artifact": to_record(wire), "metrics": metrics})
+    content = RecordDict({key: to_record(payload), "metrics": metrics})
     signer = signer_for(cfg, data.org, context.node_config)  # signing: over the artifact, org and round
     return Message(content=attach_signature(content, signer, ARTIFACT, server_round, wire), reply_to=msg)

@@ -111,6 +111,7 @@ KEYS: tuple[Key, ...] = (
     Key("inject", float, 0.0, "share of each org's events corrupted (robustness experiments)", _between(0.0, 1.0)),
     Key("sign", bool, True, "sign every artifact and global and verify them against keys-file (false turns it off)"),
     Key("keys-file", str, "", "public-key registry from `synapse keygen` (empty: the demo key set, not secrets)"),
+    Key("wire-delta", bool, True, "after round 1 send a delta against the org's previous artifact (false: always full)"),
 )
 BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
 
@@ -136,6 +137,7 @@ class RunConfig:
     inject: float
     sign: bool
     keys_file: str
+    wire_delta: bool
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:
