@@ -35,7 +35,7 @@ from synapse_flwr.data.federation import FederatedDataset, load_folder, metatool
 
 log = logging.getLogger("tune_router")
 NO_HARM = 0.005  # held-out accuracy a federated arm may lose to docs-only
-FUSION_KEYS = ("prototype", "margin", "phrases", "shrink", "gate_sds")
+FUSION_KEYS = ("prototype", "prior", "margin", "phrases", "shrink", "gate_sds")
 
 
 def weights(scenario: float) -> tuple[float, float, float]:
@@ -150,7 +150,7 @@ def tables(rows: list[dict], best: dict, docs: dict, final: dict) -> str:
              f"held-out {docs['heldout']}. `ok`: no harm at both epsilons (held-out >= docs - {NO_HARM}, "
              "seen >= docs).", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
-    lines += ["", "Chosen: " + ", ".join(f"{c}={best[c]}" for c in cols[:7]), ""]
+    lines += ["", "Chosen: " + ", ".join(f"{c}={best[c]}" for c in cols if "@" not in c and c != "ok"), ""]
     for name, arms in final.items():
         lines += [f"## {name} (chosen point, not tuned here)", "", "| arm | seen | held-out | bytes/artifact |",
                   "|---|---|---|---|"]

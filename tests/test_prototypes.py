@@ -200,3 +200,17 @@ def test_explain_names_the_deciding_field():
     assert result.tool == "get_weather" and result.candidates[0].signals["prototype"] > 0
     text = explain_route(result)
     assert "tool: get_weather" in text and "decided by:" in text and "prototype=" in text
+
+
+def test_experience_is_silent_when_the_docs_choice_has_none():
+    comp = build_compendium(EVENTS, CATALOG, "acme", embedder=BagEmbedder())
+    fed, docs = _router(comp), _router(None)
+    new_kind = "passport visa and an umbrella"  # documentation points at visa_rules, which has no experience
+    assert docs.route(new_kind).tool == "visa_rules"
+    assert fed.evidence([new_kind])["prototype"].max() == 0
+    assert [(c.tool_id, c.retrieval) for c in fed.route(new_kind).candidates] == [
+        (c.tool_id, c.retrieval) for c in docs.route(new_kind).candidates]
+    # where the documentation already points at an experienced tool, its prototype adds evidence
+    known_kind = "umbrella and rain"
+    assert docs.route(known_kind).tool == "get_weather"
+    assert fed.evidence([known_kind])["prototype"][0, fed.position["get_weather"]] > 0

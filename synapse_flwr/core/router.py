@@ -17,13 +17,19 @@ the score a documentation-only router gives it (description cosine plus the
 phrase evidence of its documentation alone), and experience only *adds*
 non-negative evidence, to the tools that have it: the phrase evidence beyond
 the documentation, the scenario similarity beyond the description, and the
-query's cosine with the tool's prototype direction beyond a high floor
-(``margin``: most queries of tools *without* experience resemble some
-experienced tool's queries, so only a close match counts), shrunk by the
-prototype's noise, ``A^2 / (A^2 + k * sd^2)`` with ``A^2`` the
-noise-corrected squared norm of the sum, and ignored altogether when that
-norm is within ``gate_sds`` noise SDs of zero. A tool without experience, or with
-experience at noise level, therefore scores exactly as without a compendium.
+prototype evidence. A tool's prototype counts only when its noise-corrected
+squared norm ``A^2`` clears ``gate_sds`` noise SDs; its evidence is the
+query's cosine with the prototype's direction beyond ``margin``, shrunk by
+the noise, ``A^2 / (A^2 + k * sd^2)``, plus ``prior * log(1 + n)`` for its
+released count ``n`` (how often the tool serves queries at all). Prototype
+evidence is *gated per query*: it is added only when the documentation's own
+choice for the query is a tool with experience. A query whose
+documentation-best tool has no experience is routed exactly as docs_only
+routes it, so experience can only re-route queries that docs_only already
+sends to an experienced tool (one mean prototype per tool cannot tell a
+query of a known kind from a query for a new tool; the documentation's
+choice can). A tool without experience, or with experience at noise level,
+therefore scores exactly as without a compendium.
 
 Rerankers choose among the top ``k``:
 
@@ -84,31 +90,37 @@ class Fusion:
 
     The defaults were chosen on the seed-7 MetaTool split only
     (``simulations/tune_router.py``, ``docs/results/tuning/``): phrases beyond
-    the documentation cost 17 held-out points without privacy, and a cosine
-    floor below 0.65 let experienced tools take queries of tools without
-    experience.
+    the documentation cost 17 held-out points without privacy; without the
+    per-query gate, every cosine floor that kept held-out tools within 0.005
+    of docs_only capped the seen gain at 2-4 points.
 
     Parameters
     ----------
     phrases : float
         Weight of the phrase evidence beyond what the documentation gives.
     prototype : float
-        Weight of the prototype evidence.
+        Weight of the prototype evidence (cosine part).
     shrink : float
         ``k`` of the prototype's noise shrinkage ``A^2 / (A^2 + k * sd^2)``.
     gate_sds : float
         A prototype whose squared norm is within this many noise SDs of its
         noise's expectation is ignored (the tool keeps exactly its
-        documentation score).
+        documentation score, and counts as a tool without experience for
+        the per-query gate).
     margin : float
         Cosine with a prototype's direction counts only above this floor.
+    prior : float
+        Weight of ``log(1 + n)``, ``n`` the prototype's released count.
     """
 
     phrases: float = 0.0
-    prototype: float = 1.0
+    prototype: float = 8.0
     shrink: float = 4.0
-    gate_sds: float = 2.0
-    margin: float = 0.65
+    gate_sds: float = 3.0
+    margin: float = 0.0
+    prior: float = 0.5
+
+
 RENDERS = ("typed", "flat")
 
 
@@ -418,8 +430,10 @@ class Router:
         self.fusion = fusion
         self.prototypes = self._load_prototypes(self.compendium)
 
-    def _load_prototypes(self, compendium: Compendium | FlatCompendium | None) -> tuple[np.ndarray, np.ndarray] | None:
-        """Prototype directions ``(n_tools, dim)`` and their noise shrinkage (0: ignored), or None.
+    def _load_prototypes(
+        self, compendium: Compendium | FlatCompendium | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Prototype directions ``(n_tools, dim)``, noise shrinkage (0: ignored) and count prior, or None.
 
         Used only when the compendium's embedding space is the router's.
         """
@@ -431,6 +445,7 @@ class Router:
             return None
         dirs = np.zeros((len(self.tool_ids), compendium.embedding.dim), np.float32)
         gain = np.zeros(len(self.tool_ids), np.float32)
+        prior = np.zeros(len(self.tool_ids), np.float32)
         for i, entry in enumerate(self.entries.values()):
             if entry.prototype is None:
                 continue
@@ -439,7 +454,8 @@ class Router:
                 continue
             dirs[i] = decode_prototype(entry.prototype) / math.sqrt(signal)
             gain[i] = signal / (signal + self.fusion.shrink * entry.prototype.sum_sd**2)
-        return dirs, gain
+            prior[i] = self.fusion.prior * math.log1p(entry.prototype.count)
+        return dirs, gain, prior
 
     # ------------------------------------------------------------- retrieval
     def scenario_scores(self, q: np.ndarray) -> np.ndarray:
@@ -457,16 +473,26 @@ class Router:
             out[row, owners[first]] = sims[row, first]
         return out
 
-    def prototype_scores(self, q: np.ndarray) -> np.ndarray:
-        """Shrunk cosine with each tool's prototype direction beyond ``margin``, ``>= 0``."""
+    def prototype_scores(self, q: np.ndarray, docs: np.ndarray) -> np.ndarray:
+        """Prototype evidence ``>= 0`` per query and tool, zero where the gate is closed.
+
+        Parameters
+        ----------
+        q : numpy.ndarray
+            ``(n, dim)`` query embeddings.
+        docs : numpy.ndarray
+            ``(n, n_tools)`` documentation scores: a query's gate is open when
+            its best-documented tool has a prototype above the noise.
+        """
         out = np.zeros((len(q), len(self.tool_ids)), np.float32)
         if self.prototypes is None:
             return out
-        dirs, gain = self.prototypes
+        dirs, gain, prior = self.prototypes
         used = gain > 0
         if used.any():
-            out[:, used] = np.maximum(q @ dirs[used].T - self.fusion.margin, 0.0) * gain[used]
-        return out
+            out[:, used] = (self.fusion.prototype * np.maximum(q @ dirs[used].T - self.fusion.margin, 0.0) * gain[used]
+                            + prior[used])
+        return out * used[np.argmax(docs, axis=1)][:, None]
 
     def evidence(self, queries: Sequence[str], q: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Weighted retrieval evidence per field (:data:`EVIDENCE`), each ``(len(queries), n_tools)``.
@@ -485,7 +511,7 @@ class Router:
         out["phrases"] = (self.fusion.phrases * np.maximum(self.profile.score(queries) - docs_lex, 0.0)
                           * self.phrase_tools[None, :]) if self.fusion.phrases and self.phrase_tools.any() else zero
         out["scenario"] = w_scen * np.maximum(self.scenario_scores(q) - dense_doc, 0.0) if w_scen else zero
-        out["prototype"] = self.fusion.prototype * self.prototype_scores(q)
+        out["prototype"] = self.prototype_scores(q, out["description"])
         return out
 
     def retrieve(self, queries: Sequence[str], q: np.ndarray | None = None) -> np.ndarray:
