@@ -665,3 +665,39 @@ def run_job(job: FedAvgJob, backend_config: Mapping[str, Any] | None = None) -> 
         run_simulation(server_app=server_app(folder), client_app=client_app,
                        num_supernodes=len(job.shards), backend_config=config)
         return FedAvgOutcome.load(folder)
+
+
+def run_in_process(job: FedAvgJob) -> FedAvgOutcome:
+    """Run a job's FedAvg schedule in this process, without Flower: for sweeps over many settings.
+
+    The same schedule as :func:`server_app` (every organisation trains every
+    round with :func:`train_local`, its DP-SGD accountant kept in its own
+    node state; the heads are averaged weighted by example count, as
+    ``FedAvg`` does; the global head is evaluated before the first round and
+    after each), without the per-run start-up of a Flower simulation.
+
+    Parameters
+    ----------
+    job : FedAvgJob
+        The run.
+
+    Returns
+    -------
+    FedAvgOutcome
+        Per-round train metrics and evaluations, as the ServerApp records them.
+    """
+    tools = torch.from_numpy(job.tools)
+    evaluator = HeadEvaluator(job.tools, job.tool_ids, job.splits)
+    weight = CosineHead(tools, job.settings.temperature).state_dict()["proj.weight"]
+    evaluator(0, ArrayRecord({"proj.weight": weight}))
+    states = [RecordDict() for _ in job.shards]
+    sizes = [len(shard.y) for shard in job.shards]
+    train: dict[int, dict[str, float]] = {}
+    for rnd in range(1, job.rounds + 1):
+        replies = [train_local(weight, shard, tools, job.settings, states[p], rnd, p)
+                   for p, shard in enumerate(job.shards)]
+        weight = sum(w["proj.weight"] * n for (w, _), n in zip(replies, sizes)) / sum(sizes)
+        train[rnd] = {"loss": sum(m["loss"] * n for (_, m), n in zip(replies, sizes)) / sum(sizes),
+                      "epsilon": max(m["epsilon"] for _, m in replies), "orgs": len(replies)}
+        evaluator(rnd, ArrayRecord({"proj.weight": weight}))
+    return FedAvgOutcome(train, evaluator.evaluations)
