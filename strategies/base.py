@@ -38,14 +38,18 @@ class Rejection:
     round : int
         Server round.
     node_id : int
-        The sending node.
+        The node the round's message went to (also for errors the SuperLink
+        answers in its name, which come from node 1).
     reason : str
         Why it was rejected.
+    org : str or None
+        The organisation that node spoke for in an earlier round (None: unknown).
     """
 
     round: int
     node_id: int
     reason: str
+    org: str | None = None
 
 
 @dataclass
@@ -153,6 +157,23 @@ def check_reply(
     return art, size, reason
 
 
+def dropped_nodes(
+    sent: Sequence[Message], replies: Sequence[Message], latest: dict[str, tuple[int | None, Compendium]],
+) -> list[tuple[int, str]]:
+    """Nodes that did not answer this round: ``(node id, reason)``, sorted by node id.
+
+    A message without a reply timed out; an organisation that contributed
+    before but whose node was not sent anything is no longer connected.
+    """
+    answered = {m.metadata.reply_to_message_id for m in replies}
+    out = [(m.metadata.dst_node_id, "no reply within the round timeout (run config round-timeout)")
+           for m in sent if m.metadata.message_id not in answered]
+    addressed = {m.metadata.dst_node_id for m in sent}
+    out += [(owner, "node no longer connected") for owner, _ in latest.values()
+            if owner is not None and owner not in addressed]
+    return sorted(out)
+
+
 class CompendiumStrategy(Strategy):
     """Broadcast the global compendium, validate every reply, merge the valid ones.
 
@@ -160,8 +181,10 @@ class CompendiumStrategy(Strategy):
     (an ``ArrayRecord`` holding its wire bytes) and replies with its own
     artifact. Replies that error, carry no artifact, are oversized, carry no
     valid signature (when a registry is set) or fail validation are rejected
-    with node id and reason, logged and counted;
-    they never break the round. A reply may be a delta against the artifact
+    with node id and reason, logged and counted, as are nodes that did not
+    answer within the round's timeout and contributors no longer connected
+    (each under the id of the node the message went to, with its org once
+    known); they never break the round. A reply may be a delta against the artifact
     the server accepted from the node's org last (each node is told that
     artifact's sha256 as ``delta-base``); it is rebuilt, then checked exactly
     like a full artifact. When at least ``min_nodes`` valid artifacts
@@ -214,9 +237,18 @@ class CompendiumStrategy(Strategy):
         self.wait_timeout = wait_timeout
         self.registry = registry
         self.signer = signer
-        self.latest: dict[str, tuple[int, Compendium]] = {}
+        self.latest: dict[str, tuple[int | None, Compendium]] = {}
         self.bases: dict[str, tuple[str, bytes]] = {}  # org -> (sha256, canonical JSON) of its latest artifact
         self.reports: dict[int, RoundReport] = {}
+        self._sent: list[Message] = []  # this round's messages, whose ids Flower sets when it pushes them
+
+    def restore(self, latest: dict[str, Compendium]) -> None:
+        """Resume: each org's latest accepted artifact (owner unknown: new node ids after a restart)."""
+        self.latest = {org: (None, art) for org, art in latest.items()}
+
+    def org_of(self, node: int) -> str | None:
+        """The organisation a node's artifact was accepted for, if any."""
+        return next((org for org, (owner, _) in self.latest.items() if owner == node), None)
 
     def summary(self) -> None:
         """Log the strategy's settings."""
@@ -244,10 +276,11 @@ class CompendiumStrategy(Strategy):
         content = attach_signature(RecordDict({"arrays": arrays, "config": config}), self.signer, GLOBAL, rnd,
                                    from_record(arrays))
         held = {node: self.bases[org][0] for org, (node, _) in self.latest.items() if org in self.bases}
-        return [
+        self._sent = [
             Message(content=self._for_node(content, held.get(node)), message_type=MessageType.TRAIN, dst_node_id=node)
             for node in self._node_ids(grid)
         ]
+        return self._sent
 
     @staticmethod
     def _for_node(content: RecordDict, base: str | None) -> RecordDict:
@@ -265,19 +298,23 @@ class CompendiumStrategy(Strategy):
         report = RoundReport(round=rnd)
         self.reports[rnd] = report
         owned = {node: org for org, (node, _) in self.latest.items()}
+        replies = list(replies)
+        for node, reason in dropped_nodes(self._sent, replies, self.latest):
+            self._reject(report, node, reason)
+        sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent}
         for msg in replies:
-            node = msg.metadata.src_node_id
+            # the SuperLink answers for an unavailable node from node 1: name the node the message went to
+            node = sent_to.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
             base = self.bases.get(owned.get(node, ""), (None, None))[1]
             art, body, size, reason = verify_reply(msg, self.max_bytes, self.registry, rnd, base)
             report.bytes_in += size
             report.artifacts_in += size > 0
             if reason is None and art is not None:
                 owner = self.latest.get(art.issuer.org)
-                if owner is not None and owner[0] != node:
+                if owner is not None and owner[0] not in (None, node):
                     reason = f"org {art.issuer.org!r} already belongs to node {owner[0]}"
             if reason is not None:
-                report.rejected.append(Rejection(rnd, node, reason))
-                log(WARNING, "round %d: rejected reply from node %d: %s", rnd, node, reason)
+                self._reject(report, node, reason)
                 continue
             self.latest[art.issuer.org] = (node, art)
             self.bases[art.issuer.org] = (sha256_hex(body), body)
@@ -299,6 +336,12 @@ class CompendiumStrategy(Strategy):
             rnd, len(self.latest), self.policy, report.conflicts, report.bytes_out)
         return to_record(wire), MetricRecord({**metrics, "bytes-out": report.bytes_out,
                                               "conflicts": report.conflicts})
+
+    def _reject(self, report: RoundReport, node: int, reason: str) -> None:
+        org = self.org_of(node)
+        report.rejected.append(Rejection(report.round, node, reason, org))
+        log(WARNING, "round %d: rejected reply from node %d%s: %s", report.round, node,
+            f" (org {org!r})" if org else "", reason)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

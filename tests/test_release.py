@@ -95,3 +95,20 @@ def test_replayed_outcomes_are_new_windows_accounted_as_their_record():
     # a record now took part in two of the three planned releases
     single = build_compendium(data.events, CATALOG, "acme", epsilon=4.0, rounds=3, releases=2)
     assert math.isclose(art.privacy.epsilon, single.privacy.epsilon) and art.privacy.epsilon < 4.0
+
+
+def test_windows_with_prototypes_combine_in_their_space():
+    """Regression: the combined release kept the prototypes but dropped the embedding space (invalid)."""
+    from synapse_flwr.core.embed import get_embedder
+
+    emb = get_embedder("static")
+
+    def build(evs):
+        return build_compendium(evs, CATALOG, "acme", round_=1, epsilon=4.0, rounds=2, seed=3, embedder=emb)
+
+    old, new = _events(5), _events(5, start=100)
+    _, state, _ = release_round(list(zip(record_keys(old), old)), ReleaseState(fingerprint="f"), build, 1)
+    both = [*old, *new]
+    artifact, _, n = release_round(list(zip(record_keys(both), both)), state, build, 2)
+    assert n == 10 and artifact.embedding == state.artifact.embedding is not None
+    assert all(t.prototype is not None for t in artifact.tools)

@@ -67,12 +67,14 @@ def combine(previous: Compendium, window: Compendium) -> Compendium:
 
     Counts, supports and prototype sums add up (the typed merge's field-wise
     sums); the result is the organisation's artifact with the window's issuer
-    and privacy block (every window is calibrated alike). The merge's conflict
+    privacy block and embedding space (every window is calibrated alike, in
+    the federation's one space). The merge's conflict
     log is dropped: disagreements between one organisation's own windows are
     not disagreements between organisations.
     """
     merged = merge_typed([previous, window])
-    return Compendium(kind="org", issuer=window.issuer, privacy=window.privacy, tools=merged.tools)
+    return Compendium(kind="org", issuer=window.issuer, privacy=window.privacy, tools=merged.tools,
+                      embedding=window.embedding)
 
 
 def release_round(

@@ -38,6 +38,7 @@ from synapse_flwr.core.delta import encode_delta, make_delta, sha256_hex
 from synapse_flwr.core.wire import decode, encode, unwrap
 from synapse_flwr.data.check import DataError
 from synapse_flwr.data.federation import load_dataset, load_partition
+from synapse_flwr.flower.capture import capture_mod
 from synapse_flwr.flower.config import RunConfig
 from synapse_flwr.strategies.base import DELTA_BASE, DELTA_KEY
 from synapse_flwr.strategies.records import attach_signature, from_record, signature_problem, to_record
@@ -46,7 +47,7 @@ from synapse_flwr.flower.keys import registry_for, signer_for
 
 log = logging.getLogger(__name__)
 
-app = ClientApp()
+app = ClientApp(mods=[capture_mod])  # the mod is a pass-through unless run config capture-dir is set
 
 
 @dataclass(frozen=True)
@@ -211,6 +212,8 @@ def train(msg: Message, context: Context) -> Message:
     artifact, new_state, released = org_release(data, cfg, state, server_round, replayed, embedder)
     if new_state is not state:
         write_atomic(path, new_state.model_dump_json())  # before replying: a restart never re-releases
+    if cfg.fail_round == server_round and data.org in cfg.fail_orgs.split(","):
+        raise RuntimeError(f"fault injection: org {data.org} fails in round {server_round} (run config fail-orgs)")
     wire = encode(artifact)
     key, payload = reply_payload(cfg, data.org, wire, msg.content["config"].get(DELTA_BASE),
                                  path.with_name(f"{data.org}.sent.json"))

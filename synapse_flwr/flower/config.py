@@ -112,6 +112,11 @@ KEYS: tuple[Key, ...] = (
     Key("sign", bool, True, "sign every artifact and global and verify them against keys-file (false turns it off)"),
     Key("keys-file", str, "", "public-key registry from `synapse keygen` (empty: the demo key set, not secrets)"),
     Key("wire-delta", bool, True, "after round 1 send a delta against the org's previous artifact (false: always full)"),
+    Key("fail-round", int, 0, "fault injection: the round in which the fail-orgs' ClientApps raise (0: never)",
+        _between(0, 10_000)),
+    Key("fail-orgs", str, "", "fault injection: comma-separated orgs that fail in fail-round"),
+    Key("capture-dir", str, "", "privacy audit: folder where each ClientApp writes every message it sends "
+        "(empty: off)"),
 )
 BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
 
@@ -138,6 +143,9 @@ class RunConfig:
     sign: bool
     keys_file: str
     wire_delta: bool
+    fail_round: int
+    fail_orgs: str
+    capture_dir: str
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:

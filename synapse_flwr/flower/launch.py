@@ -321,7 +321,7 @@ def absolute_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
     Returns
     -------
     dict
-        A validated copy with absolute ``output-dir``, ``release-cache`` and,
+        A validated copy with absolute ``output-dir``, ``release-cache``, ``capture-dir`` and,
         when a folder, ``dataset``.
 
     Raises
@@ -331,8 +331,9 @@ def absolute_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
     """
     rc = check_overrides(run_config)  # a bad key or value fails here, before any process starts
     rc["output-dir"] = str(Path(str(rc.get("output-dir", "runs/latest"))).expanduser().resolve())
-    if rc.get("release-cache"):
-        rc["release-cache"] = str(Path(str(rc["release-cache"])).expanduser().resolve())
+    for key in ("release-cache", "capture-dir"):
+        if rc.get(key):
+            rc[key] = str(Path(str(rc[key])).expanduser().resolve())
     dataset = rc.get("dataset")
     if isinstance(dataset, (str, Path)) and str(dataset) not in ("demo", "metatool"):
         if Path(dataset).expanduser().is_dir():

@@ -6,7 +6,9 @@ queries when it has any (routing accuracy and recall@5, seen and held-out
 tools), and the round's record (nodes accepted and rejected with reasons,
 bytes in and out, conflicts, epsilon, accuracy, wall time) is appended to ``<output-dir>/metrics.json``, both atomically. A run that
 crashed resumes from the last completed round: the global of that round is
-broadcast again and only the remaining rounds run.
+broadcast again, each organisation's latest accepted artifact
+(``orgs_round_<r>.json``) is merged again if it misses a round, and only the
+remaining rounds run.
 """
 
 from __future__ import annotations
@@ -67,18 +69,38 @@ class RunRecorder:
         if self.metrics_path.exists():
             self.rounds = json.loads(self.metrics_path.read_text())["rounds"]
 
-    def resume_point(self) -> tuple[int, bytes | None]:
-        """The last round whose global is on disk and valid, with that global's bytes."""
+    def resume_point(self) -> tuple[int, bytes | None, dict[str, Compendium]]:
+        """The last round whose global is on disk and valid: that round, the global's bytes, and
+        each organisation's latest accepted artifact then (what the next merge starts from)."""
         for record in reversed(self.rounds):
             path = self.out_dir / f"global_round_{record['round']}.json"
             try:
-                return record["round"], encode(load_artifact(path))
+                return record["round"], encode(load_artifact(path)), self.org_state(record["round"])
             except ArtifactError as exc:
                 log.warning("cannot resume from %s: %s", path, exc)
-        return 0, None
+        return 0, None, {}
 
-    def record(self, round_: int, global_bytes: bytes, report: dict, eval_metrics: dict) -> None:
-        """Write the round's global, then its metrics (so metrics never point at a missing global)."""
+    def org_state(self, round_: int) -> dict[str, Compendium]:
+        """The per-org artifacts checkpointed after ``round_``.
+
+        Raises
+        ------
+        ArtifactError
+            If the checkpoint is missing or an artifact in it is invalid.
+        """
+        path = self.out_dir / f"orgs_round_{round_}.json"
+        try:
+            orgs = json.loads(path.read_bytes())["orgs"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ArtifactError([f"(file): cannot read the per-org checkpoint {path}: {exc}"]) from None
+        return {org: decode(json.dumps(art).encode()) for org, art in orgs.items()}
+
+    def record(self, round_: int, global_bytes: bytes, report: dict, eval_metrics: dict,
+               orgs: dict[str, Compendium]) -> None:
+        """Write the round's per-org checkpoint and global, then its metrics (so metrics never point
+        at a missing file)."""
+        state = {"round": round_, "orgs": {org: json.loads(canonical_json(art)) for org, art in sorted(orgs.items())}}
+        write_atomic(self.out_dir / f"orgs_round_{round_}.json", json.dumps(state, sort_keys=True))
         write_atomic(self.out_dir / f"global_round_{round_}.json", canonical_json(decode(global_bytes)))
         self.rounds = [r for r in self.rounds if r["round"] < round_]
         self.rounds.append({**report, **eval_metrics, "round": round_})
@@ -174,7 +196,7 @@ def make_evaluate_fn(
         summary["wall_s"] = round(time.perf_counter() - t0, 3)
         global_bytes = from_record(arrays)
         scores = evaluator(global_bytes) if evaluator else {}
-        recorder.record(rnd, global_bytes, summary, scores)
+        recorder.record(rnd, global_bytes, summary, scores, {org: art for org, (_, art) in strategy.latest.items()})
         return MetricRecord({"accepted": len(summary["accepted"]), "rejected": len(summary["rejected"]),
                              **{k: float(v) for k, v in scores.items()}})
 
@@ -188,7 +210,7 @@ def main(grid: Grid, context: Context) -> None:
     num_rounds = cfg.num_rounds
     out_dir = Path(cfg.output_dir).resolve()
     recorder = RunRecorder(out_dir, cfg.to_mapping())
-    done, resume_bytes = recorder.resume_point()
+    done, resume_bytes, orgs = recorder.resume_point()
     if done >= num_rounds:
         log.warning("all %d rounds already completed in %s; nothing to do", num_rounds, out_dir)
         return
@@ -201,6 +223,7 @@ def main(grid: Grid, context: Context) -> None:
         registry=registry_for(cfg),  # signing: verify replies, sign the global
         signer=signer_for(cfg, SERVER),
     )
+    strategy.restore(orgs)  # an org that misses the next round keeps contributing what it sent before
     strategy.start(
         grid=grid,
         initial_arrays=to_record(resume_bytes or empty_global()),

@@ -1,0 +1,201 @@
+"""Dropouts, crash and resume, and the privacy audit (issue 13).
+
+The fast tests drive the strategy with hand-made Flower messages (ids set as
+Flower's grid sets them when it pushes), the run recorder's checkpoint, the
+canary scanner on positive and negative controls, and the membership-inference
+attack on a few trials. The slow ones run the real app: a simulation where 40%
+of the organisations fail mid-round, is killed after round 1 and resumed
+(simulations/fault_audit.py), and a local deployment where a SuperNode is
+SIGKILLed; every message the ClientApps send is searched for the planted
+canaries.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import math
+import random
+
+import pytest
+from flwr.app import ConfigRecord, Error, Message, MetricRecord, RecordDict
+
+from synapse_flwr.core.builder import build_compendium
+from synapse_flwr.core.catalog import load_catalog
+from synapse_flwr.core.experience import load_experience
+from synapse_flwr.core.wire import canonical_json, encode
+from synapse_flwr.data.federation import demo_dir
+from synapse_flwr.flower.server_app import RunRecorder, empty_global
+from synapse_flwr.simulations import fault_audit
+from synapse_flwr.simulations.privacy_audit import (
+    CANARIES,
+    audit_membership,
+    best_threshold,
+    dp_advantage_bound,
+    find_canaries,
+    gaussian_advantage,
+    plant_canaries,
+)
+from synapse_flwr.strategies import make_strategy
+from synapse_flwr.strategies.records import to_record
+
+SUPERLINK = 1  # the node id the SuperLink answers from for an unavailable node
+
+
+class FakeGrid:
+    def __init__(self, nodes: list[int]) -> None:
+        self.nodes = nodes
+
+    def get_node_ids(self) -> list[int]:
+        return self.nodes
+
+
+@pytest.fixture(autouse=True)
+def server_identity(monkeypatch):
+    """Messages are made as the ServerApp makes them: its process knows its run and task."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name, value in (("_run_id", 7), ("_task_id", 8), ("_node_id", SUPERLINK)):
+        monkeypatch.setattr(TaskIdentity, name, value)
+
+
+@pytest.fixture(scope="module")
+def demo_artifacts():
+    catalog = load_catalog(demo_dir() / "catalog.json")
+    return {org: build_compendium(load_experience(demo_dir() / f"org_{org}.jsonl", catalog), catalog, org, round_=1)
+            for org in ("a", "b")}
+
+
+def send(strategy, round_: int, nodes: list[int]) -> list[Message]:
+    """configure_train, with message ids set as Flower's grid sets them on push."""
+    msgs = list(strategy.configure_train(round_, to_record(empty_global()), ConfigRecord(), FakeGrid(nodes)))
+    for i, m in enumerate(msgs):
+        m.metadata.__dict__["_message_id"] = f"r{round_}-m{i}"
+    return msgs
+
+
+def reply(msg: Message, art) -> Message:
+    return Message(RecordDict({"artifact": to_record(encode(art)), "metrics": MetricRecord({"events": 1})}),
+                   reply_to=msg)
+
+
+def superlink_error(msg: Message) -> Message:
+    err = Message(Error(code=3, reason="node unavailable"), reply_to=msg)
+    err.metadata.__dict__["_src_node_id"] = SUPERLINK
+    return err
+
+
+def test_dropped_nodes_are_named_by_their_own_id_and_org(demo_artifacts):
+    strategy = make_strategy("typed", min_nodes=1)
+    r1 = send(strategy, 1, [11, 12, 13])
+    strategy.aggregate_train(1, [reply(r1[0], demo_artifacts["a"]), reply(r1[1], demo_artifacts["b"])])
+    report = strategy.reports[1]
+    assert report.accepted == [11, 12]
+    assert [(x.node_id, x.org) for x in report.rejected] == [(13, None)]
+    assert report.rejected[0].reason.startswith("no reply within the round timeout")
+
+    r2 = send(strategy, 2, [11, 12])  # node 13 gone, node 12 answered for by the SuperLink
+    arrays, _ = strategy.aggregate_train(2, [reply(r2[0], demo_artifacts["a"]), superlink_error(r2[1])])
+    rejected = strategy.reports[2].rejected
+    assert [(x.node_id, x.org) for x in rejected] == [(12, "b")]
+    assert rejected[0].reason.startswith("client error 3")
+    assert arrays is not None, "one valid artifact is enough at min_nodes=1"
+    merged = {o for t in strategy.merge_fn([art for _, art in strategy.latest.values()]).tools
+              for o in t.provenance.orgs}
+    assert merged == {"a", "b"}, "org b's round-1 artifact is still merged"
+
+    send(strategy, 3, [11])
+    strategy.aggregate_train(3, [])
+    assert [(x.node_id, x.org, x.reason) for x in strategy.reports[3].rejected] == [
+        (11, "a", "no reply within the round timeout (run config round-timeout)"),
+        (12, "b", "node no longer connected"),
+    ]
+
+
+def test_checkpoint_restores_every_org_and_new_nodes_may_claim_them(tmp_path, demo_artifacts):
+    recorder = RunRecorder(tmp_path, {})
+    recorder.record(1, encode(demo_artifacts["a"]), {"accepted": [11]}, {}, demo_artifacts)
+    round_, _, orgs = RunRecorder(tmp_path, {}).resume_point()
+    assert round_ == 1
+    assert {o: canonical_json(a) for o, a in orgs.items()} == {
+        o: canonical_json(a) for o, a in demo_artifacts.items()}
+    strategy = make_strategy("typed", min_nodes=1)
+    strategy.restore(orgs)
+    (msg,) = send(strategy, 1, [99])  # after a restart org a's node has a new id
+    strategy.aggregate_train(1, [reply(msg, demo_artifacts["a"])])
+    assert strategy.reports[1].accepted == [99]
+    (tmp_path / "orgs_round_1.json").write_text("{")  # a torn checkpoint: no resume from it
+    assert RunRecorder(tmp_path, {}).resume_point()[0] == 0
+
+
+def test_canary_scanner_finds_hidden_copies_and_nothing_in_clean_bytes():
+    email, card = CANARIES[0], next(c for c in CANARIES if c.name == "card-1")
+    clean = gzip.compress(b'{"text": "weather in rome <PHONE> <EMAIL>", "n": 415.5, "m": 5550187}')
+    assert find_canaries(clean, list(CANARIES)) == set()
+    hidden = {
+        "raw": f"x {email.text} y".encode(),
+        "gzip": b"header" + gzip.compress(email.text.upper().encode()) + b"trailer",
+        "base64": base64.b64encode(f"... {email.text} ...".encode()),
+        "base64 in gzip": gzip.compress(b"data=" + base64.b64encode(f"ref {email.text} ok".encode())),
+    }
+    for how, payload in hidden.items():
+        assert find_canaries(payload, list(CANARIES)) == {email.name}, how
+    assert find_canaries(card.text.replace(" ", "-").encode(), list(CANARIES)) == {card.name}
+    assert find_canaries(b"call 415.555.0187", list(CANARIES)) == {"phone-1"}
+
+
+def test_planting_adds_every_canary_to_every_org(tmp_path):
+    for org in ("a", "b"):
+        (tmp_path / f"org_{org}.jsonl").write_text('{"query": "q", "tool": "t", "success": true}\n')
+    planted = plant_canaries(tmp_path)
+    for org in ("a", "b"):
+        text = (tmp_path / f"org_{org}.jsonl").read_text()
+        assert all(c.text in text for c in planted)
+        assert find_canaries(text.encode(), planted) == {c.name for c in planted}
+
+
+def test_advantage_bounds():
+    assert dp_advantage_bound(0.0, 0.0) == 0.0
+    assert dp_advantage_bound(4.0, 1e-5) == pytest.approx((math.exp(4) - 1 + 2e-5) / (math.exp(4) + 1))
+    assert gaussian_advantage(0.0) == 0.0 and gaussian_advantage(1.0) == pytest.approx(0.3829, abs=1e-4)
+    rng = random.Random(0)
+    same = [rng.gauss(0, 1) for _ in range(4000)]
+    import numpy as np
+
+    _, adv_none = best_threshold(np.array(same[:2000]), np.array(same[2000:]))
+    _, adv_far = best_threshold(np.array(same[:2000]) + 10, np.array(same[2000:]))
+    assert adv_none < 0.06 and adv_far == 1.0
+
+
+@pytest.mark.slow
+def test_membership_attack_runs_on_real_releases():
+    res = audit_membership(trials=20)
+    assert res["privacy"]["epsilon"] == res["reported_epsilon"] <= 4.0
+    assert res["mi_bound"] == pytest.approx(dp_advantage_bound(res["reported_epsilon"], 1e-5), abs=1e-4)
+    # 10 held-out trials per arm: far from the bound, near the Gaussian optimum (about 0.3)
+    assert -0.5 < res["mi_advantage"] < res["mi_bound"]
+    assert 0.2 < res["gaussian_optimal_advantage"] < 0.4
+
+
+@pytest.mark.slow
+def test_dropouts_crash_and_resume_simulation(tmp_path):
+    """40% of orgs fail in round 2; a run killed after round 1 resumes to the same bytes; no canary leaves."""
+    res = fault_audit.dropouts_and_resume(tmp_path, rounds=2)
+    assert res["rounds_completed"] == 2
+    assert res["accepted_per_round"] == [5, 3]
+    assert res["dropped_orgs_named"] == sorted(fault_audit.FAILING)
+    assert res["orgs_in_round_2_global"] == [f"org{i}" for i in range(5)], "nothing merged is lost"
+    assert res["killed_pids"] and res["rounds_on_disk_after_crash"] == [1] and res["resumed"]
+    assert res["resume_identical"] and res["release_caches_identical"]
+    assert res["captured_messages"] >= 5 * 2 * 2
+    assert res["canaries_leaked"] == {}
+
+
+@pytest.mark.slow
+def test_killed_supernode_deployment(tmp_path):
+    res = fault_audit.killed_supernode(tmp_path, rounds=2, round_timeout=30.0)
+    assert res["status"] == "finished:completed" and res["rounds_completed"] == 2
+    assert res["killed_pids"] == 1 and res["killed_node_named"]
+    assert res["round_wall_s"][1] < res["round_timeout_s"] + 15, "the dead node is bounded by the round timeout"
+    assert res["killed_org"] in res["orgs_in_final_global"], "its round-1 contribution is kept"
+    assert res["canaries_leaked"] == {}
