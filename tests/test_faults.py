@@ -193,9 +193,39 @@ def test_dropouts_crash_and_resume_simulation(tmp_path):
 
 @pytest.mark.slow
 def test_killed_supernode_deployment(tmp_path):
-    res = fault_audit.killed_supernode(tmp_path, rounds=2, round_timeout=30.0)
+    res = fault_audit.killed_supernode(tmp_path, rounds=2, round_timeout=60.0)
     assert res["status"] == "finished:completed" and res["rounds_completed"] == 2
     assert res["killed_pids"] == 1 and res["killed_node_named"]
+    assert res["superexec_outlived_node_s"] is not None and res["superexec_outlived_node_s"] < 15
     assert res["round_wall_s"][1] < res["round_timeout_s"] + 15, "the dead node is bounded by the round timeout"
     assert res["killed_org"] in res["orgs_in_final_global"], "its round-1 contribution is kept"
     assert res["canaries_leaked"] == {}
+
+
+def test_a_dead_supernodes_superexec_is_stopped(tmp_path):
+    """What a killed process started with ``--parent-pid`` (a SuperNode's SuperExec) is stopped at once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from synapse_flwr.flower.processes import TAG_ENV, ProcessGroup
+
+    group = ProcessGroup("test-orphans", {**os.environ, TAG_ENV: "test-orphans"}, tmp_path)
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    node = group.start("supernode_a", sleep, cwd=tmp_path)
+    other = group.start("supernode_b", sleep, cwd=tmp_path)
+    orphan = subprocess.Popen([*sleep, "--parent-pid", str(node.pid)], env=group.env)
+    bystander = subprocess.Popen([*sleep, "--parent-pid", str(other.pid)], env=group.env)
+    try:
+        assert group.stop_orphans() == []
+        node.send_signal(signal.SIGKILL)
+        node.wait()
+        assert group.stop_orphans() == ["supernode_a"]
+        assert orphan.wait(timeout=10) == -signal.SIGTERM
+        assert bystander.poll() is None and group.stop_orphans() == []
+    finally:
+        for proc in (orphan, bystander):
+            proc.kill()
+            proc.wait()
+        group.stop(grace=5, linger=1)

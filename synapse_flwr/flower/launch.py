@@ -1210,6 +1210,7 @@ def _submit_and_wait(launch: Launch, timeout: float) -> tuple[str, str, float]:
             log.info("run %s: %s", run_id, status)
             last = status
         seen = launch.progress(seen)
+        group.stop_orphans()  # a SuperNode killed mid-run: its SuperExec would retry until teardown
         if status.startswith("finished"):
             return run_id, status, time.monotonic() - t0
         time.sleep(POLL_S)  # each `flwr ls` costs ~1 CPU-second: do not poll hot

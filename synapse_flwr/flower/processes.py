@@ -201,6 +201,16 @@ def _cmdline(pid: int) -> list[str]:
         return []
 
 
+def started_by(pids: Sequence[int], parent: int) -> list[int]:
+    """Those of ``pids`` started with ``--parent-pid <parent>`` (Flower's SuperExec of a SuperNode)."""
+    found = []
+    for pid in pids:
+        args = _cmdline(pid)
+        if "--parent-pid" in args[:-1] and args[args.index("--parent-pid") + 1] == str(parent):
+            found.append(pid)
+    return found
+
+
 def _alive(pid: int) -> bool:
     """Whether the process exists and is not a zombie."""
     if os.path.isdir("/proc"):
@@ -292,6 +302,7 @@ class ProcessGroup:
         self.env = env
         self.log_dir = log_dir
         self.started: list[tuple[str, subprocess.Popen]] = []
+        self._reaped: set[int] = set()  # started processes found dead, their leftovers stopped
         log_dir.mkdir(parents=True, exist_ok=True)
 
     def log_path(self, name: str) -> Path:
@@ -364,6 +375,28 @@ class ProcessGroup:
             )
         except subprocess.TimeoutExpired as exc:
             raise SynapseError(f"`flwr {' '.join(args)}` did not answer within {timeout:.0f}s") from exc
+
+    def stop_orphans(self) -> list[str]:
+        """SIGTERM what a started process that died left behind; the names of the dead.
+
+        A SuperNode killed from outside leaves its SuperExec (started with
+        ``--parent-pid <its pid>``) retrying a connection to it until teardown;
+        it is stopped as soon as its SuperNode is found dead (once).
+
+        Returns
+        -------
+        list of str
+            Names of the processes found dead since the last call.
+        """
+        dead = [(n, p) for n, p in self.started if p.poll() is not None and p.pid not in self._reaped]
+        for name, proc in dead:
+            self._reaped.add(proc.pid)
+            children = started_by(tagged_processes(self.tag), proc.pid)
+            log.warning("%s (pid %d) exited with code %s; stopping what it started: %s", name, proc.pid,
+                        proc.returncode, children or "nothing")
+            for pid in children:
+                _signal(pid, signal.SIGTERM)
+        return [n for n, _ in dead]
 
     def stop(self, grace: float = 15.0, linger: float = 20.0) -> list[int]:
         """Stop everything this group started; return the pids that had to be killed.
