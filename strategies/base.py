@@ -166,8 +166,9 @@ def dropped_nodes(
     before but whose node was not sent anything is no longer connected.
     """
     answered = {m.metadata.reply_to_message_id for m in replies}
+    senders = {m.metadata.src_node_id for m in replies}
     out = [(m.metadata.dst_node_id, "no reply within the round timeout (run config round-timeout)")
-           for m in sent if m.metadata.message_id not in answered]
+           for m in sent if m.metadata.message_id not in answered and m.metadata.dst_node_id not in senders]
     addressed = {m.metadata.dst_node_id for m in sent}
     out += [(owner, "node no longer connected") for owner, _ in latest.values()
             if owner is not None and owner not in addressed]

@@ -146,5 +146,7 @@ def test_the_strategy_announces_each_nodes_base_and_accepts_its_delta(monkeypatc
     assert announced == {1: sha256_hex(b), 2: None}
     strategy.aggregate_train(1, [delta_reply(b, target)])
     report = strategy.reports[ROUND]
-    assert report.accepted == [1] and report.deltas_in == 1 and report.rejected == []
+    assert report.accepted == [1] and report.deltas_in == 1
+    assert [(r.node_id, r.reason) for r in report.rejected] == [
+        (2, "no reply within the round timeout (run config round-timeout)")]  # node 2 was sent a message
     assert strategy.latest["org_a"][1] == target and strategy.bases["org_a"][1] == canonical_json(target)
