@@ -19,7 +19,12 @@ import numpy as np
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.files import write_atomic
 from synapse_flwr.data.pins import verified_hashes
-from synapse_flwr.eval.results import experiment_parser, load_experiment, write_results
+from synapse_flwr.eval.results import (
+    experiment_parser,
+    load_experiment,
+    update_summary,
+    write_results,
+)
 from synapse_flwr.flower.launch import default_app_dir, read_metrics, run_simulation
 
 log = logging.getLogger("flower_scale")
@@ -67,17 +72,28 @@ def _row(r: dict) -> str:
 
 def table(results: dict) -> str:
     """The Markdown table of the runs, with the growth exponents of wall time and peak memory."""
-    lines = ["| K | status | wall s | peak RSS GiB | bytes/client r1 | bytes/client r2 | bytes/client r3 | "
-             "deltas r2..3 | seen acc | held-out acc |", "|" + "---|" * 10]
+    lines = [("| K | status | wall s | peak RSS GiB | bytes/client r1 | bytes/client r2 | bytes/client r3 | "
+             "deltas r2..3 | seen acc | held-out acc |"), "|" + "---|" * 10]
     lines += [_row(r) for r in results.values()]
     done = [r for r in results.values() if r["status"] == "finished:completed"]
     ks = [r["nodes"] for r in done]
     wall = growth_exponent(ks, [r["wall_s"] for r in done])
     if wall is not None:
         rss = growth_exponent(ks, [r["peak_rss_bytes"] for r in done])
-        lines += ["", f"Growth exponents over K = {ks} (least squares on log-log): "
-                      f"wall time K^{wall:.2f}, peak RSS K^{rss:.2f}."]
+        lines += ["", (f"Growth exponents over K = {ks} (least squares on log-log): "
+                      f"wall time K^{wall:.2f}, peak RSS K^{rss:.2f}.")]
     return "\n".join(lines) + "\n"
+
+
+def summary_keys(results: dict) -> dict:
+    """The ``sim_k<K>_*`` keys of ``docs/results/perf/summary.json`` for the completed runs of K = 100 and 200."""
+    keys = {}
+    for r in results.values():
+        if r["status"] == "finished:completed" and r["nodes"] in (100, 200):
+            keys[f"sim_k{r['nodes']}_wall_s"] = r["wall_s"]
+            if r["nodes"] == 100:
+                keys["sim_k100_peak_rss_bytes"] = r["peak_rss_bytes"]
+    return keys
 
 
 def main() -> None:
@@ -93,6 +109,8 @@ def main() -> None:
         log.info("%s: %s", key, {k: v for k, v in results[key].items() if k != "per_round"})
         write_results(out_dir, results, cfg, data, command)
         write_atomic(out_dir / "results.md", table(results))
+        if cfg.get("summary"):
+            update_summary(Path(cfg["summary"]), summary_keys(results))
 
 
 if __name__ == "__main__":

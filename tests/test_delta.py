@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import json
 import logging
 
 import pytest
@@ -11,16 +10,21 @@ from flwr.app import ConfigRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 from hostile.corpus import base_artifact
 from hostile.signatures import ROUND, make_keys, reply
+from synapse_flwr.strategies.base import (
+    DELTA_BASE,
+    DELTA_KEY,
+    CompendiumStrategy,
+    check_reply,
+)
+from synapse_flwr.strategies.records import attach_signature, to_record
 
 from synapse_flwr.core.delta import apply_delta, encode_delta, make_delta, sha256_hex
 from synapse_flwr.core.merge import merge_typed
 from synapse_flwr.core.schema import Issuer, ToolEntry
 from synapse_flwr.core.signing import ARTIFACT
-from synapse_flwr.core.wire import MAX_WIRE_BYTES, ArtifactError, canonical_json, encode
+from synapse_flwr.core.wire import MAX_WIRE_BYTES, canonical_json, encode
 from synapse_flwr.flower.client_app import reply_payload
 from synapse_flwr.flower.config import RunConfig
-from synapse_flwr.strategies.base import DELTA_BASE, DELTA_KEY, CompendiumStrategy, check_reply
-from synapse_flwr.strategies.records import attach_signature, to_record
 
 KEYS = make_keys()
 
@@ -103,7 +107,7 @@ def test_a_delta_without_a_base_on_the_server_is_rejected_with_a_reason():
 
 
 def test_a_delta_bomb_is_bounded():
-    base, target = rounds_apart()
+    base, _ = rounds_apart()
     bomb = gzip.compress(b" " * (MAX_WIRE_BYTES + 10))
     msg = reply(1, RecordDict({DELTA_KEY: to_record(bomb)}))
     _, _, reason = check_reply(msg, MAX_WIRE_BYTES, None, ROUND, base=canonical_json(base))

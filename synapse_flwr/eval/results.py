@@ -93,3 +93,15 @@ def write_results(
         "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     write_atomic(out_dir / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def update_summary(path: Path, values: dict[str, Any]) -> dict[str, Any]:
+    """Set ``values`` in a shared ``summary.json`` (created if missing), keeping every other key.
+
+    Several benchmarks write their own keys into one summary; each reads the
+    file and replaces only its keys, so none overwrites another's.
+    """
+    summary = json.loads(path.read_text()) if path.exists() else {}
+    summary.update(_jsonable(values))
+    write_atomic(path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    return summary
