@@ -74,8 +74,9 @@ def table(results: dict) -> str:
     """The Markdown table of the runs, with the growth exponents of wall time and peak memory."""
     lines = [("| K | status | wall s | peak RSS GiB | bytes/client r1 | bytes/client r2 | bytes/client r3 | "
              "deltas r2..3 | seen acc | held-out acc |"), "|" + "---|" * 10]
-    lines += [_row(r) for r in results.values()]
-    done = [r for r in results.values() if r["status"] == "finished:completed"]
+    runs = sorted(results.values(), key=lambda r: r["nodes"])
+    lines += [_row(r) for r in runs]
+    done = [r for r in runs if r["status"] == "finished:completed"]
     ks = [r["nodes"] for r in done]
     wall = growth_exponent(ks, [r["wall_s"] for r in done])
     if wall is not None:

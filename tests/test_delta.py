@@ -154,3 +154,17 @@ def test_the_strategy_announces_each_nodes_base_and_accepts_its_delta(monkeypatc
     assert [(r.node_id, r.reason) for r in report.rejected] == [
         (2, "no reply within the round timeout (run config round-timeout)")]  # node 2 was sent a message
     assert strategy.latest["org_a"][1] == target and strategy.bases["org_a"][1] == canonical_json(target)
+
+
+def test_the_global_is_decoded_once_per_process(monkeypatch):
+    """Virtual clients of one actor share the decoded global of the same bytes; other bytes decode anew."""
+    from synapse_flwr.flower import client_app
+
+    calls = []
+    monkeypatch.setattr(client_app, "decode", lambda wire: calls.append(wire) or object())
+    client_app.decoded_global.cache_clear()
+    first, other = encode(base_artifact()), encode(rounds_apart()[1])
+    shared = client_app.decoded_global(first)
+    assert client_app.decoded_global(bytes(first)) is shared and len(calls) == 1
+    assert client_app.decoded_global(other) is not shared and len(calls) == 2
+    client_app.decoded_global.cache_clear()
