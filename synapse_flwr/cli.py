@@ -198,7 +198,7 @@ def merge(
     files: Annotated[list[Path], typer.Argument(help="Validated artifacts to merge.")],
     output: OutOption,
     policy: Annotated[
-        str, typer.Option(help="Merge policy: typed, support-weighted or flat-majority.")
+        str, typer.Option(help="Merge policy: typed, support-weighted, robust or flat-majority.")
     ] = "typed",
 ) -> None:
     """Merge artifacts into one global compendium with the chosen policy."""

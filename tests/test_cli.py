@@ -180,7 +180,7 @@ def test_merge_is_order_independent_and_idempotent(built, data):
     assert load_artifact(d / "g3.json").inputs == load_artifact(built["global"]).inputs
 
 
-@pytest.mark.parametrize("policy", ["support-weighted", "flat-majority"])
+@pytest.mark.parametrize("policy", ["support-weighted", "robust", "flat-majority"])
 def test_other_merge_policies(built, data, policy):
     out = data["dir"] / f"{policy}.json.gz"
     ok(invoke("merge", built["acme"], built["globex"], "--policy", policy, "-o", out))

@@ -66,6 +66,15 @@ def test_injection_is_deterministic_nested_and_hashed():
     assert none == orgs and inj0.counts == {"wrong_tool": 0, "inverted": 0}
 
 
+def test_injection_can_credit_every_event_to_a_wrong_tool():
+    events = _events(60)
+    out, records = corrupt_org(events, "a", 1.0, seed=3, tools=TOOLS, kinds=("wrong_tool",))
+    assert len(records) == 60 and {r[2] for r in records} == {"wrong_tool"}
+    assert all(a.tool == a.gold != b.tool and a.success for a, b in zip(out, events))
+    with pytest.raises(ValueError, match="kinds"):
+        corrupt_org(events, "a", 1.0, 3, TOOLS, kinds=("shuffled",))
+
+
 @pytest.mark.parametrize("rate", [-0.1, 1.5])
 def test_injection_rejects_bad_rates(rate):
     with pytest.raises(ValueError, match="rate"):

@@ -36,7 +36,7 @@ def test_any_permutation_gives_identical_bytes(arts, rnd, policy):
 
 
 @SETTINGS
-@given(artifact_lists, st.sampled_from(["typed", "support-weighted"]))
+@given(artifact_lists, st.sampled_from(["typed", "support-weighted", "robust"]))
 def test_merging_a_global_again_changes_nothing(arts, policy):
     g = merge(arts, policy)
     assert canonical_json(merge([g], policy)) == canonical_json(g)

@@ -29,6 +29,27 @@ Policies
     ``typed`` after scaling every organisation's support so that none
     weighs more than ``max_share`` times the median organisation: one loud
     (or malicious) org cannot dominate.
+``robust``
+    ``typed`` with every organisation's influence bounded, for federations
+    that may hold one poisoning (or badly broken) org: (1) each org's
+    support mass is capped at ``max_share`` x the median org's (as
+    ``support-weighted``); (2) per tool, no org may claim more than
+    ``tool_share`` x the lower median of the tool's holders
+    (:func:`~synapse_flwr.core.influence.clip_tool_influence`: every count,
+    support and prototype of that entry is scaled down alike; the edge
+    already bounds a prototype's sum by its count); (3) a claim only
+    one org makes cannot displace a claim backed by several: between a
+    ``when`` and a ``when_not`` of one tool, and between two tools claiming
+    one scenario, the side with more backing orgs (one versus two or more)
+    wins whatever the supports, and a prototype only one org holds that
+    points away from two or more other holders' is left out; each such
+    single-org claim is logged as a :class:`~synapse_flwr.core.schema.Conflict`
+    and its text kept as a ``dissent`` precaution. So one org moves any
+    merged count by at most ``tool_share`` x the median holder's, and the
+    merged prototype's direction of a tool held by two or more others not at
+    all unless it agrees with them. It reads only released artifacts:
+    post-processing of the DP releases, privacy unchanged. Its cost on clean
+    data is measured in ``docs/results/security/poisoning/``.
 ``flat-majority``
     The paper's untyped baseline: each org's tools rendered as one flat
     string, clauses unioned, a "use when X" versus "avoid when X" clash
@@ -41,10 +62,11 @@ import math
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from synapse_flwr.core.influence import clip_tool_influence, lone_dissenters, scale_compendium
 from synapse_flwr.core.phrases import normalize_text, token_jaccard
-from synapse_flwr.core.prototypes import above_noise, merge_prototypes, prototype_cosine, scale_prototype
+from synapse_flwr.core.prototypes import above_noise, merge_prototypes, prototype_cosine
 from synapse_flwr.core.render import (
     FLAT_SEPARATOR,
     flat_clause_key,
@@ -78,7 +100,7 @@ from synapse_flwr.core.wire import content_hash
 
 GLOBAL_ORG = "global"
 # The merge policies' names, declared once (strategies, run config and CLI read them).
-TYPED, SUPPORT_WEIGHTED, FLAT_MAJORITY = "typed", "support-weighted", "flat-majority"
+TYPED, SUPPORT_WEIGHTED, ROBUST, FLAT_MAJORITY = "typed", "support-weighted", "robust", "flat-majority"
 MIN_DISPUTE_SUPPORT = 2.0
 
 
@@ -107,7 +129,15 @@ class MergeConfig:
         Two orgs' prototypes of one tool whose (noise-corrected) cosine is
         below this are a conflict ...
     prototype_sds : float
-        ... when both counts clear this many noise SDs.
+        ... when both counts clear this many noise SDs (also the ``robust``
+        policy's bar for an org to hold a tool).
+    tool_share : float
+        ``robust`` only: the most mass an org may carry on one tool, relative
+        to the lower median of the tool's holders.
+    by_orgs : bool
+        Rank competing claims by backing orgs (one versus several) before
+        support, and leave out a lone org's dissenting prototype (set by the
+        ``robust`` policy).
     """
 
     similarity: float = 0.5
@@ -118,6 +148,8 @@ class MergeConfig:
     max_share: float = 1.0
     prototype_cosine: float = 0.5
     prototype_sds: float = 3.0
+    tool_share: float = 2.0
+    by_orgs: bool = False
 
 
 def _r(x: float) -> float:
@@ -222,6 +254,21 @@ def _dissent_text(view: str, s: Scenario) -> str:
     return text[:MAX_TEXT]
 
 
+def backing(s: Scenario) -> int:
+    """How many orgs back a claim, as ``robust`` ranks it: 1 (one org or none) or 2 (several)."""
+    return min(len(s.orgs), 2)
+
+
+def _strength(s: Scenario, by_orgs: bool) -> tuple[float, ...]:
+    return (backing(s), s.support) if by_orgs else (s.support,)
+
+
+def _by(winner: Scenario, loser: Scenario, by_orgs: bool) -> str:
+    if by_orgs and backing(winner) > backing(loser):
+        return f"backing orgs ({len(winner.orgs)} vs {len(loser.orgs)}; supports {_r(winner.support)} vs {_r(loser.support)})"
+    return f"support ({_r(winner.support)} vs {_r(loser.support)})"
+
+
 def resolve_scenario_conflicts(
     tool_id: str,
     when: list[Scenario],
@@ -229,6 +276,7 @@ def resolve_scenario_conflicts(
     similarity: float,
     policy: str,
     min_dissent: float = 0.2,
+    by_orgs: bool = False,
 ) -> tuple[list[Scenario], list[WhenNot], list[Conflict], list[Precaution]]:
     """Find scenarios that orgs place on opposite sides; keep the majority side.
 
@@ -239,7 +287,10 @@ def resolve_scenario_conflicts(
     :data:`MIN_DISPUTE_SUPPORT` supporting queries. The side with more support stays in its
     list (ties go to ``when_not``: the conservative reading); the other leaves
     its list and becomes a ``dissent`` precaution, and the disagreement is
-    logged as a :class:`Conflict`.
+    logged as a :class:`Conflict`. With ``by_orgs`` the side backed by more
+    orgs (several versus one, :func:`backing`) wins whatever the supports,
+    and the ``min_dissent`` exemption applies only between equally backed
+    sides: a lone claim against several orgs is always a conflict.
     """
     conflicts: list[Conflict] = []
     dissent: list[Precaution] = []
@@ -249,11 +300,12 @@ def resolve_scenario_conflicts(
         for j, w in enumerate(when_not):
             if j in drop_not or token_jaccard(s.text, w.text) < similarity or s.orgs == w.orgs:
                 continue
-            weak = min(s.support, w.support)
-            if weak < MIN_DISPUTE_SUPPORT or weak < min_dissent * max(s.support, w.support):
+            keep_when = _strength(s, by_orgs) > _strength(w, by_orgs)
+            winner, loser = (s, w) if keep_when else (w, s)
+            even = not by_orgs or backing(s) == backing(w)
+            if min(s.support, w.support) < MIN_DISPUTE_SUPPORT or (even and loser.support < min_dissent * winner.support):
                 continue  # a stray outcome, or one against a strong consensus, is noise
-            keep_when = s.support > w.support
-            loser, loser_view = (w, "when_not") if keep_when else (s, "when")
+            loser_view = "when_not" if keep_when else "when"
             (drop_not if keep_when else drop_when).add(j if keep_when else i)
             winner_view = "when" if keep_when else "when_not"
             conflicts.append(
@@ -269,8 +321,7 @@ def resolve_scenario_conflicts(
                             orgs=w.orgs,
                         ),
                     ],
-                    resolution=f"kept in {winner_view} by support "
-                    f"({_r(max(s.support, w.support))} vs {_r(min(s.support, w.support))}); "
+                    resolution=f"kept in {winner_view} by {_by(winner, loser, by_orgs)}; "
                     f"minority {loser_view} kept as a dissent precaution",
                     policy=policy,
                 )
@@ -364,6 +415,31 @@ def prototype_conflict(
     )
 
 
+def drop_lone_prototypes(
+    tool_id: str, protos: Sequence[tuple[Compendium, Prototype]], config: MergeConfig, policy: str
+) -> tuple[list[tuple[Compendium, Prototype]], list[Conflict]]:
+    """Leave out the prototype of a lone org that points away from two or more other holders'.
+
+    See :func:`~synapse_flwr.core.influence.lone_dissenters`; the left-out
+    claim is logged as a ``prototype`` :class:`Conflict`.
+    """
+    lone = lone_dissenters([(c.issuer.org, p) for c, p in protos if c.kind == "org"],
+                           config.prototype_cosine, config.prototype_sds)
+    conflicts = []
+    for org, (cos, others) in sorted(lone.items()):
+        counts = {c.issuer.org: p.count for c, p in protos}
+        conflicts.append(Conflict(
+            tool_id=tool_id, field="prototype", subject="query_prototype",
+            claims=[Claim(view=f"queries of {org}", support=_r(counts[org]), orgs=[org]),
+                    Claim(view="queries of the other holders", support=_r(math.fsum(counts[o] for o in others)),
+                          orgs=others[:MAX_ORGS])],
+            resolution=f"left out the prototype only {org} holds (cosine {cos:.2f} with {len(others)} other "
+            "holders')"[:MAX_TEXT],
+            policy=policy,
+        ))
+    return [(c, p) for c, p in protos if not (c.kind == "org" and c.issuer.org in lone)], conflicts
+
+
 def merged_space(inputs: Sequence[Compendium]) -> EmbeddingSpace | None:
     """The one embedding space of the inputs' prototypes (None if none has any).
 
@@ -433,7 +509,7 @@ def merge_tool(
         for g in group_scenarios(by_prefer[prefer], config.similarity)
     ]
     when, when_not, conflicts, precautions = resolve_scenario_conflicts(
-        tool_id, when, when_not, config.similarity, policy, config.min_dissent
+        tool_id, when, when_not, config.similarity, policy, config.min_dissent, config.by_orgs
     )
     org_stats = [(c.issuer.org, e.stats, c.privacy.sigma) for c, e in entries if c.kind == "org"]
     rated = rate_conflict(tool_id, org_stats, config, policy)
@@ -441,6 +517,9 @@ def merge_tool(
         conflicts.append(rated[0])
         precautions.extend(rated[1])
     protos = [(c, e.prototype) for c, e in entries if e.prototype is not None]
+    if config.by_orgs:
+        protos, lone = drop_lone_prototypes(tool_id, protos, config, policy)
+        conflicts.extend(lone)
     clash = prototype_conflict(tool_id, [(c.issuer.org, p) for c, p in protos if c.kind == "org"], config, policy)
     if clash:
         conflicts.append(clash)
@@ -465,7 +544,7 @@ def merge_tool(
 
 
 def resolve_cross_tool_claims(
-    tools: Sequence[ToolEntry], policy: str, min_dissent: float = 0.2
+    tools: Sequence[ToolEntry], policy: str, min_dissent: float = 0.2, by_orgs: bool = False
 ) -> tuple[list[ToolEntry], list[Conflict]]:
     """Find scenarios that several tools claim in ``when``; demote the weak claims.
 
@@ -473,7 +552,10 @@ def resolve_cross_tool_claims(
     (the same scenario text, another tool) is a minority: it leaves the weaker
     tool's ``when`` list, stays on that tool as a ``dissent`` precaution, and
     the disagreement is logged as a :class:`Conflict`. Claims closer than that
-    are genuine ambiguity and both stay. Without this, an org that credits
+    are genuine ambiguity and both stay. With ``by_orgs`` the strongest claim
+    is the one backed by the most orgs (several versus one, :func:`backing`),
+    then by support, and a single-org claim against a claim backed by several
+    is a minority whatever its support. Without this, an org that credits
     other tools' requests to the wrong tool (a mislabelled log, a poisoned
     one) hands each wrong tool phrases that only it seems to release.
     """
@@ -487,9 +569,10 @@ def resolve_cross_tool_claims(
         group = claims[key]
         if len(group) < 2:
             continue
-        top_i, top = max(group, key=lambda x: (x[1].support, tools[x[0]].tool_id))
+        top_i, top = max(group, key=lambda x: (*_strength(x[1], by_orgs), tools[x[0]].tool_id))
         for i, s in group:
-            if i == top_i or s.support >= min_dissent * top.support:
+            outvoted = by_orgs and backing(s) < backing(top)
+            if i == top_i or (s.support >= min_dissent * top.support and not outvoted):
                 continue
             demoted[i].append(s)
             conflicts.append(Conflict(
@@ -498,8 +581,8 @@ def resolve_cross_tool_claims(
                 subject=s.text,
                 claims=[Claim(view=f"when: {tools[top_i].tool_id}"[:MAX_TEXT], support=top.support, orgs=top.orgs),
                         Claim(view=f"when: {tools[i].tool_id}"[:MAX_TEXT], support=s.support, orgs=s.orgs)],
-                resolution=f"kept on {tools[top_i].tool_id} by support ({_r(top.support)} vs "
-                f"{_r(s.support)}); the minority claim is kept as a dissent precaution"[:MAX_TEXT],
+                resolution=f"kept on {tools[top_i].tool_id} by {_by(top, s, by_orgs)}; "
+                "the minority claim is kept as a dissent precaution"[:MAX_TEXT],
                 policy=policy,
             ))
     out = []
@@ -562,7 +645,7 @@ def merge_typed(
         tools.append(entry)
         for k in found:
             conflicts[_conflict_key(k)] = k
-    tools, found = resolve_cross_tool_claims(tools, policy, config.min_dissent)
+    tools, found = resolve_cross_tool_claims(tools, policy, config.min_dissent, config.by_orgs)
     for k in found:
         conflicts[_conflict_key(k)] = k
     return Compendium(
@@ -586,27 +669,6 @@ def _support_mass(c: Compendium) -> float:
     ) + math.fsum(e.stats.calls for e in c.tools)
 
 
-def _scale(c: Compendium, factor: float) -> Compendium:
-    def sc(x: float) -> float:
-        return _r(x * factor)
-
-    tools = [
-        e.model_copy(
-            update={
-                "when": [s.model_copy(update={"support": sc(s.support)}) for s in e.when],
-                "when_not": [s.model_copy(update={"support": sc(s.support)}) for s in e.when_not],
-                "precautions": [p.model_copy(update={"support": sc(p.support)}) for p in e.precautions],
-                "stats": ToolStats(calls=sc(e.stats.calls), successes=sc(e.stats.successes)),
-                "confusions": [t.model_copy(update={"count": sc(t.count)}) for t in e.confusions],
-                "next_tools": [t.model_copy(update={"count": sc(t.count)}) for t in e.next_tools],
-                "prototype": e.prototype and scale_prototype(e.prototype, factor),
-            }
-        )
-        for e in c.tools
-    ]
-    return c.model_copy(update={"tools": tools})
-
-
 def cap_org_support(compendia: Sequence[Compendium], max_share: float) -> list[Compendium]:
     """Scale down any org artifact whose support mass exceeds ``max_share`` x the median.
 
@@ -620,7 +682,7 @@ def cap_org_support(compendia: Sequence[Compendium], max_share: float) -> list[C
     out = []
     for c in compendia:
         mass = _support_mass(c) if c.kind == "org" else 0.0
-        out.append(_scale(c, cap / mass) if mass > cap > 0 else c)
+        out.append(scale_compendium(c, cap / mass) if mass > cap > 0 else c)
     return out
 
 
@@ -643,6 +705,33 @@ def merge_support_weighted(
     """
     inputs = unique_inputs(compendia)
     merged = merge_typed(cap_org_support(inputs, config.max_share), config, policy=SUPPORT_WEIGHTED)
+    return merged.model_copy(update={"inputs": leaf_hashes(inputs)})
+
+
+# ------------------------------------------------------------------------ robust
+
+
+def merge_robust(compendia: Iterable[Compendium], config: MergeConfig = MergeConfig()) -> Compendium:
+    """``typed`` merge with every org's influence bounded (see the module docstring, ``robust``).
+
+    Parameters
+    ----------
+    compendia : iterable of Compendium
+        Validated artifacts.
+    config : MergeConfig
+        Thresholds: ``max_share`` caps an org's total support mass,
+        ``tool_share`` its mass on one tool, ``prototype_cosine`` and
+        ``prototype_sds`` define a lone org's dissenting prototype.
+
+    Notes
+    -----
+    The recorded input hashes are those of the artifacts as received, not of
+    their bounded copies.
+    """
+    inputs = unique_inputs(compendia)
+    capped = clip_tool_influence(cap_org_support(inputs, config.max_share), config.tool_share,
+                                 config.prototype_sds)
+    merged = merge_typed(capped, replace(config, by_orgs=True), policy=ROBUST)
     return merged.model_copy(update={"inputs": leaf_hashes(inputs)})
 
 
@@ -712,6 +801,7 @@ def merge_flat_majority(compendia: Iterable[Compendium | FlatCompendium]) -> Fla
 POLICIES: dict[str, Callable[..., Compendium | FlatCompendium]] = {
     TYPED: merge_typed,
     SUPPORT_WEIGHTED: merge_support_weighted,
+    ROBUST: merge_robust,
     FLAT_MAJORITY: merge_flat_majority,
 }
 

@@ -61,7 +61,8 @@ def _org_seed(seed: int, org: str) -> list[int]:
 
 
 def corrupt_org(
-    events: Sequence[Event], org: str, rate: float, seed: int, tools: Sequence[str]
+    events: Sequence[Event], org: str, rate: float, seed: int, tools: Sequence[str],
+    kinds: Sequence[str] = KINDS,
 ) -> tuple[list[Event], list[tuple[str, int, str, str]]]:
     """Corrupt ``round(rate * len(events))`` of one organisation's events.
 
@@ -77,6 +78,9 @@ def corrupt_org(
         Seed of the choice.
     tools : sequence of str
         Catalog tool ids, for wrong-tool reassignments (at least two).
+    kinds : sequence of str
+        The corruptions, taken in turn (the default: half each way;
+        ``("wrong_tool",)``: every corrupted event is credited to a wrong tool).
 
     Returns
     -------
@@ -88,6 +92,8 @@ def corrupt_org(
         raise ValueError(f"injection rate must be in [0, 1], not {rate}")
     if len(tools) < 2:
         raise ValueError("wrong-tool injection needs a catalog of at least two tools")
+    if not kinds or set(kinds) - set(KINDS):
+        raise ValueError(f"injection kinds must be among {', '.join(KINDS)}, got {list(kinds)}")
     rng = np.random.default_rng(_org_seed(seed, org))
     order = rng.permutation(len(events))
     # one replacement draw per event, made whatever the rate, so sets are nested
@@ -96,7 +102,7 @@ def corrupt_org(
     out, records = list(events), []
     for rank, index in enumerate(order[: round(rate * len(events))]):
         event = events[index]
-        if rank % 2 == 0:
+        if kinds[rank % len(kinds)] == "wrong_tool":
             right = event.gold or event.tool
             wrong = tools[(position.get(right, 0) + offsets[index]) % len(tools)]
             out[index] = event.model_copy(update={"tool": wrong, "gold": wrong, "success": True})

@@ -1,0 +1,140 @@
+"""Bounding one organisation's influence on a merge (the ``robust`` policy's pre-processing).
+
+Everything here reads released artifacts only (post-processing of the DP
+releases: no raw data, privacy unchanged) and is order-independent: a
+per-tool cap is a median over the orgs, and every sum goes through
+:func:`math.fsum` via :func:`~synapse_flwr.core.prototypes.merge_prototypes`.
+
+Two bounds, applied by :func:`~synapse_flwr.core.merge.merge_robust` after
+the ``support-weighted`` cap on each org's total mass:
+
+1. per-tool mass: an org's *mass* on a tool is the largest count it claims
+   for it (calls, prototype count, any scenario support); among the orgs
+   whose mass clears ``sds`` noise SDs (the tool's *holders*), none may carry
+   more than ``share`` times the lower median of the holders' masses; a
+   larger claim is scaled down, every count, support and prototype of that
+   entry alike (:func:`clip_tool_influence`); the edge already refuses a
+   prototype sum longer than its count allows
+   (:func:`~synapse_flwr.core.wire.prototype_problems`), so the cap on the
+   count bounds the sum too;
+2. lone dissent: a prototype only one org holds that points away from the
+   combined prototype of at least two other holders is left out
+   (:func:`lone_dissenters`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+
+from synapse_flwr.core.prototypes import above_noise, merge_prototypes, prototype_cosine, scale_prototype
+from synapse_flwr.core.schema import Compendium, Prototype, ToolEntry, ToolStats
+
+
+def _r(x: float) -> float:
+    return round(x, 4)
+
+
+def scale_entry(e: ToolEntry, factor: float) -> ToolEntry:
+    """One tool entry with every count, support and its prototype weighted by ``factor``."""
+    def sc(x: float) -> float:
+        return _r(x * factor)
+
+    return e.model_copy(
+        update={
+            "when": [s.model_copy(update={"support": sc(s.support)}) for s in e.when],
+            "when_not": [s.model_copy(update={"support": sc(s.support)}) for s in e.when_not],
+            "precautions": [p.model_copy(update={"support": sc(p.support)}) for p in e.precautions],
+            "stats": ToolStats(calls=sc(e.stats.calls), successes=sc(e.stats.successes)),
+            "confusions": [t.model_copy(update={"count": sc(t.count)}) for t in e.confusions],
+            "next_tools": [t.model_copy(update={"count": sc(t.count)}) for t in e.next_tools],
+            "prototype": e.prototype and scale_prototype(e.prototype, factor),
+        }
+    )
+
+
+def scale_compendium(c: Compendium, factor: float) -> Compendium:
+    """An artifact with every tool entry scaled by ``factor`` (see :func:`scale_entry`)."""
+    return c.model_copy(update={"tools": [scale_entry(e, factor) for e in c.tools]})
+
+
+def tool_mass(e: ToolEntry) -> float:
+    """The largest count an entry claims: calls, prototype count or any scenario's support."""
+    supports = [s.support for s in (*e.when, *e.when_not)]
+    return max([e.stats.calls, e.prototype.count if e.prototype else 0.0, *supports])
+
+
+def clip_tool_influence(inputs: Sequence[Compendium], share: float, sds: float) -> list[Compendium]:
+    """Scale each org's entry of a tool down to ``share`` x the lower median of the tool's holders.
+
+    Parameters
+    ----------
+    inputs : sequence of Compendium
+        Artifacts; global inputs are aggregates and pass unchanged.
+    share : float
+        The most mass an org may carry on one tool, relative to the lower
+        median holder (``statistics.median_low``: with two holders, the
+        smaller one).
+    sds : float
+        A holder's mass exceeds ``sds`` times its artifact's noise sigma
+        (any positive mass without privacy).
+
+    Returns
+    -------
+    list of Compendium
+        The inputs in the same order; a tool with fewer than two holders is
+        left as it is (there is no one to compare it with).
+    """
+    holders: dict[str, list[float]] = defaultdict(list)
+    for c in inputs:
+        if c.kind == "org":
+            for e in c.tools:
+                if (m := tool_mass(e)) > sds * c.privacy.sigma and m > 0:
+                    holders[e.tool_id].append(m)
+    caps = {t: share * statistics.median_low(ms) for t, ms in holders.items() if len(ms) >= 2}
+    out = []
+    for c in inputs:
+        if c.kind != "org":
+            out.append(c)
+            continue
+        tools = [scale_entry(e, caps[e.tool_id] / m) if e.tool_id in caps and (m := tool_mass(e)) > caps[e.tool_id]
+                 else e for e in c.tools]
+        out.append(c.model_copy(update={"tools": tools}))
+    return out
+
+
+def lone_dissenters(
+    org_protos: Sequence[tuple[str, Prototype]], cosine: float, sds: float
+) -> dict[str, tuple[float, list[str]]]:
+    """Orgs whose prototype of one tool points away from at least two other holders' combined one.
+
+    Parameters
+    ----------
+    org_protos : sequence of (str, Prototype)
+        Each org's prototype of the tool.
+    cosine : float
+        A noise-corrected cosine below this with the others' summed
+        prototype is dissent.
+    sds : float
+        Only prototypes whose count clears this many noise SDs take part
+        (:func:`~synapse_flwr.core.prototypes.above_noise`).
+
+    Returns
+    -------
+    dict
+        Dissenting org -> (its cosine with the others, the others), sorted
+        keys; an org is dissenting only when at least two others hold the
+        tool and it alone disagrees with them.
+    """
+    rated = sorted((org, p) for org, p in org_protos if above_noise(p, sds))
+    out: dict[str, tuple[float, list[str]]] = {}
+    for org, p in rated:
+        others = [(o, q) for o, q in rated if o != org]
+        if len(others) < 2:
+            continue
+        cos = prototype_cosine(p, merge_prototypes([q for _, q in others]))
+        if cos < cosine:
+            out[org] = (cos, [o for o, _ in others])
+    # two or more dissenters disagree among themselves as much as with the rest: no lone claim
+    return out if len(out) == 1 else {}

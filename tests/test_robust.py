@@ -1,0 +1,179 @@
+"""The robust merge policy: bounded per-org influence, lone claims cannot displace several orgs' claims."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from flwr.app import RecordDict
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from hostile.signatures import reply
+from strategies_hyp import org_artifacts
+from synapse_flwr.strategies import RobustStrategy, make_strategy
+from synapse_flwr.strategies.records import from_record, to_record
+
+from synapse_flwr.core.influence import clip_tool_influence, scale_compendium, tool_mass
+from synapse_flwr.core.merge import ROBUST, merge_robust, merge_typed
+from synapse_flwr.core.prototypes import decode_prototype, encode_prototype
+from synapse_flwr.core.schema import Compendium, EmbeddingSpace, Issuer, Scenario, ToolEntry, ToolStats, WhenNot
+from synapse_flwr.core.wire import canonical_json, decode, encode
+
+SETTINGS = settings(max_examples=40, deadline=None)
+louder = st.sampled_from([10.0, 1e3])
+distinct_orgs = st.lists(st.sampled_from(["org0", "org1", "org2", "org3"]), min_size=3, max_size=4, unique=True)
+
+
+@st.composite
+def federations(draw) -> list[Compendium]:
+    """Three or four artifacts of distinct orgs (the first is the one that gets loud)."""
+    return [draw(org_artifacts(org)) for org in draw(distinct_orgs)]
+
+
+def _loud(art: Compendium, others: list[Compendium], factor: float) -> Compendium:
+    # loud enough to exceed every cap: factor x the whole federation's mass
+    total = math.fsum(tool_mass(e) for c in others for e in c.tools) + 1.0
+    mass = math.fsum(tool_mass(e) for e in art.tools)
+    return scale_compendium(art, factor * total / mass) if mass > 0 else art
+
+
+def _calls(g: Compendium) -> dict[str, float]:
+    return {e.tool_id: e.stats.calls for e in g.tools}
+
+
+@SETTINGS
+@given(federations(), st.randoms(use_true_random=False))
+def test_a_louder_poisoner_gains_nothing(arts, rnd):
+    """Per-org influence is bounded: 10x or 1,000x the federation's mass gives the same merged counts."""
+    first, *others = arts
+    # the caps are medians: they need at least two other orgs with something to say
+    assume(sum(math.fsum(tool_mass(e) for e in c.tools) > 0 for c in others) >= 2)
+    merged = []
+    for factor in (10.0, 1e3):
+        shuffled = [_loud(first, others, factor), *others]
+        rnd.shuffle(shuffled)
+        merged.append(_calls(merge_robust(shuffled)))
+    assert merged[0].keys() == merged[1].keys()
+    for tool, calls in merged[0].items():
+        assert math.isclose(calls, merged[1][tool], rel_tol=1e-3, abs_tol=1e-2), (tool, calls, merged[1][tool])
+
+
+@SETTINGS
+@given(federations(), louder, st.floats(1.0, 3.0))
+def test_no_org_carries_more_than_its_share_of_a_tool(arts, factor, share):
+    first, *others = arts
+    inputs = [_loud(first, others, factor), *others]
+    holders = {t: sorted(tool_mass(e) for c in inputs for e in c.tools if e.tool_id == t and tool_mass(e) > 0)
+               for t in {e.tool_id for c in inputs for e in c.tools}}
+    for before, after in zip(inputs, clip_tool_influence(inputs, share, sds=3.0)):
+        for b, a in zip(before.tools, after.tools):
+            masses = holders[b.tool_id]
+            if len(masses) < 2:
+                assert a == b  # nobody to compare with: left alone
+                continue
+            cap = share * masses[(len(masses) - 1) // 2]  # the lower median
+            assert tool_mass(a) <= cap * (1 + 1e-3) + 1e-3
+            assert tool_mass(a) <= tool_mass(b) + 1e-3  # never scaled up
+
+
+def _org(org: str, tool: str = "convert_currency", when=(), when_not=(), calls=10.0) -> Compendium:
+    return Compendium(issuer=Issuer(org=org, round=1), tools=[ToolEntry(
+        tool_id=tool,
+        when=[Scenario(text=t, support=s, orgs=[org]) for t, s in when],
+        when_not=[WhenNot(text=t, support=s, orgs=[org]) for t, s in when_not],
+        stats=ToolStats(calls=calls, successes=calls))])
+
+
+@SETTINGS
+@given(st.floats(2.0, 50.0), st.floats(2.0, 50.0), st.floats(3.0, 1e9), st.randoms(use_true_random=False))
+def test_a_lone_when_not_cannot_displace_a_when_of_several_orgs(a, b, loud, rnd):
+    arts = [_org("a", when=[("crypto prices", a)]), _org("b", when=[("crypto prices", b)]),
+            _org("z", when_not=[("crypto prices", loud)])]
+    rnd.shuffle(arts)
+    g = merge_robust(arts)
+    (entry,) = g.tools
+    assert [(s.text, s.orgs) for s in entry.when] == [("crypto prices", ["a", "b"])] and entry.when_not == []
+    (conflict,) = g.conflicts
+    assert conflict.policy == ROBUST and conflict.field == "when" and ["z"] in [c.orgs for c in conflict.claims]
+    assert "backing orgs (2 vs 1" in conflict.resolution
+    assert [p.orgs for p in entry.precautions if p.kind == "dissent"] == [["z"]]
+
+
+def test_typed_lets_the_same_lone_claim_through_unlogged():
+    """The contrast: typed keeps the loud lone when_not beside the when and logs nothing."""
+    arts = [_org("a", when=[("crypto prices", 3.0)]), _org("b", when=[("crypto prices", 3.0)]),
+            _org("z", when_not=[("crypto prices", 500.0)])]
+    g = merge_typed(arts)
+    assert g.conflicts == [] and [w.text for w in g.tools[0].when_not] == ["crypto prices"]
+
+
+@SETTINGS
+@given(st.floats(1.0, 1e9), st.randoms(use_true_random=False))
+def test_a_lone_claim_on_another_tool_cannot_take_a_scenario_from_several_orgs(loud, rnd):
+    arts = [_org("a", when=[("euro to dollar", 2.0)]), _org("b", when=[("euro to dollar", 2.0)]),
+            _org("z", tool="get_weather", when=[("euro to dollar", loud)])]
+    rnd.shuffle(arts)
+    g = merge_robust(arts)
+    tools = {t.tool_id: t for t in g.tools}
+    assert [s.text for s in tools["convert_currency"].when] == ["euro to dollar"]
+    assert tools["get_weather"].when == []
+    (conflict,) = g.conflicts
+    assert conflict.tool_id == "get_weather" and "kept on convert_currency" in conflict.resolution
+    assert [p.orgs for p in tools["get_weather"].precautions if p.kind == "dissent"] == [["z"]]
+
+
+SPACE = EmbeddingSpace(model="test", dim=8)
+
+
+def _proto_org(org: str, direction: np.ndarray, count: float) -> Compendium:
+    p = encode_prototype(0.8 * count * direction, count, 0.0, 0.0)
+    return Compendium(issuer=Issuer(org=org, round=1), embedding=SPACE, tools=[ToolEntry(
+        tool_id="get_weather", stats=ToolStats(calls=count, successes=count), prototype=p)])
+
+
+def _cos(x: np.ndarray, y: np.ndarray) -> float:
+    return float(x @ y / np.linalg.norm(x) / np.linalg.norm(y))
+
+
+@SETTINGS
+@given(st.integers(2, 4), st.floats(1.0, 1e6), st.randoms(use_true_random=False))
+def test_a_lone_prototype_pointing_elsewhere_is_left_out_and_logged(honest, loud, rnd):
+    d, e = np.eye(8)[0], np.eye(8)[1]
+    arts = [_proto_org(f"h{i}", d + 0.1 * i * e, 20.0) for i in range(honest)] + [_proto_org("z", e, loud)]
+    rnd.shuffle(arts)
+    g = merge_robust(arts)
+    assert _cos(decode_prototype(g.tools[0].prototype), d) > 0.95
+    lone = [c for c in g.conflicts if c.field == "prototype" and "left out" in c.resolution]
+    assert len(lone) == 1 and lone[0].claims[0].orgs == ["z"]
+
+
+def test_typed_lets_a_loud_lone_prototype_turn_the_direction():
+    d, e = np.eye(8)[0], np.eye(8)[1]
+    arts = [_proto_org(f"h{i}", d, 20.0) for i in range(3)] + [_proto_org("z", e, 1000.0)]
+    assert _cos(decode_prototype(merge_typed(arts).tools[0].prototype), d) < 0.5
+
+
+def test_two_orgs_that_disagree_are_both_kept():
+    """One against one: no side is backed by several, so nothing is left out."""
+    d, e = np.eye(8)[0], np.eye(8)[1]
+    g = merge_robust([_proto_org("a", d, 20.0), _proto_org("b", e, 20.0)])
+    assert g.tools[0].prototype.count == 40.0
+    assert not any("left out" in c.resolution for c in g.conflicts)
+
+
+def test_clean_agreeing_orgs_merge_as_typed():
+    arts = [_org(o, when=[("crypto prices", 4.0)]) for o in "abc"]
+    assert canonical_json(merge_robust(arts)) == canonical_json(merge_typed(arts)).replace(b'"typed"', b'"robust"')
+
+
+def test_the_robust_strategy_merges_a_round_without_the_loud_org_taking_over():
+    strategy = make_strategy(ROBUST, min_nodes=3)
+    assert isinstance(strategy, RobustStrategy)
+    arts = [_org("a", when=[("crypto prices", 3.0)]), _org("b", when=[("crypto prices", 3.0)]),
+            _org("z", when_not=[("crypto prices", 900.0)], calls=50.0)]
+    replies = [reply(i + 1, RecordDict({"artifact": to_record(encode(a))})) for i, a in enumerate(arts)]
+    record, metrics = strategy.aggregate_train(1, replies)
+    g = decode(from_record(record))
+    assert g.policy == ROBUST and metrics["accepted"] == 3 and metrics["conflicts"] == 1
+    assert [s.text for s in g.tools[0].when] == ["crypto prices"] and g.tools[0].when_not == []
+    assert g.tools[0].stats.calls <= 3 * 10.0  # the loud org's 50 calls scaled with its 900 support
