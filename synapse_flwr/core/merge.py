@@ -9,8 +9,9 @@ an artifact it already holds) changes nothing.
 
 Invariant: the merged prototype of a tool is the exact (order-independent,
 :func:`math.fsum`) sum of its inputs' prototypes, its count the sum of their
-counts, its noise SD the root sum of squares of theirs; inputs in different
-embedding spaces are refused.
+counts, its noise SD the root sum of squares of theirs (``robust``: of
+its inputs' capped prototypes, a lone dissenter's left out); inputs in
+different embedding spaces are refused.
 
 Policies
 --------
