@@ -42,8 +42,12 @@ Policies
     one org makes cannot displace a claim backed by several: between a
     ``when`` and a ``when_not`` of one tool, and between two tools claiming
     one scenario, the side with more backing orgs (one versus two or more)
-    wins whatever the supports, and a prototype only one org holds that
-    points away from two or more other holders' is left out; each such
+    wins whatever the supports; a prototype only one org holds that
+    points away from two or more other holders' is left out, and so is every
+    prototype of the one org whose prototypes, pooled over all tools, point
+    away from the others' (:func:`~synapse_flwr.core.influence.pooled_dissenter`:
+    under privacy one tool's prototypes are too noisy to compare, hundreds
+    of tools are not); each such
     single-org claim is logged as a :class:`~synapse_flwr.core.schema.Conflict`
     and its text kept as a ``dissent`` precaution. So one org moves any
     merged count by at most ``tool_share`` x the median holder's, and the
@@ -65,7 +69,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from synapse_flwr.core.influence import clip_tool_influence, lone_dissenters, scale_compendium
+from synapse_flwr.core.influence import clip_tool_influence, lone_dissenters, pooled_dissenter, scale_compendium
 from synapse_flwr.core.phrases import normalize_text, token_jaccard
 from synapse_flwr.core.prototypes import above_noise, merge_prototypes, prototype_cosine
 from synapse_flwr.core.render import (
@@ -135,6 +139,10 @@ class MergeConfig:
     tool_share : float
         ``robust`` only: the most mass an org may carry on one tool, relative
         to the lower median of the tool's holders.
+    pooled_ratio : float
+        ``robust`` only: an org whose prototypes, pooled over all tools, agree
+        with the others' at a cosine below this share of the others' median
+        has them all left out (chosen on the seed-7 MetaTool split).
     by_orgs : bool
         Rank competing claims by backing orgs (one versus several) before
         support, and leave out a lone org's dissenting prototype (set by the
@@ -150,6 +158,7 @@ class MergeConfig:
     prototype_cosine: float = 0.5
     prototype_sds: float = 3.0
     tool_share: float = 2.0
+    pooled_ratio: float = 0.5
     by_orgs: bool = False
 
 
@@ -732,8 +741,46 @@ def merge_robust(compendia: Iterable[Compendium], config: MergeConfig = MergeCon
     inputs = unique_inputs(compendia)
     capped = clip_tool_influence(cap_org_support(inputs, config.max_share), config.tool_share,
                                  config.prototype_sds)
+    capped, lone = drop_pooled_dissenter(capped, config, ROBUST)
     merged = merge_typed(capped, replace(config, by_orgs=True), policy=ROBUST)
-    return merged.model_copy(update={"inputs": leaf_hashes(inputs)})
+    conflicts = sorted([*merged.conflicts, *lone], key=_conflict_key)
+    return merged.model_copy(update={"inputs": leaf_hashes(inputs), "conflicts": conflicts})
+
+
+def drop_pooled_dissenter(
+    inputs: Sequence[Compendium], config: MergeConfig, policy: str
+) -> tuple[list[Compendium], list[Conflict]]:
+    """Leave out every prototype of the one org whose prototypes, pooled, point away from the others'.
+
+    See :func:`~synapse_flwr.core.influence.pooled_dissenter`; one
+    ``prototype`` :class:`Conflict` is logged per tool it held a prototype for.
+    """
+    found = pooled_dissenter(inputs, config.pooled_ratio)
+    if found is None:
+        return list(inputs), []
+    org, cos, others = found
+    counts: dict[str, list[float]] = defaultdict(list)
+    for c in inputs:
+        if c.kind == "org" and c.issuer.org in others:
+            for e in c.tools:
+                if e.prototype is not None:
+                    counts[e.tool_id].append(e.prototype.count)
+    out, conflicts = [], []
+    for c in inputs:
+        if c.kind != "org" or c.issuer.org != org:
+            out.append(c)
+            continue
+        out.append(c.model_copy(update={"tools": [e.model_copy(update={"prototype": None}) for e in c.tools]}))
+        conflicts += [Conflict(
+            tool_id=e.tool_id, field="prototype", subject="query_prototype",
+            claims=[Claim(view=f"queries of {org}", support=_r(e.prototype.count), orgs=[org]),
+                    Claim(view="queries of the other orgs", support=_r(math.fsum(counts[e.tool_id])),
+                          orgs=others[:MAX_ORGS])],
+            resolution=f"left out every prototype of {org}: pooled over all tools its prototypes agree with "
+            f"those of {len(others)} other orgs at cosine {cos:.2f}"[:MAX_TEXT],
+            policy=policy,
+        ) for e in c.tools if e.prototype is not None and e.prototype.count > 0]
+    return out, conflicts
 
 
 # ----------------------------------------------------------------- flat-majority
