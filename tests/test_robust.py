@@ -177,3 +177,27 @@ def test_the_robust_strategy_merges_a_round_without_the_loud_org_taking_over():
     assert g.policy == ROBUST and metrics["accepted"] == 3 and metrics["conflicts"] == 1
     assert [s.text for s in g.tools[0].when] == ["crypto prices"] and g.tools[0].when_not == []
     assert g.tools[0].stats.calls <= 3 * 10.0  # the loud org's 50 calls scaled with its 900 support
+
+
+def _noisy_federation(poisoned: bool, tools: int = 40, dim: int = 16) -> list[Compendium]:
+    """Four orgs, every tool's prototype under heavy noise; org ``z`` shifts every tool's queries onto the next."""
+    rng = np.random.default_rng(5)
+    dirs = rng.normal(size=(tools, dim))
+    dirs /= np.linalg.norm(dirs, axis=1, keepdims=True)
+    sd, space = 1.0, EmbeddingSpace(model="test", dim=dim)
+    arts = []
+    for org in ("a", "b", "c", "z"):
+        shift = 1 if poisoned and org == "z" else 0
+        entries = [ToolEntry(tool_id=f"tool{t:02d}", stats=ToolStats(calls=6.0, successes=6.0),
+                             prototype=encode_prototype(6.0 * dirs[(t + shift) % tools] + rng.normal(0, sd, dim),
+                                                        6.0, sd, 10.0)) for t in range(tools)]
+        arts.append(Compendium(issuer=Issuer(org=org, round=1), embedding=space, tools=entries))
+    return arts
+
+
+def test_a_poisoner_hidden_by_noise_tool_by_tool_is_found_pooled_over_tools():
+    # counts of 6 under a count noise SD of 10: no single tool's prototypes can be compared
+    g = merge_robust(_noisy_federation(poisoned=True))
+    pooled = [c for c in g.conflicts if "left out every prototype of z" in c.resolution]
+    assert len(pooled) == 40 and all(c.claims[0].orgs == ["z"] for c in pooled)
+    assert not any("left out every prototype" in c.resolution for c in merge_robust(_noisy_federation(False)).conflicts)
