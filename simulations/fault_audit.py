@@ -42,7 +42,6 @@ from pathlib import Path
 
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.files import write_atomic
-from synapse_flwr.core.wire import load_artifact
 from synapse_flwr.flower.launch import (
     DeploymentConfig,
     nodes_from_dataset,
@@ -76,9 +75,10 @@ def audit_dataset(folder: Path, orgs: int = ORGS) -> Path:
     return folder
 
 
-def _round_orgs(path: Path) -> list[str]:
-    """Organisations whose contributions a global compendium holds."""
-    return sorted({o for t in load_artifact(path).tools for o in t.provenance.orgs})
+def _merged_orgs(out: Path, round_: int) -> dict[str, int]:
+    """The artifacts round ``round_``'s global was merged from: org -> the round it sent its artifact in."""
+    orgs = json.loads((out / f"orgs_round_{round_}.json").read_text())["orgs"]
+    return {org: art["issuer"]["round"] for org, art in sorted(orgs.items())}
 
 
 def _leaks(*folders: Path) -> dict[str, list[str]]:
@@ -172,7 +172,7 @@ def dropouts_and_resume(work: Path, rounds: int = 2, replay: bool = False) -> di
         "rounds_completed": len(records), "reference_wall_s": round(ref_s, 1),
         "accepted_per_round": [len(r["accepted"]) for r in records],
         "dropped": dropped, "dropped_orgs_named": sorted({d["org"] for d in dropped if d["org"]}),
-        "orgs_in_round_2_global": _round_orgs(ref / "global_round_2.json"),
+        "merged_into_round_2": _merged_orgs(ref, 2),
         "killed_pids": len(killed), "rounds_on_disk_after_crash": before,
         "resumed": "resuming after round" in res.log_path.read_text(),
         "resume_identical": (ref / final).read_bytes() == (crashed / final).read_bytes(),
@@ -224,7 +224,7 @@ def killed_supernode(work: Path, rounds: int = 2, round_timeout: float = 90.0, o
         "killed_node_named": bool(named) and all(x["org"] == victim.org for x in named),
         "rejections_after_kill": [{"round": r["round"], "node_id": x["node_id"], "org": x["org"],
                                    "reason": x["reason"][:200]} for r in later for x in r["rejected"]],
-        "orgs_in_final_global": _round_orgs(out / f"global_round_{rounds}.json"),
+        "merged_into_final": _merged_orgs(out, rounds),
         "canaries_leaked": _leaks(work / "capture", out),
         "captured_messages": len(list((work / "capture").iterdir())),
     }
@@ -237,13 +237,17 @@ def table(res: dict) -> str:
         ("simulation: rounds completed with 2 of 5 orgs failing in round 2", f"{d['rounds_completed']} of {d['rounds']}"),
         ("accepted per round", d["accepted_per_round"]),
         ("dropped orgs named in the report", ", ".join(d["dropped_orgs_named"])),
-        ("orgs in round 2's global (nothing merged lost)", ", ".join(d["orgs_in_round_2_global"])),
+        ("artifacts merged into round 2's global, org: round sent (nothing merged lost)",
+         ", ".join(f"{o}: {r}" for o, r in d["merged_into_round_2"].items())),
         ("crash after round 1, resume: final global byte-identical", d["resume_identical"]),
         ("release caches identical (no privacy re-spent)", d["release_caches_identical"]),
         ("deployment: SuperNode of the killed org", k["killed_org"]),
         ("deployment: status, rounds completed", f"{k['status']}, {k['rounds_completed']} of {k['rounds']}"),
         ("deployment: round wall times (s) / round timeout", f"{k['round_wall_s']} / {k['round_timeout_s']}"),
         ("deployment: killed node named by node id and org", k["killed_node_named"]),
+        ("deployment: artifacts merged into the final global, org: round sent",
+         ", ".join(f"{o}: {r}" for o, r in k["merged_into_final"].items())),
+        ("deployment: seconds the dead node's SuperExec outlived it", k["superexec_outlived_node_s"]),
         ("canaries planted (per org) / leaked (files)", f"{len(CANARIES)} / "
          f"{len(d['canaries_leaked']) + len(k['canaries_leaked'])}"),
         ("client messages searched (simulations / deployment)", f"{d['captured_messages']} / {k['captured_messages']}"),
