@@ -50,7 +50,7 @@ from synapse_flwr.flower.launch import (
     run_simulation,
 )
 from synapse_flwr.flower.processes import _cmdline, _signal, processes_using_home, started_by
-from synapse_flwr.simulations.privacy_audit import CANARIES, plant_canaries, scan_files, update_summary
+from synapse_flwr.simulations.privacy_audit import CANARIES, plant_canaries, scan_files
 
 log = logging.getLogger("fault_audit")
 
@@ -258,7 +258,7 @@ def table(res: dict) -> str:
 def main() -> None:
     from synapse_flwr.data.check import file_hashes
     from synapse_flwr.data.federation import demo_dir
-    from synapse_flwr.eval.results import write_results
+    from synapse_flwr.eval.results import update_summary, write_results
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)

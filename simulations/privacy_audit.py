@@ -309,15 +309,8 @@ def table(res: dict) -> str:
     return "\n".join(["| quantity | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]) + "\n"
 
 
-def update_summary(path: Path, values: dict) -> None:
-    """Read-modify-write ``summary.json``: other measurements' keys are kept."""
-    summary = json.loads(path.read_text()) if path.exists() else {}
-    summary.update(values)
-    write_atomic(path, json.dumps(dict(sorted(summary.items())), indent=2) + "\n")
-
-
 def main() -> None:
-    from synapse_flwr.eval.results import write_results
+    from synapse_flwr.eval.results import update_summary, write_results
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=2000, help="releases per arm")
