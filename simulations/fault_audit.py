@@ -118,24 +118,6 @@ def _while_killing(run, out: Path, round_: int, pick, after=None) -> list[int]:
     return killed
 
 
-def _simulate(rc: dict, home: Path, attempts: int = 3):
-    """``run_simulation``, started again (in a new Flower home) when the managed SuperLink fails to start.
-
-    Flower's managed SuperLink listens on fixed default ports besides the ones
-    the launcher picks, so another simulation on the machine can make it exit at
-    start; that is retried, any other failure is not.
-    """
-    for i in range(attempts):
-        try:
-            return run_simulation(REPO, ORGS, rc, flwr_home=home.with_name(f"{home.name}-{i}"), timeout=900)
-        except SynapseError as exc:
-            if "Failed to start local SuperLink" not in str(exc) or i == attempts - 1:
-                raise
-            log.warning("the managed SuperLink did not start (attempt %d of %d); starting again", i + 1, attempts)
-            time.sleep(10)
-    raise AssertionError("unreachable")
-
-
 def dropouts_and_resume(work: Path, rounds: int = 2, replay: bool = False) -> dict:
     """Runs 1 and 2 of the module docstring (``replay``: each round's global feeds the next); their figures."""
     data = audit_dataset(work / "data")
@@ -143,26 +125,20 @@ def dropouts_and_resume(work: Path, rounds: int = 2, replay: bool = False) -> di
           "fail-orgs": ",".join(FAILING), "capture-dir": str(work / "capture")}
     ref = work / "reference"
     t0 = time.monotonic()
-    _simulate({**rc, "output-dir": str(ref)}, work / "home-ref")
+    run_simulation(REPO, ORGS, {**rc, "output-dir": str(ref)}, flwr_home=work / "home-ref", timeout=900)
     ref_s = time.monotonic() - t0
     records = read_metrics(ref)
     crashed, home = work / "crashed", work / "home-crash"
 
     def crash() -> None:
-        for _ in range(3):  # again while the managed SuperLink failed to start (see _simulate)
-            try:
-                run_simulation(REPO, ORGS, {**rc, "output-dir": str(crashed)}, flwr_home=home, timeout=900)
-                return
-            except SynapseError as exc:  # the run was killed: expected
-                log.info("killed run ended: %s", str(exc).splitlines()[0])
-                if (crashed / "metrics.json").exists() or "Failed to start local SuperLink" not in str(exc):
-                    return
-            shutil.rmtree(home, ignore_errors=True)
-            time.sleep(10)
+        try:
+            run_simulation(REPO, ORGS, {**rc, "output-dir": str(crashed)}, flwr_home=home, timeout=900)
+        except SynapseError as exc:  # the run was killed: expected
+            log.info("killed run ended: %s", str(exc).splitlines()[0])
 
     killed = _while_killing(crash, crashed, 1, lambda: processes_using_home(home))
     before = [r["round"] for r in read_metrics(crashed)]
-    res = _simulate({**rc, "output-dir": str(crashed)}, work / "home-resume")
+    res = run_simulation(REPO, ORGS, {**rc, "output-dir": str(crashed)}, flwr_home=work / "home-resume", timeout=900)
     final = f"global_round_{rounds}.json"
     caches = sorted(p.name for p in (ref / "release-cache").glob("*.json"))
     dropped = [{"round": r["round"], "node_id": x["node_id"], "org": x["org"], "reason": x["reason"][:200]}
