@@ -29,7 +29,6 @@ import time
 import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -51,17 +50,16 @@ log = logging.getLogger(__name__)
 ARMS = ("local_only", "docs_only", "federated", "federated_private", "centralized", "classifier",
         "oracle", "fedavg_dp")
 MERGES = (TYPED, FLAT_MAJORITY)
-SPLITS = ("seen", "heldout", "step", "step_prior")
+SPLITS = ("seen", "heldout")
 # Evaluations are cached under a hash of the code that routes, so a router
 # change re-scores every arm while the (slow) Flower runs stay cached; a
 # change to the builder or the merge needs ``--fresh``.
 ROUTING_MODULES = ("core.router", "core.render", "core.embed", "eval.baselines", "flower.fedavg_dp")
 
 
-def routing_code(dataset: str) -> str:
-    """Hash of the modules that score a dataset's arms."""
-    names = (*ROUTING_MODULES, "eval.taubench") if dataset == "taubench" else ROUTING_MODULES
-    sources = (Path(importlib.import_module(f"synapse_flwr.{n}").__file__).read_bytes() for n in names)
+def routing_code() -> str:
+    """Hash of the modules that score the arms."""
+    sources = (Path(importlib.import_module(f"synapse_flwr.{n}").__file__).read_bytes() for n in ROUTING_MODULES)
     return hashlib.sha256(b"".join(sources)).hexdigest()[:12]
 
 
@@ -246,14 +244,6 @@ def summarise(runs: Sequence[dict]) -> dict:
             "r5_mean": statistics.mean(r5), "n": [r["n"] for r in runs], "seeds": len(runs)}
 
 
-@lru_cache(maxsize=1)
-def taubench_steps() -> list:
-    """Every step of tau-bench retail's test tasks (see :func:`~synapse_flwr.data.taubench.taubench_step_items`)."""
-    from synapse_flwr.data.taubench import load_taubench, taubench_step_items
-
-    return taubench_step_items(load_taubench(split="test")[1])
-
-
 class Experiment:
     """Runs one :class:`ExperimentConfig`; see the module docstring.
 
@@ -275,7 +265,7 @@ class Experiment:
             shutil.rmtree(self.cache_dir)
         self.cache = UnitCache(self.cache_dir, cache_fingerprint(cfg))
         self.progress = progress or (lambda label: None)
-        self.code = routing_code(cfg.dataset)
+        self.code = routing_code()
         self._embedder = None
         self._built: dict[tuple, Any] = {}
 
@@ -302,9 +292,7 @@ class Experiment:
         return load_federated(self.cfg.dataset, self.cfg.orgs, seed, self.cfg.alpha, rate)
 
     def splits(self, ds: FederatedDataset) -> dict[str, list]:
-        """Evaluation sets: ``seen``/``heldout`` queries, or tau-bench's ``step`` items."""
-        if self.cfg.dataset == "taubench":
-            return {"step": taubench_steps()}
+        """Evaluation sets: the ``seen`` and ``heldout`` queries."""
         return {k: v for k, v in (("seen", ds.seen_test), ("heldout", ds.heldout_test)) if v}
 
     def unit(self, key: str, compute: Callable[[], Any]) -> Any:
@@ -418,20 +406,12 @@ class Experiment:
             for split, items in self.splits(ds).items():
                 if sample:
                     items = items[:: max(1, len(items) // sample)][:sample]
-                out[split] = self._score(router, split, items, oracle)
-                if "prior" in out[split]:
-                    out["step_prior"] = out[split].pop("prior")
+                out[split] = self._score(router, items, oracle)
             return out
 
         return self.unit(key, compute)
 
-    def _score(self, router: Router, split: str, items: list, oracle: bool) -> dict:
-        if split == "step":
-            from synapse_flwr.eval.taubench import step_accuracy
-
-            both = step_accuracy(router, items, k=self.cfg.k, oracle=oracle)
-            # the transition prior from next_tools counts rides along as its own split
-            return {**both["router"], "prior": both["transition"]}
+    def _score(self, router: Router, items: list, oracle: bool) -> dict:
         golds = [i.gold for i in items]
         queries = [i.query for i in items]
         results = router.route_many(queries, force=golds) if oracle else router.route_many(queries)
@@ -695,7 +675,7 @@ def targets(results: dict) -> list[dict]:
         if value is not None:
             out.append({"target": name, "value": round(value, 4), "goal": goal, "met": bool(ok(value))})
 
-    seen = "seen" if "seen" in next(iter(arms.values()), {}) else "step"
+    seen = "seen"
     fed, cen, docs = acc("federated", seen), acc("centralized", seen), acc("docs_only", seen)
     if fed is not None and cen is not None:
         add(f"federated - centralized ({seen})", fed - cen, ">= -0.015", lambda v: v >= -0.015)
@@ -902,6 +882,10 @@ def run_experiment(config: Path, fresh: bool = False, output: Path | None = None
                    progress: Callable[[str], None] | None = None) -> Path:
     """Run a config end to end and write the results folder; returns its path."""
     cfg = ExperimentConfig.from_toml(config)
+    if cfg.dataset == "taubench":  # its own per-step protocols (cross-validated and train-only)
+        from synapse_flwr.simulations.taubench import run_taubench
+
+        return run_taubench(config, cfg, output, progress)
     if Path(cfg.dataset).is_dir():
         require_valid(Path(cfg.dataset))  # every file, line and tool id, before any Flower run
     out_dir = Path(output or cfg.output)

@@ -53,7 +53,7 @@ def tool_entries(draw, tool_id: str, org: str) -> ToolEntry:
             Precaution(kind="failure_mode", text=f"failed for '{t}'", support=1.0, orgs=[org])
             for t in sorted(draw(st.lists(phrases, max_size=2, unique=True)))
         ],
-        stats=ToolStats(calls=calls, successes=successes),
+        stats=ToolStats(calls=calls, successes=successes, starts=draw(supports)),
         confusions=[
             ToolCount(tool=t, count=draw(supports))
             for t in sorted(draw(st.lists(st.sampled_from(others), max_size=2, unique=True)))

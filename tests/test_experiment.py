@@ -16,6 +16,7 @@ from synapse_flwr.simulations.experiment import (
     run_experiment,
     targets,
 )
+from synapse_flwr.simulations.taubench import TauConfig
 
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.experience import Event
@@ -113,9 +114,13 @@ def test_config_mistake_exits_2_without_traceback(tmp_path):
 
 
 def test_committed_configs_parse():
-    for name in ("metatool", "taubench", "smoke"):
+    for name in ("metatool", "smoke"):
         cfg = ExperimentConfig.from_toml(ROOT / "configs" / f"{name}.toml")
         assert set(cfg.arms) == set(ARMS)
+    # tau-bench runs every arm but the Ray-based fedavg_dp, plus its [taubench] table
+    tau = ExperimentConfig.from_toml(ROOT / "configs" / "taubench.toml")
+    assert set(tau.arms) == set(ARMS) - {"fedavg_dp"}
+    assert TauConfig.from_toml(ROOT / "configs" / "taubench.toml").folds == 5
     assert math.isinf(ExperimentConfig.from_toml(ROOT / "configs" / "metatool.toml").sweep_epsilon)
 
 

@@ -60,8 +60,13 @@ def test_typed_merge_keeps_every_tool_and_sums_calls(arts):
     assert {t.tool_id for t in g.tools} == {t.tool_id for a in arts for t in a.tools}
     unique = {content_hash(a): a for a in arts}.values()
     for entry in g.tools:
-        expected = sum(t.stats.calls for a in unique for t in a.tools if t.tool_id == entry.tool_id)
-        assert abs(entry.stats.calls - expected) < 1e-3
+        mine = [t for a in unique for t in a.tools if t.tool_id == entry.tool_id]
+        assert abs(entry.stats.calls - sum(t.stats.calls for t in mine)) < 1e-3
+        # start transitions and next-tool counts are sums of noised counts too
+        assert abs(entry.stats.starts - sum(t.stats.starts for t in mine)) < 1e-3
+        for nxt in entry.next_tools:
+            expected = sum(c.count for t in mine for c in t.next_tools if c.tool == nxt.tool)
+            assert abs(nxt.count - expected) < 1e-3
     assert sorted(g.inputs) == sorted({content_hash(a) for a in arts})
     Compendium.model_validate_json(canonical_json(g))  # output is schema-valid
 

@@ -67,6 +67,12 @@ from synapse_flwr.core.schema import (
     ToolStats,
     WhenNot,
 )
+from synapse_flwr.core.sequences import (
+    SequenceBounds,
+    SequenceRecord,
+    release_sequences,
+    sequence_counts,
+)
 
 # Counters an event touches besides its phrases: calls, successes, one
 # confusion, one next-tool transition.
@@ -102,6 +108,12 @@ class BuildConfig:
         prototype sum when an embedder is given (the budget split between
         counters and prototypes, see :mod:`synapse_flwr.core.prototypes`);
         chosen on the seed-7 MetaTool split.
+    sequences : SequenceBounds or None
+        Set when the records are call sequences (one task each, see
+        :mod:`synapse_flwr.core.sequences`): one record then gives up to
+        ``max_tools`` events and prototypes, plus start and transition counts
+        clipped to L2 norm ``sqrt(max_counters)``, of weight ``weight``; pass the records to
+        :func:`build_compendium` as ``sequences``.
     """
 
     max_unigrams: int = 5
@@ -111,12 +123,31 @@ class BuildConfig:
     rewrite: Rewriter | None = field(default=None, compare=False)
     events_per_record: int = 1
     prototype_weight: float = PROTOTYPE_WEIGHT
+    sequences: SequenceBounds | None = None
+
+    def __post_init__(self) -> None:
+        if self.sequences is not None and self.events_per_record != 1:
+            raise ValueError("sequence records are released once: events_per_record must be 1 with sequences")
+
+    @property
+    def record_events(self) -> int:
+        """Events (hence prototypes) one private record may give rise to."""
+        return self.sequences.max_tools if self.sequences else self.events_per_record
 
     @property
     def max_contributions(self) -> int:
         """Counters one private record may touch: its L0 sensitivity."""
         per_event = self.max_unigrams + self.max_bigrams + _NON_TEXT_CONTRIBUTIONS
-        return per_event * self.events_per_record
+        return per_event * self.record_events
+
+    def privacy_params(self, epsilon: float, delta: float, rounds: int, weight: float) -> PrivacyParams:
+        """The contribution bound of one record under this config (``weight``: prototype ``c`` or 0)."""
+        seq = self.sequences
+        return PrivacyParams(
+            epsilon=epsilon, delta=delta, rounds=rounds, max_contributions=self.max_contributions,
+            prototype_weight=weight, prototypes_per_record=self.record_events if seq else 1,
+            sequence_counters=seq.max_counters if seq else 0, sequence_weight=seq.weight if seq else 0.0,
+        )
 
 
 @dataclass
@@ -253,6 +284,7 @@ class ToolRelease:
     when_not: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
     confusions: dict[str, float] = field(default_factory=dict)
     next_tools: dict[str, float] = field(default_factory=dict)
+    starts: float = 0.0
 
 
 def index_release(released: ReleasedCounts) -> dict[str, ToolRelease]:
@@ -289,7 +321,8 @@ def assemble_entry(
     ]
     when_not = sorted(when_not, key=lambda w: (-w.support, w.text, w.prefer or ""))
     when_not = sorted(when_not[: config.max_scenarios], key=lambda w: (w.text, w.prefer or ""))
-    stats = ToolStats(calls=round(rel.calls, 4), successes=round(min(rel.successes, rel.calls), 4))
+    stats = ToolStats(calls=round(rel.calls, 4), successes=round(min(rel.successes, rel.calls), 4),
+                      starts=round(rel.starts, 4))
     precautions = [
         Precaution(
             kind="failure_mode",
@@ -311,7 +344,7 @@ def assemble_entry(
             )
         )
     precautions = sorted(precautions, key=lambda p: (-p.support, p.kind, p.text))[:MAX_ITEMS]
-    has_experience = bool(when or when_not or rel.confusions or rel.next_tools)
+    has_experience = bool(when or when_not or rel.confusions or rel.next_tools or rel.starts)
     return ToolEntry(
         tool_id=tool_id,
         description=description,
@@ -375,6 +408,7 @@ def build_compendium(
     seed: int = 0,
     config: BuildConfig = BuildConfig(),
     embedder: Embedder | None = None,
+    sequences: Sequence[SequenceRecord] | None = None,
 ) -> Compendium:
     """Turn one organisation's experience into its privatised typed compendium.
 
@@ -408,19 +442,32 @@ def build_compendium(
         When given, every tool also gets a query prototype in this embedder's
         space, released with weight ``config.prototype_weight`` in the same
         Gaussian release (the sensitivity grows accordingly).
+    sequences : sequence of SequenceRecord or None
+        The call sequences behind ``events`` (one private record each, with
+        ``events`` their :func:`~synapse_flwr.core.sequences.record_events`):
+        their start and transition counts are released in the same Gaussian
+        release, bounded by ``config.sequences``.
     """
     events = list(events)
     weight = config.prototype_weight if embedder is not None else 0.0
     if releases > rounds:
         raise ValueError(f"release {releases} exceeds the {rounds} releases the privacy budget covers")
-    params = PrivacyParams(
-        epsilon=epsilon, delta=delta, rounds=rounds, max_contributions=config.max_contributions,
-        prototype_weight=weight,
-    )
+    if (sequences is None) != (config.sequences is None):
+        raise ValueError("pass sequences exactly when the config has sequence bounds")
+    params = config.privacy_params(epsilon, delta, rounds, weight)
     cal = calibrate(params)
     rng = np.random.default_rng(derive_seed(seed, org, round_))
     released = privatise_counts(count_experience(events, config), catalog.ids, cal, rng)
     per_tool = index_release(released)
+    if sequences is not None and config.sequences is not None:
+        starts, pairs = release_sequences(*sequence_counts(sequences, config.sequences), catalog.ids, cal.sigma,
+                                          config.sequences.weight,
+                                          np.random.default_rng(derive_seed(seed, org, round_, "sequences")),
+                                          config.sequences.floor_sds)
+        for tool, count in starts.items():
+            per_tool[tool].starts = count
+        for (a, b), count in pairs.items():
+            per_tool[a].next_tools[b] = per_tool[a].next_tools.get(b, 0.0) + count
     entries = [
         assemble_entry(doc.tool_id, doc.description, per_tool[doc.tool_id], org, round_, config)
         for doc in catalog.tools
@@ -442,6 +489,7 @@ def build_compendium(
         threshold=round(cal.threshold, 6),
         text_policy="pii-masked+dp-partition-selection" if private else "pii-masked",
         prototype_weight=weight,
+        sequence_weight=config.sequences.weight if config.sequences else 0.0,
     )
     return Compendium(
         kind="org",

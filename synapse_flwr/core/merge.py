@@ -204,6 +204,7 @@ def merge_privacy(blocks: Sequence[PrivacyBlock]) -> PrivacyBlock:
         threshold=min(b.threshold for b in blocks),
         text_policy="pii-masked+dp-partition-selection",
         prototype_weight=max(b.prototype_weight for b in blocks),
+        sequence_weight=min(b.sequence_weight for b in blocks),
     )
 
 
@@ -541,7 +542,8 @@ def merge_tool(
         when=_top_by_support(when, MAX_SCENARIOS, _when_key),
         when_not=_top_by_support(when_not, MAX_SCENARIOS, _when_not_key),
         precautions=_merge_precautions([*(p for _, e in entries for p in e.precautions), *precautions]),
-        stats=ToolStats(calls=_r(calls), successes=_r(successes)),
+        stats=ToolStats(calls=_r(calls), successes=_r(successes),
+                        starts=_r(math.fsum(e.stats.starts for _, e in entries))),
         confusions=_merge_counts(e.confusions for _, e in entries),
         next_tools=_merge_counts(e.next_tools for _, e in entries),
         provenance=Provenance(

@@ -33,6 +33,7 @@ import logging
 import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from statistics import NormalDist
 from typing import Any, TypeVar
 
@@ -83,6 +84,17 @@ class PrivacyParams:
         (:mod:`synapse_flwr.core.prototypes`), so the L2 sensitivity is
         ``sqrt(max_contributions + 1 + c^2)``; 0 (no prototypes) or
         ``1 <= c <= 100``.
+    prototypes_per_record : int, default 1
+        Distinct tools' prototypes one record may add to (a sequence record,
+        :mod:`synapse_flwr.core.sequences`, adds one per distinct tool it calls).
+    sequence_counters : int, default 0
+        Squared L2 norm one sequence record's start and transition counts are
+        clipped to (:mod:`synapse_flwr.core.sequences`), each count weighted by
+        ``sequence_weight``; 0 without sequences.
+    sequence_weight : float, default 0.0
+        ``w``: the weight of those counters in the release, so they add
+        ``w^2 * sequence_counters`` to the squared L2 sensitivity and, divided
+        by ``w``, carry noise ``sigma / w``; 0 or ``1 <= w <= 100``.
 
     Raises
     ------
@@ -97,6 +109,9 @@ class PrivacyParams:
     delta_split: float = 0.5
     min_support: int = 1
     prototype_weight: float = 0.0
+    prototypes_per_record: int = 1
+    sequence_counters: int = 0
+    sequence_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if math.isnan(self.epsilon) or self.epsilon <= 0:
@@ -124,11 +139,22 @@ class PrivacyParams:
             raise ValueError(
                 f"prototype_weight must be 0 (no prototypes) or 1 <= prototype_weight <= 100, got {c!r}"
             )
+        if not _is_int(self.prototypes_per_record) or self.prototypes_per_record < 1:
+            raise ValueError(f"prototypes_per_record must be an integer >= 1, got {self.prototypes_per_record!r}")
+        if not _is_int(self.sequence_counters) or self.sequence_counters < 0:
+            raise ValueError(f"sequence_counters must be an integer >= 0, got {self.sequence_counters!r}")
+        w = self.sequence_weight
+        if not (w == 0 or 1 <= w <= 100) or (self.sequence_counters > 0) != (w > 0):
+            raise ValueError(
+                f"sequence_weight must be 1 <= sequence_weight <= 100 with sequence counters and 0 without, "
+                f"got {w!r} for {self.sequence_counters} counters"
+            )
 
     @property
     def l2_sensitivity(self) -> float:
-        """L2 norm of one event's contribution: counters plus its weighted prototype vector."""
-        return prototype_sensitivity(self.max_contributions, self.prototype_weight)
+        """L2 norm of one record's contribution: counters, weighted prototype vectors, weighted sequence counters."""
+        base = prototype_sensitivity(self.max_contributions, self.prototype_weight, self.prototypes_per_record)
+        return math.sqrt(base * base + self.sequence_weight**2 * self.sequence_counters)
 
     @property
     def private(self) -> bool:
@@ -227,6 +253,7 @@ def noise_multiplier_for(epsilon: float, delta: float, sample_rate: float, steps
     ))
 
 
+@lru_cache(maxsize=64)  # a pure function of frozen params; opacus' noise search is slow
 def calibrate(params: PrivacyParams) -> Calibration:
     """Calibrate the Gaussian noise and the partition-selection threshold.
 

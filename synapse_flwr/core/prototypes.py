@@ -34,22 +34,26 @@ PROTOTYPE_COUNTERS = 1
 _INT8_MAX = 127
 
 
-def prototype_sensitivity(max_contributions: int, weight: float) -> float:
-    """L2 sensitivity of one record's release when it also adds ``weight * u`` to a prototype.
+def prototype_sensitivity(max_contributions: int, weight: float, prototypes: int = 1) -> float:
+    """L2 sensitivity of one record's release when it also adds ``weight * u`` to prototypes.
 
     Parameters
     ----------
     max_contributions : int
-        +1 counters one record may touch besides the prototype.
+        +1 counters one record may touch besides the prototypes.
     weight : float
         Prototype weight ``c``; 0 means no prototypes.
+    prototypes : int
+        Distinct tools' prototypes one record may add to (each ``c * u`` and
+        +1 to its count): 1 for an event, up to the tools of a sequence record.
 
     Returns
     -------
     float
-        ``sqrt(max_contributions + 1 + c^2)``, or ``sqrt(max_contributions)`` when ``c = 0``.
+        ``sqrt(max_contributions + prototypes * (1 + c^2))``, or
+        ``sqrt(max_contributions)`` when ``c = 0``.
     """
-    extra = PROTOTYPE_COUNTERS + weight * weight if weight > 0 else 0.0
+    extra = prototypes * (PROTOTYPE_COUNTERS + weight * weight) if weight > 0 else 0.0
     return math.sqrt(max_contributions + extra)
 
 

@@ -131,10 +131,14 @@ class ToolStats(_Strict):
         Noised number of calls.
     successes : float
         Noised number of successful calls (at most ``calls``).
+    starts : float
+        Noised number of call sequences (e.g. tasks) whose first call is this
+        tool: the start transition; 0 where no sequences were released.
     """
 
     calls: Count = 0.0
     successes: Count = 0.0
+    starts: Count = 0.0
 
     @model_validator(mode="after")
     def _successes_within_calls(self) -> ToolStats:
@@ -326,6 +330,11 @@ class PrivacyBlock(_Strict):
         ``clip = sqrt(counters + 1 + c^2)`` (the ``+ 1`` is the prototype
         count) and the stored sum, divided by ``c``, carries noise
         ``sigma / c``; 0 when no prototypes are released.
+    sequence_weight : float
+        ``w`` of the start and transition counters of sequence records
+        (:mod:`synapse_flwr.core.sequences`): the released ``starts`` and
+        ``next_tools`` counts carry noise ``sigma / w``; 0 when the records
+        are events.
     """
 
     mechanism: Literal["gaussian", "none"] = "none"
@@ -339,6 +348,7 @@ class PrivacyBlock(_Strict):
     threshold: Count = 1.0
     text_policy: Literal["pii-masked+dp-partition-selection", "pii-masked"] = "pii-masked"
     prototype_weight: Annotated[float, Field(ge=0.0, le=100.0, allow_inf_nan=False)] = 0.0
+    sequence_weight: Annotated[float, Field(ge=0.0, le=100.0, allow_inf_nan=False)] = 0.0
 
 
 class Claim(_Strict):

@@ -2,26 +2,37 @@
 
 :func:`load_taubench` reads the pinned files of ``taubench-retail/`` (see
 :mod:`synapse_flwr.data.pins`). Every gold call of a task is one step
-(:class:`StepItem`): the instruction plus the gold calls so far
-(:func:`step_query`), and the tool to call next. The steps of the train tasks
-are also the experience the compendia are built from (:func:`taubench_events`).
+(:class:`StepItem`): the instruction, the previous gold call and the tool to
+call next. The calls so far are never appended to the query (with them the
+router picked an already-called tool on 430 of 469 later steps): the history
+reaches the scorer through the transition prior only. A task is also one
+private sequence record (:func:`task_records`); :func:`taubench_events` gives
+the per-call events of the event-level (Flower) path.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from synapse_flwr.core.catalog import Catalog, make_catalog, parse_tool
 from synapse_flwr.core.errors import InputError
 from synapse_flwr.core.experience import Event
+from synapse_flwr.core.sequences import SequenceRecord
 from synapse_flwr.data.pins import read_json, resolve_dir, verify
 
 log = logging.getLogger(__name__)
 
 TAU_SPLITS = ("train", "test", "dev")
+# The retail tools that change the database (tau-bench's write actions); the
+# other tools read, compute or hand over. Steps are typed first / read / write.
+WRITE_TOOLS = frozenset({
+    "cancel_pending_order", "exchange_delivered_order_items", "modify_pending_order_address",
+    "modify_pending_order_items", "modify_pending_order_payment", "modify_user_address",
+    "return_delivered_order_items",
+})
 
 
 @dataclass(frozen=True)
@@ -53,7 +64,7 @@ class StepItem:
     Parameters
     ----------
     query : str
-        The instruction, plus ``previous calls: a, b`` after the first step.
+        The instruction (the same at every step of the task).
     prev_tool : str or None
         The previous gold call, None at the first step.
     gold : str
@@ -69,6 +80,11 @@ class StepItem:
     gold: str
     task_id: int
     step: int
+
+    @property
+    def kind(self) -> str:
+        """``first`` (step 0), ``write`` (a :data:`WRITE_TOOLS` call) or ``read``."""
+        return "first" if self.step == 0 else "write" if self.gold in WRITE_TOOLS else "read"
 
 
 def load_taubench(
@@ -138,19 +154,6 @@ def load_taubench(
     return catalog, tasks
 
 
-def step_query(instruction: str, previous: Sequence[str]) -> str:
-    """The query of one step: the instruction plus the gold calls made so far.
-
-    Parameters
-    ----------
-    instruction : str
-        The task instruction.
-    previous : sequence of str
-        Tool ids already called, in order.
-    """
-    return f"{instruction}\nprevious calls: {', '.join(previous)}" if previous else instruction
-
-
 def taubench_step_items(tasks: Iterable[Task]) -> list[StepItem]:
     """One item per gold call of every task.
 
@@ -161,7 +164,7 @@ def taubench_step_items(tasks: Iterable[Task]) -> list[StepItem]:
     """
     return [
         StepItem(
-            query=step_query(task.instruction, task.actions[:i]),
+            query=task.instruction,
             prev_tool=task.actions[i - 1] if i else None,
             gold=tool,
             task_id=task.task_id,
@@ -184,3 +187,14 @@ def taubench_events(tasks: Iterable[Task]) -> list[Event]:
         Event(query=s.query, tool=s.gold, success=True, gold=s.gold, prev_tool=s.prev_tool)
         for s in taubench_step_items(tasks)
     ]
+
+
+def task_records(tasks: Iterable[Task]) -> list[SequenceRecord]:
+    """One private sequence record per task: its instruction and gold calls.
+
+    Parameters
+    ----------
+    tasks : iterable of Task
+        Tasks (a task without calls gives a record without tools).
+    """
+    return [SequenceRecord(query=t.instruction, tools=t.actions) for t in tasks]

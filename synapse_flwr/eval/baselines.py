@@ -166,22 +166,51 @@ def tfidf_svm_arm(
     ValueError
         If ``C`` is not positive or fewer than two tools have a training label.
     """
+    queries, labels = labelled_pairs(train, catalog)
+    log.info("tfidf_svm: %d training queries, %d of %d tools have labels",
+             len(queries), len(set(labels)), len(catalog))
+    scores, classes = tfidf_svm_scores(queries, labels, [item.query for item in test], C)
+    return ranking_metrics(scores, classes, test)
+
+
+def tfidf_svm_scores(
+    queries: Sequence[str], labels: Sequence[str], test: Sequence[str], C: float = 1.0
+) -> tuple[np.ndarray, list[str]]:
+    """Fit TF-IDF (1-2 grams) + a linear SVM on labelled queries; score test queries.
+
+    Parameters
+    ----------
+    queries, labels : sequence of str
+        Training queries and their tool ids.
+    test : sequence of str
+        Queries to score.
+    C : float
+        SVM regularisation (inverse strength), ``> 0``.
+
+    Returns
+    -------
+    (numpy.ndarray, list of str)
+        ``(len(test), len(classes))`` decision values and the classes (the
+        labelled tools, sorted).
+
+    Raises
+    ------
+    ValueError
+        If ``C`` is not positive or fewer than two tools have a label.
+    """
     if not C > 0:
         raise ValueError(f"C must be > 0, got {C!r}")
-    queries, labels = labelled_pairs(train, catalog)
     classes = sorted(set(labels))
     if len(classes) < 2:
         raise ValueError(f"need labelled training events of at least 2 tools, got {len(classes)}")
+    if not test:
+        return np.zeros((0, len(classes))), classes
     vectorizer = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True)
     svm = LinearSVC(C=C).fit(vectorizer.fit_transform(queries), labels)
-    log.info("tfidf_svm: %d training queries, %d of %d tools have labels",
-             len(queries), len(classes), len(catalog))
-    if not test:
-        return ranking_metrics(np.zeros((0, len(classes))), classes, test)
-    scores = svm.decision_function(vectorizer.transform([item.query for item in test]))
+    scores = svm.decision_function(vectorizer.transform(list(test)))
     if scores.ndim == 1:  # binary: one margin, positive for classes_[1]
         scores = np.stack([-scores, scores], axis=1)
-    return ranking_metrics(scores, list(svm.classes_), test)
+    return scores, list(svm.classes_)
 
 
 def steps_per_epoch(n: int, batch_size: int) -> int:

@@ -1,53 +1,51 @@
-"""tau-bench retail per-step tool-call scoring, with composition knowledge as a prior.
+"""tau-bench retail per-step tool-call scoring: instruction evidence plus the typed transition prior.
 
-Every gold call of a test task is one step: the query is the instruction plus
-the gold calls made so far (:func:`~synapse_flwr.data.taubench.taubench_step_items`),
-``prev_tool`` the previous gold call (None at the first step), and the task is
-to name the next tool.
+Every gold call of a test task is one step (:class:`Step`): the instruction,
+the previous gold call (None at the first step) and the tool to call next.
+The history enters only through the prior, never as text in the query.
 
-Two predictions are scored per step by :func:`step_accuracy`:
+A step's score for tool ``t`` (:func:`step_scores`) is
 
-``router``
-    the router's ranking as it is;
-``transition``
-    the router's candidate scores plus a transition prior ``P(next | prev)``
-    estimated from the compendium's ``next_tools`` counts (see
-    :func:`transition_prior` and :func:`rerank_with_transitions`).
+``log P(t | prev) + w_lift * lift(q, t) + w_route * route(q, t)``
 
-The experiment driver (:mod:`synapse_flwr.simulations.experiment`) builds the
-arms and calls :func:`step_accuracy` on each.
+* ``P(t | prev)``: the compendium's typed transition fields
+  (:class:`TransitionPrior`): at the first step the start counts
+  (``stats.starts``), later the ``next_tools`` counts of ``prev``, backed off
+  to the next-tool marginal (the column sums of every ``next_tools``) when
+  ``prev`` has fewer than ``backoff`` released transitions; smoothed;
+* ``lift(q, t)``: how much more the instruction resembles the instructions of
+  the tasks that called ``t`` than those of all tasks, from the prototypes
+  (:class:`InstructionLift`), with its own weight at the first step;
+* ``route(q, t)``: the router's retrieval score of the instruction.
+
+Without a compendium (docs only) the prior is uniform and the lift 0: the
+ranking is the router's. The constants are chosen on the seed-7 split only
+(:data:`DEFAULT_WEIGHTS`, ``simulations/taubench.py --tune``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
-from synapse_flwr.core.router import Router, RouteResult
-from synapse_flwr.core.schema import Compendium, ToolEntry
+import numpy as np
 
-# Weight of the log-lift of the transition prior, added to the router's
-# candidate scores (sums of cosines, whose top candidates are typically a few
-# tenths apart). At 0.1 a strong transition (lift ~5, log ~1.6) moves a tool by
-# ~0.16 and a transition never seen after ``prev`` costs ~0.15: enough to
-# settle a near tie, not to overturn a clear retrieval win. Fixed a priori,
-# not tuned on the test split.
-TRANSITION_WEIGHT = 0.1
-# Laplace pseudo-count per tool when estimating P(next | prev) from counts.
-TRANSITION_SMOOTHING = 1.0
-# The two predictions of every step: the keys of step_accuracy's result.
-VARIANTS = ("router", "transition")
+from synapse_flwr.core.prototypes import decode_prototype
+from synapse_flwr.core.router import Router
+from synapse_flwr.core.schema import ToolEntry
 
-Knowledge = Compendium | Mapping[str, ToolEntry]
+STEP_KINDS = ("first", "read", "write")
+# A prototype is evidence only when the noise of its mean, as a vector
+# (``sum_sd * sqrt(dim) / count``), is below this norm: the mean of unit
+# query embeddings has a norm near 1 and the lift reads differences of means of
+# a few tenths. Fixed a priori (no noise: every prototype with a count counts).
+NOISE_NORM = 0.1
 
 
 class Step(Protocol):
-    """What :func:`step_accuracy` reads of a step.
-
-    :class:`~synapse_flwr.data.taubench.StepItem` is one; typed by shape so
-    that evaluation imports nothing from the data layer.
-    """
+    """What the scorer reads of a step (:class:`~synapse_flwr.data.taubench.StepItem` is one)."""
 
     @property
     def query(self) -> str: ...
@@ -58,142 +56,198 @@ class Step(Protocol):
     @property
     def gold(self) -> str: ...
 
+    @property
+    def kind(self) -> str: ...
 
-def _entries(knowledge: Knowledge) -> Mapping[str, ToolEntry]:
-    """Tool id -> entry of a compendium, or the mapping itself."""
-    if isinstance(knowledge, Compendium):
-        return {e.tool_id: e for e in knowledge.tools}
-    return knowledge
+    @property
+    def task_id(self) -> int: ...
 
 
-def transition_prior(
-    knowledge: Knowledge, prev_tool: str | None, smoothing: float = TRANSITION_SMOOTHING
-) -> dict[str, float]:
-    """Smoothed ``P(next | prev)`` over the tools of a compendium.
-
-    ``P(b | a) = (c(a, b) + s) / (C(a) + s * T)`` with ``c(a, b)`` the
-    (possibly noised) count of ``b`` in ``a``'s ``next_tools``, ``C(a)`` their
-    sum, ``s`` the smoothing and ``T`` the number of tools. Without a previous
-    tool, or when it has no ``next_tools``, the prior is uniform.
+@dataclass(frozen=True)
+class StepWeights:
+    """Constants of :func:`step_scores` (chosen on seed 7).
 
     Parameters
     ----------
-    knowledge : Compendium or mapping of str to ToolEntry
-        The compendium (or the router's ``entries``) whose counts are used.
-    prev_tool : str or None
-        The tool called just before.
+    lift_first : float
+        Weight of the instruction lift at the first step.
+    lift_later : float
+        Its weight at later steps.
+    route : float
+        Weight of the router's retrieval score.
     smoothing : float
-        Pseudo-count added to every tool (> 0).
-
-    Returns
-    -------
-    dict of str to float
-        Probability of every tool of the compendium; sums to one.
+        Pseudo-count added to every tool's transition count (> 0).
+    backoff : float
+        A previous tool with fewer released transitions backs off to the marginal.
     """
-    if smoothing <= 0:
-        raise ValueError(f"smoothing must be positive, not {smoothing}")
-    entries = _entries(knowledge)
-    entry = entries.get(prev_tool) if prev_tool else None
-    counts = {c.tool: max(c.count, 0.0) for c in entry.next_tools} if entry else {}
-    total = math.fsum(counts.get(t, 0.0) for t in entries) + smoothing * len(entries)
-    return {t: (counts.get(t, 0.0) + smoothing) / total for t in entries}
+
+    lift_first: float = 30.0
+    lift_later: float = 0.0
+    route: float = 3.0
+    smoothing: float = 0.1
+    backoff: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.smoothing <= 0:
+            raise ValueError(f"smoothing must be positive, not {self.smoothing}")
+        if min(self.lift_first, self.lift_later, self.route, self.backoff) < 0:
+            raise ValueError(f"weights must be non-negative: {self}")
 
 
-def rerank_with_transitions(
-    result: RouteResult,
-    knowledge: Knowledge,
-    prev_tool: str | None,
-    weight: float = TRANSITION_WEIGHT,
-    smoothing: float = TRANSITION_SMOOTHING,
-) -> list[str]:
-    """Rank tools by router score plus ``weight`` times the transition log-lift.
+DEFAULT_WEIGHTS = StepWeights()
 
-    A tool's combined score is ``score + weight * log(T * P(tool | prev))``,
-    ``T`` the number of tools (so a uniform prior shifts nothing). Candidates
-    keep their router score; tools the router did not retrieve enter at the
-    lowest candidate score, so a strong transition can still bring them into
-    the ranking. Ties keep the router's order.
+
+class TransitionPrior:
+    """``log P(next | prev)`` from a compendium's start and next-tool counts, backed off.
 
     Parameters
     ----------
-    result : RouteResult
-        The router's answer (candidates best first).
-    knowledge : Compendium or mapping of str to ToolEntry
-        Source of the ``next_tools`` counts.
-    prev_tool : str or None
-        The tool called just before; None leaves the router's order.
-    weight : float
-        Weight of the log-lift (>= 0); 0 leaves the router's order.
+    entries : mapping of str to ToolEntry
+        The compendium's entries (a router's ``entries``), in the order scores are returned.
     smoothing : float
-        Laplace pseudo-count of :func:`transition_prior`.
-
-    Returns
-    -------
-    list of str
-        Tool ids, best first: the candidates and every tool of the compendium.
+        Pseudo-count per tool.
+    backoff : float
+        Minimum released transitions of ``prev`` before its own row is used.
     """
-    if weight < 0:
-        raise ValueError(f"weight must be non-negative, not {weight}")
-    prior = transition_prior(knowledge, prev_tool, smoothing)
-    floor = min((c.score for c in result.candidates), default=0.0)
-    scores = {c.tool_id: c.score for c in result.candidates}
-    for tool in prior:
-        scores.setdefault(tool, floor)
-    if weight == 0 or not prior:
-        return list(scores)
-    n_tools = len(prior)
-    combined = {
-        t: s + (weight * math.log(n_tools * prior[t]) if t in prior else 0.0)
-        for t, s in scores.items()
-    }
-    order = {t: i for i, t in enumerate(scores)}
-    return sorted(combined, key=lambda t: (-combined[t], order[t]))
+
+    def __init__(self, entries: Mapping[str, ToolEntry], smoothing: float, backoff: float) -> None:
+        self.ids = list(entries)
+        pos = {t: i for i, t in enumerate(self.ids)}
+        n = len(self.ids)
+        self.rows = np.zeros((n, n))
+        for i, entry in enumerate(entries.values()):
+            for c in entry.next_tools:
+                if c.tool in pos:
+                    self.rows[i, pos[c.tool]] = max(c.count, 0.0)
+        self.starts = np.array([max(e.stats.starts, 0.0) for e in entries.values()])
+        self.marginal = self.rows.sum(axis=0)
+        self.pos, self.smoothing, self.backoff = pos, smoothing, backoff
+
+    def counts(self, prev: str | None) -> np.ndarray:
+        """The counts the prior of a step is estimated from (start, own row or marginal)."""
+        if prev is None:
+            return self.starts
+        row = self.rows[self.pos[prev]] if prev in self.pos else self.marginal
+        return row if row.sum() >= max(self.backoff, 1e-12) else self.marginal
+
+    def log_prior(self, prev: str | None) -> np.ndarray:
+        """Smoothed ``log P(t | prev)`` for every tool."""
+        c = self.counts(prev) + self.smoothing
+        return np.log(c / c.sum())
 
 
-def _metrics(rankings: Sequence[Sequence[str]], golds: Sequence[str], k: int) -> dict[str, float]:
-    """Top-1 accuracy, recall@k and count of rankings against their gold tools."""
-    n = len(golds)
-    if not n:
-        return {"acc": 0.0, "r5": 0.0, "n": 0}
-    acc = sum(bool(r) and r[0] == g for r, g in zip(rankings, golds, strict=True))
-    recall = sum(g in r[:k] for r, g in zip(rankings, golds, strict=True))
-    return {"acc": acc / n, "r5": recall / n, "n": n}
+class InstructionLift:
+    """Per tool: how much closer an instruction is to its tasks' instructions than to all tasks'.
+
+    With ``m_t`` the mean query embedding of tool ``t``'s prototype and ``mu``
+    the count-weighted mean over tools, ``lift(q, t) = (q - mu) . d_t -
+    |d_t|^2 / 2`` with ``d_t = m_t - mu`` (a linear discriminant with shared
+    isotropic covariance). Tools whose prototype mean carries noise of norm
+    :data:`NOISE_NORM` or more, or without a prototype, get 0.
+
+    Parameters
+    ----------
+    entries : mapping of str to ToolEntry
+        The compendium's entries.
+    dim : int
+        Width of the router's embedding space (prototypes of another width are ignored).
+    """
+
+    def __init__(self, entries: Mapping[str, ToolEntry], dim: int) -> None:
+        sums = np.zeros((len(entries), dim))
+        counts = np.zeros(len(entries))
+        for i, e in enumerate(entries.values()):
+            p = e.prototype
+            if p is not None and p.dim == dim and p.count > 0 and p.sum_sd * math.sqrt(dim) < NOISE_NORM * p.count:
+                sums[i], counts[i] = decode_prototype(p), p.count
+        self.used = counts > 0
+        total = counts.sum()
+        self.mu = sums.sum(axis=0) / total if total > 0 else np.zeros(dim)
+        means = sums / np.maximum(counts, 1e-12)[:, None]
+        self.d = np.where(self.used[:, None], means - self.mu, 0.0)
+
+    def scores(self, q: np.ndarray) -> np.ndarray:
+        """``(len(q), n_tools)`` lifts of unit query embeddings ``q``."""
+        out = (q - self.mu) @ self.d.T - 0.5 * (self.d * self.d).sum(axis=1)
+        return np.where(self.used[None, :], out, 0.0)
 
 
-def step_accuracy(
-    router: Router,
-    items: Sequence[Step],
-    transition_weight: float = TRANSITION_WEIGHT,
-    k: int = 5,
-    oracle: bool = False,
-) -> dict[str, dict[str, float]]:
-    """Next-tool accuracy of a router over task steps, alone and with the transition prior.
+def step_scores(router: Router, items: Sequence[Step], weights: StepWeights = DEFAULT_WEIGHTS,
+                docs_only: bool = False) -> np.ndarray:
+    """Scores ``(len(items), n_tools)`` of every tool at every step (columns: ``router.tool_ids``).
 
     Parameters
     ----------
     router : Router
-        The router; its compendium (``router.entries``) also supplies the
-        ``next_tools`` counts of the prior.
+        The arm's router; its compendium supplies the prior and the lift.
     items : sequence of Step
-        Steps to predict (the query already carries the calls so far).
-    transition_weight : float
-        Weight of the prior, see :func:`rerank_with_transitions`.
-    k : int
-        Cut-off of the recall (``r5`` is recall@k).
-    oracle : bool
-        Force each step's gold tool into the candidates (oracle retrieval).
+        The steps.
+    weights : StepWeights
+        Fusion constants.
+    docs_only : bool
+        The router's retrieval score alone (no compendium fields).
+    """
+    queries = sorted({i.query for i in items})
+    at = {q: j for j, q in enumerate(queries)}
+    qv = np.asarray(router.embedder.encode(queries), np.float64)
+    route = np.asarray(router.retrieve(queries, qv.astype(np.float32)), np.float64)
+    rows = np.array([at[i.query] for i in items], int)
+    if docs_only:
+        return route[rows]
+    prior = TransitionPrior(router.entries, weights.smoothing, weights.backoff)
+    lift = InstructionLift(router.entries, qv.shape[1]).scores(qv)
+    first = np.array([i.prev_tool is None for i in items])
+    w_lift = np.where(first, weights.lift_first, weights.lift_later)[:, None]
+    logp = np.stack([prior.log_prior(i.prev_tool) for i in items]) if items else np.zeros((0, len(prior.ids)))
+    return logp + w_lift * lift[rows] + weights.route * route[rows]
+
+
+def rankings(scores: np.ndarray, tool_ids: Sequence[str], allowed: Sequence[set[str]] | None = None) -> list[list[str]]:
+    """Tools best first per step (stable on ties); ``allowed`` restricts each step's ranking (oracle set)."""
+    order = np.argsort(-scores, axis=1, kind="stable")
+    out = [[tool_ids[j] for j in row] for row in order]
+    if allowed is not None:
+        out = [[t for t in r if t in ok] for r, ok in zip(out, allowed, strict=True)]
+    return out
+
+
+def step_metrics(ranked: Sequence[Sequence[str]], items: Sequence[Step], k: int = 5) -> dict:
+    """Top-1 and recall@k overall and per step kind, and the share of tasks predicted whole.
 
     Returns
     -------
     dict
-        ``{"router": {"acc", "r5", "n"}, "transition": {"acc", "r5", "n"}}``.
+        ``acc``, ``r5``, ``n``, ``by_kind`` (``kind -> {acc, n}``), ``task_acc``
+        (tasks whose every step's top-1 is right) and ``tasks``.
     """
-    force = [(i.gold,) for i in items] if oracle else None
-    results = router.route_many([i.query for i in items], force=force)
-    golds = [i.gold for i in items]
-    alone = [[c.tool_id for c in r.candidates] for r in results]
-    with_prior = [
-        rerank_with_transitions(r, router.entries, i.prev_tool, transition_weight)
-        for r, i in zip(results, items, strict=True)
-    ]
-    return {"router": _metrics(alone, golds, k), "transition": _metrics(with_prior, golds, k)}
+    hits = [bool(r) and r[0] == i.gold for r, i in zip(ranked, items, strict=True)]
+    recall = [i.gold in r[:k] for r, i in zip(ranked, items, strict=True)]
+    n = len(items)
+    by_kind = {}
+    for kind in STEP_KINDS:
+        sel = [h for h, i in zip(hits, items) if i.kind == kind]
+        by_kind[kind] = {"acc": sum(sel) / len(sel) if sel else 0.0, "n": len(sel)}
+    tasks: dict[int, bool] = {}
+    for h, i in zip(hits, items):
+        tasks[i.task_id] = tasks.get(i.task_id, True) and h
+    return {"acc": sum(hits) / n if n else 0.0, "r5": sum(recall) / n if n else 0.0, "n": n,
+            "by_kind": by_kind, "task_acc": sum(tasks.values()) / len(tasks) if tasks else 0.0,
+            "tasks": len(tasks)}
+
+
+def bigram_rankings(starts: Mapping[str, float], transitions: Mapping[tuple[str, str], float],
+                    tool_ids: Sequence[str], items: Sequence[Step]) -> list[list[str]]:
+    """The bigram-with-start baseline: exact counts, the most frequent next tool (marginal fallback).
+
+    Ties go to the catalog order. A previous tool never seen as a source falls
+    back to the next-tool marginal.
+    """
+    marginal = {t: math.fsum(c for (_, b), c in transitions.items() if b == t) for t in tool_ids}
+    rows: dict[str, dict[str, float]] = {}
+    for (a, b), c in transitions.items():
+        rows.setdefault(a, {})[b] = c
+    out = []
+    for i in items:
+        counts = dict(starts) if i.prev_tool is None else rows.get(i.prev_tool, marginal)
+        out.append(sorted(tool_ids, key=lambda t: (-counts.get(t, 0.0), tool_ids.index(t))))
+    return out
