@@ -21,7 +21,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from synapse_flwr.core.embed import get_embedder
+from synapse_flwr.core.embed import Embedder, get_embedder
 from synapse_flwr.core.files import write_atomic
 from synapse_flwr.data.federation import FederatedDataset, load_federated
 from synapse_flwr.eval.baselines import fedavg_job, fedavg_results
@@ -33,31 +33,8 @@ log = logging.getLogger("tune_fedavg")
 GRID_KEYS = ("learning_rate", "local_epochs", "max_grad_norm", "batch_size", "temperature")
 
 
-class MemoEmbedder:
-    """An embedder that encodes each distinct text once (grid points share every query).
-
-    Parameters
-    ----------
-    inner : Embedder
-        The embedder whose vectors are kept.
-    """
-
-    def __init__(self, inner: object) -> None:
-        self.inner, self.name, self.dim = inner, inner.name, inner.dim  # type: ignore[attr-defined]
-        self.memo: dict[str, object] = {}
-
-    def encode(self, texts: list[str]):
-        """Vectors of ``texts`` (rows L2-normalised by the inner embedder)."""
-        import numpy as np
-
-        todo = [t for t in dict.fromkeys(texts) if t not in self.memo]
-        if todo:
-            self.memo.update(zip(todo, self.inner.encode(todo)))  # type: ignore[attr-defined]
-        return np.stack([self.memo[t] for t in texts]) if texts else np.zeros((0, self.dim), np.float32)
-
-
 def fedavg_point(ds: FederatedDataset, settings: dict, epsilon: float, delta: float, rounds: int,
-                 embedder: MemoEmbedder, seed: int) -> dict:
+                 embedder: Embedder, seed: int) -> dict:
     """Seen and held-out top-1 of one fedavg_dp run, and the epsilon it spent."""
     train = TrainSettings(settings["batch_size"], settings["local_epochs"], settings["learning_rate"],
                           settings["max_grad_norm"], settings["temperature"], delta, seed)
@@ -87,7 +64,7 @@ def main(argv: list[str]) -> None:
     cfg = load_experiment(args.config)
     grid = tomllib.loads(args.config.read_text())["grid"]
     ds = load_federated("metatool", cfg["orgs"], cfg["dev_seed"], cfg["alpha"], 0.0)
-    emb = MemoEmbedder(get_embedder(cfg["embedder"]))
+    emb = get_embedder(cfg["embedder"])  # cached on disk: grid points share every vector
     rows = []
     for values in itertools.product(*(grid[k] for k in GRID_KEYS)):
         point = dict(zip(GRID_KEYS, values))

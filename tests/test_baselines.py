@@ -149,3 +149,20 @@ def test_fedavg_rejects_bad_data(embedder: TfidfEmbedder) -> None:
         fedavg_dp_arm(orgs(), CATALOG, UNSEEN, 1.0, 1e-5, 1, embedder=TfidfEmbedder())
     with pytest.raises(ValueError, match="cannot calibrate"):
         calibrate_noise(10, 10, 10**6, 1e-6, 1e-12)
+
+
+def test_in_process_fedavg_learns_and_spends_at_most_its_budget(embedder: TfidfEmbedder) -> None:
+    from synapse_flwr.eval.baselines import fedavg_job, fedavg_results
+    from synapse_flwr.flower.fedavg_dp import TrainSettings, run_in_process
+
+    splits = {"test": toy_test(40, 3), "heldout": UNSEEN}
+    for epsilon, lr in ((math.inf, 0.05), (4.0, 1e-3)):
+        settings = TrainSettings(8, 1, lr, 1.0, 0.05, 1e-5, 1)
+        job = fedavg_job(orgs(), CATALOG, splits, embedder, settings, epsilon, 2)
+        outcome = run_in_process(job)
+        out = fedavg_results(outcome, job, ["heldout"], 0.0)
+        assert sorted(outcome.evaluations) == [0, 1, 2] and outcome.train[2]["orgs"] == 3
+        if math.isinf(epsilon):
+            assert out["init_acc"] < 0.6 and out["acc"] >= 0.9 and out["epsilon_spent"] == math.inf
+        else:
+            assert 0.9 * 4.0 <= out["epsilon_spent"] <= 4.0 * 1.01
