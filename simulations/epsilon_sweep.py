@@ -66,21 +66,24 @@ def seed_points(cfg: dict, seed: int, emb: object) -> dict:
     The compendium part is kept in ``<output>/partial_seed<seed>.json`` until
     the seed is complete, so a run stopped in the fedavg_dp part resumes there.
     """
-    ds = load_federated("metatool", cfg["orgs"], seed, cfg["alpha"], 0.0)
     partial = Path(cfg["output"]) / f"partial_seed{seed}.json"
-    if partial.is_file():
+    ds = None if partial.is_file() else load_federated("metatool", cfg["orgs"], seed, cfg["alpha"], 0.0)
+    if ds is None:
         out = json.loads(partial.read_text())
     else:
         out = compendium_points(cfg, ds, seed, emb)
         write_atomic(partial, json.dumps(out))
-    settings = tuned_settings(cfg["fedavg_settings"])
+    todo = [v for v in cfg.get("fedavg_epsilons", cfg["epsilons"]) if "fedavg_dp" not in out[str(v)]]
+    settings = tuned_settings(cfg["fedavg_settings"]) if todo else out.get("fedavg_settings")
+    if todo and ds is None:
+        ds = load_federated("metatool", cfg["orgs"], seed, cfg["alpha"], 0.0)
     for value in cfg.get("fedavg_epsilons", cfg["epsilons"]):
-        if "fedavg_dp" not in out[str(value)]:
+        if value in todo:
             out[str(value)]["fedavg_dp"] = fedavg_point(ds, settings, epsilon_of(value), cfg["delta"],
                                                         cfg["rounds"], emb, seed)
+            out["fedavg_settings"] = settings
             write_atomic(partial, json.dumps(out))
-        log.info("seed %d eps %s: fedavg_dp %s", seed, value, out[str(value)]["fedavg_dp"])
-    out["fedavg_settings"] = settings
+        log.info("seed %d eps %s: fedavg_dp %s", seed, value, out[str(value)].get("fedavg_dp"))
     return out
 
 
@@ -111,7 +114,8 @@ def tables(cfg: dict, summary: dict) -> str:
     lines = [f"# Epsilon sweep (MetaTool, seeds {cfg['seeds']}, K={cfg['orgs']}, alpha {cfg['alpha']})", "",
              "Top-1, mean ± SD over seeds. Epsilon per record (compendium) and per example (fedavg_dp), per "
              f"organisation, delta {cfg['delta']:g}. In process: one release per org and an in-process merge "
-             "(no Flower run per point); fedavg_dp with the seed-7 dev settings of docs/results/fedavg_tuning.",
+             "(no Flower run per point); fedavg_dp with the seed-7 dev settings of docs/results/fedavg_tuning. "
+             "`not run`: an epsilon left out of the config's `fedavg_epsilons`.",
              "", "| epsilon | " + " | ".join(head) + " |", "|" + "---|" * (len(head) + 1)]
     for value in cfg["epsilons"]:
         row = summary[str(value)]
