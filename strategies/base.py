@@ -23,7 +23,7 @@ from synapse_flwr.strategies.records import attach_signature, from_record, signa
 from synapse_flwr.core.schema import Compendium, FlatCompendium
 from synapse_flwr.core.signing import ARTIFACT, GLOBAL, Registry, Signer
 from synapse_flwr.core.delta import apply_delta, sha256_hex
-from synapse_flwr.core.wire import MAX_WIRE_BYTES, ArtifactError, encode, parse_artifact, parse_json, unwrap
+from synapse_flwr.core.wire import MAX_WIRE_BYTES, ArtifactError, encode, parse_body, unwrap
 
 Merged = Compendium | FlatCompendium
 MergeFn = Callable[[Sequence[Compendium]], Merged]
@@ -131,7 +131,7 @@ def verify_reply(
         if reason:
             return None, None, size, f"rejected signature: {reason}"
     try:
-        art = parse_artifact(parse_json(body))
+        art = parse_body(body)
     except ArtifactError as exc:
         return None, None, size, f"invalid artifact: {exc}"
     if not isinstance(art, Compendium) or art.kind != "org":

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import random
+import time
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies_hyp import artifact_lists
 
 from synapse_flwr.core.merge import (
     POLICIES,
+    group_scenarios,
     merge,
     merge_flat_majority,
     merge_support_weighted,
     merge_typed,
 )
+from synapse_flwr.core.phrases import token_jaccard
 from synapse_flwr.core.render import parse_flat
 from synapse_flwr.core.schema import (
+    MAX_CONFLICTS_PER_FIELD,
     Compendium,
     Issuer,
     Scenario,
@@ -201,3 +208,73 @@ def test_a_weak_claim_on_another_tools_scenario_is_demoted_and_logged():
     (dissent,) = [p for p in tools["get_weather"].precautions if p.kind == "dissent"]
     assert dissent.orgs == ["b"] and "euro to dollar" in dissent.text
     assert len(g.conflicts) == 1
+
+
+def _reference_groups(items, similarity):
+    # the quadratic definition the indexed grouping must reproduce: first group whose text is similar
+    groups = []
+    for item in sorted(items, key=lambda s: (-s.support, s.text, s.orgs)):
+        for g in groups:
+            if token_jaccard(item.text, g[0]) >= similarity:
+                g[1].append(item)
+                break
+        else:
+            groups.append((item.text, [item]))
+    return groups
+
+
+WORDS = st.sampled_from(["weather", "forecast", "city", "rain", "stock", "price", "!", "euro", "dollar"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.lists(WORDS, min_size=1, max_size=4), st.integers(1, 5)), max_size=40),
+       st.sampled_from([0.0, 0.3, 0.5, 0.8, 1.0, 1.5]))
+def test_indexed_grouping_equals_the_pairwise_definition(texts, similarity):
+    items = [Scenario(text=" ".join(ws), support=float(s)) for ws, s in texts]
+    got = [(g.text, g.members) for g in group_scenarios(items, similarity)]
+    assert got == _reference_groups(items, similarity)
+
+
+def test_grouping_within_one_tool_is_near_linear_in_orgs():
+    # K orgs x 64 distinct scenarios of one tool (pairs of a 300-word vocabulary): 8x the orgs
+    # must cost well under 8^2 = 64x the time (it was quadratic: 0.38 s at K=5, 24 s at K=40)
+    rng = random.Random(0)
+    vocab = [f"w{i}" for i in range(300)]
+
+    def items(k):
+        return [Scenario(text=f"{rng.choice(vocab)} {rng.choice(vocab)} o{o}s{j}", support=1.0 + j)
+                for o in range(k) for j in range(64)]
+
+    def seconds(k):
+        batch = items(k)
+        t0 = time.perf_counter()
+        group_scenarios(batch, 0.5)
+        return time.perf_counter() - t0
+
+    small, large = min(seconds(5) for _ in range(3)), min(seconds(40) for _ in range(3))
+    assert large < 24 * max(small, 1e-3), (small, large)
+
+
+def _contested(org: str, n: int) -> Compendium:
+    # n scenarios that this org puts in when and the other in when_not: n conflicts on one tool
+    side = [(f"topic{i} item{i}", 10.0 + i) for i in range(n)]
+    return _org(org, when=side) if org == "a" else _org(org, when_not=[(t, s, None) for t, s in side])
+
+
+def test_conflict_log_is_bounded_per_tool_and_field_and_counts_the_rest():
+    g = merge_typed([_contested("a", MAX_CONFLICTS_PER_FIELD + 5), _contested("b", MAX_CONFLICTS_PER_FIELD + 5)])
+    when = [c for c in g.conflicts if c.field == "when"]
+    assert len(when) == MAX_CONFLICTS_PER_FIELD
+    assert [(d.tool_id, d.field, d.count) for d in g.conflicts_dropped] == [("convert_currency", "when", 5)]
+    # the best-supported are the ones kept
+    assert min(max(cl.support for cl in c.claims) for c in when) > 14.0
+    Compendium.model_validate_json(canonical_json(g))
+    assert canonical_json(merge_typed([g])) == canonical_json(g)  # merging again keeps the count, not twice
+
+
+def test_merge_refuses_too_many_tools_before_the_work(monkeypatch):
+    import synapse_flwr.core.merge as merge_module
+
+    monkeypatch.setattr(merge_module, "MAX_TOOLS", 0)
+    with pytest.raises(ValueError, match=r"1 distinct tools, a compendium at most 0"):
+        merge_typed([_org("a")])

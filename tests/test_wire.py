@@ -12,6 +12,7 @@ import pytest
 
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.schema import (
+    MAX_TOOLS,
     Compendium,
     FlatCompendium,
     Issuer,
@@ -21,6 +22,11 @@ from synapse_flwr.core.schema import (
     ToolStats,
 )
 from synapse_flwr.core.wire import (
+    HEADER_BYTES,
+    HEADER_VALUES,
+    MAX_JSON_VALUES,
+    MAX_TOOL_BYTES,
+    MAX_TOOL_VALUES,
     MAX_WIRE_BYTES,
     ArtifactError,
     canonical_json,
@@ -28,6 +34,7 @@ from synapse_flwr.core.wire import (
     decode,
     encode,
     load_artifact,
+    over_budget,
     parse_artifact,
     save_artifact,
 )
@@ -159,8 +166,20 @@ def test_oversized_input_rejected_before_parsing():
     assert err.errors[0].startswith("(wire):") and "exceeds the limit" in err.errors[0]
 
 
-def test_default_limit():
-    assert MAX_WIRE_BYTES == 64 * 1024 * 1024
+def test_default_limit_follows_from_the_schema():
+    # a 20,000-tool artifact the schema allows fits the wire at its per-tool budget
+    assert MAX_WIRE_BYTES == HEADER_BYTES + MAX_TOOLS * MAX_TOOL_BYTES
+    assert MAX_JSON_VALUES == HEADER_VALUES + MAX_TOOLS * MAX_TOOL_VALUES
+
+
+def test_budget_scales_with_the_artifact_tools():
+    # one tool may not spend the budget of many: rejected before validation, naming the budget
+    art = Compendium(issuer=Issuer(org="a"), tools=[ToolEntry(tool_id="t", description="d")])
+    padded = canonical_json(art.model_copy(update={"policy": None}))[:-1] + b',"pad":"' + b"x" * (
+        HEADER_BYTES + MAX_TOOL_BYTES) + b'"}'
+    err = rejects(padded)
+    assert err.errors[0].startswith("(wire):") and "budget" in err.errors[0] and "1 tools" in err.errors[0]
+    assert over_budget(canonical_json(art), json.loads(canonical_json(art))) == []
 
 
 @pytest.fixture(scope="module")

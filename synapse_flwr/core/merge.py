@@ -69,9 +69,11 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from synapse_flwr.core.influence import clip_tool_influence, lone_dissenters, pooled_dissenter, scale_compendium
-from synapse_flwr.core.phrases import normalize_text, token_jaccard
-from synapse_flwr.core.prototypes import above_noise, merge_prototypes, prototype_cosine
+from synapse_flwr.core.phrases import normalize_text, set_jaccard, token_set
+from synapse_flwr.core.prototypes import above_noise, decode_prototype, merge_prototypes, prototype_cosine
 from synapse_flwr.core.render import (
     FLAT_SEPARATOR,
     flat_clause_key,
@@ -80,14 +82,18 @@ from synapse_flwr.core.render import (
 )
 from synapse_flwr.core.schema import (
     MAX_CLAIMS,
+    MAX_CONFLICTS_PER_FIELD,
+    MAX_INPUTS,
     MAX_ITEMS,
     MAX_ORGS,
     MAX_SCENARIOS,
     MAX_TEXT,
+    MAX_TOOLS,
     MAX_VARIANTS,
     Claim,
     Compendium,
     Conflict,
+    DroppedConflicts,
     EmbeddingSpace,
     FlatCompendium,
     Issuer,
@@ -170,19 +176,20 @@ def _sorted_union(lists: Iterable[Iterable[str]], limit: int = MAX_ORGS) -> list
     return sorted({x for xs in lists for x in xs})[:limit]
 
 
-def unique_inputs(compendia: Iterable[Compendium]) -> list[Compendium]:
+def unique_inputs(compendia: Iterable[Compendium]) -> list[tuple[str, Compendium]]:
     """Drop duplicate deliveries and artifacts a global input already contains.
 
-    Returns the inputs in content-hash order (the canonical visiting order).
+    Returns ``(content hash, input)`` pairs in hash order (the canonical
+    visiting order); every input is hashed once.
     """
     by_hash = {content_hash(c): c for c in compendia}
     contained = {h for c in by_hash.values() if c.kind == "global" for h in c.inputs}
-    return [by_hash[h] for h in sorted(by_hash) if h not in contained]
+    return [(h, by_hash[h]) for h in sorted(by_hash) if h not in contained]
 
 
-def leaf_hashes(inputs: Sequence[Compendium]) -> list[str]:
-    """Hashes of the organisation artifacts behind the inputs."""
-    return sorted({h for c in inputs for h in (c.inputs if c.kind == "global" else [content_hash(c)])})
+def leaf_hashes(inputs: Sequence[tuple[str, Compendium]]) -> list[str]:
+    """Hashes of the organisation artifacts behind hashed inputs (see :func:`unique_inputs`)."""
+    return sorted({h for own, c in inputs for h in (c.inputs if c.kind == "global" else [own])})
 
 
 def merge_privacy(blocks: Sequence[PrivacyBlock]) -> PrivacyBlock:
@@ -217,16 +224,68 @@ class _Group:
     members: list[Scenario]
 
 
+class _SimilarityIndex:
+    """Token sets in insertion order; finds the first one similar to a query set.
+
+    Prefix filtering (Chaudhuri et al. 2006): with tokens in one fixed order
+    (rarest first), two sets of Jaccard at least ``t`` share a token among
+    the first ``|x| - ceil(t |x|) + 1`` of each. Only those prefix tokens are
+    indexed and probed, and every candidate is then checked exactly, so a
+    lookup costs the (short) postings of rare tokens, not one comparison per set.
+    """
+
+    def __init__(self, similarity: float, corpus: Iterable[frozenset[str]]) -> None:
+        self.similarity = similarity
+        self.freq = Counter(t for toks in corpus for t in toks)
+        self.sets: list[frozenset[str]] = []
+        self.postings: dict[str, list[int]] = defaultdict(list)
+
+    def _prefix(self, toks: frozenset[str]) -> list[str]:
+        # the margin keeps float error from shortening the prefix (a longer one is only slower)
+        keep = len(toks) - math.ceil(self.similarity * len(toks) - 1e-9) + 1
+        return sorted(toks, key=lambda t: (self.freq[t], t))[:max(keep, 0)]
+
+    def add(self, toks: frozenset[str]) -> int:
+        for t in self._prefix(toks):
+            self.postings[t].append(len(self.sets))
+        self.sets.append(toks)
+        return len(self.sets) - 1
+
+    def candidates(self, toks: frozenset[str]) -> list[int]:
+        """Indices, ascending, of every set that may reach the threshold against ``toks``."""
+        if self.similarity <= 0:
+            return list(range(len(self.sets)))  # Jaccard 0 reaches it: every set is a candidate
+        return sorted({i for t in self._prefix(toks) for i in self.postings.get(t, ())})
+
+    def first_similar(self, toks: frozenset[str]) -> int | None:
+        return next((i for i in self.candidates(toks) if set_jaccard(toks, self.sets[i]) >= self.similarity), None)
+
+
 def group_scenarios(items: Iterable[Scenario], similarity: float) -> list[_Group]:
-    """Greedy grouping of near-identical scenarios (highest support first)."""
+    """Greedy grouping of near-identical scenarios (highest support first).
+
+    Each scenario joins the first group (in creation order) whose text reaches
+    ``similarity`` token-Jaccard with its own, else starts a group. Texts are
+    tokenised once; only groups sharing a token are compared; and a token
+    set's group is remembered, since groups only ever get appended (the first
+    similar one cannot change).
+    """
+    ordered = sorted(items, key=lambda s: (-s.support, s.text, s.orgs))
+    sets = [token_set(s.text) for s in ordered]
     groups: list[_Group] = []
-    for item in sorted(items, key=lambda s: (-s.support, s.text, s.orgs)):
-        for g in groups:
-            if token_jaccard(item.text, g.text) >= similarity:
-                g.members.append(item)
-                break
-        else:
-            groups.append(_Group(item.text, [item]))
+    index = _SimilarityIndex(similarity, sets)
+    seen: dict[frozenset[str], int] = {}
+    memo = 0 < similarity <= 1  # a set then always joins the group it started or first joined
+    for item, toks in zip(ordered, sets):
+        at = seen.get(toks) if memo and toks else None
+        if at is None:
+            at = index.first_similar(toks)
+            if at is None:
+                at = index.add(toks)
+                groups.append(_Group(item.text, []))
+            if memo and toks:
+                seen[toks] = at
+        groups[at].members.append(item)
     return groups
 
 
@@ -307,9 +366,14 @@ def resolve_scenario_conflicts(
     dissent: list[Precaution] = []
     drop_when: set[int] = set()
     drop_not: set[int] = set()
-    for i, s in enumerate(when):
-        for j, w in enumerate(when_not):
-            if j in drop_not or token_jaccard(s.text, w.text) < similarity or s.orgs == w.orgs:
+    when_sets, not_sets = [token_set(s.text) for s in when], [token_set(w.text) for w in when_not]
+    index = _SimilarityIndex(similarity, [*when_sets, *not_sets])
+    for toks in not_sets:
+        index.add(toks)
+    for i, (s, toks) in enumerate(zip(when, when_sets)):
+        for j in index.candidates(toks):
+            w = when_not[j]
+            if j in drop_not or set_jaccard(toks, index.sets[j]) < similarity or s.orgs == w.orgs:
                 continue
             keep_when = _strength(s, by_orgs) > _strength(w, by_orgs)
             winner, loser = (s, w) if keep_when else (w, s)
@@ -400,17 +464,32 @@ def rate_conflict(
     return conflict, precautions
 
 
+def _apart_pairs(rated: Sequence[tuple[str, Prototype]], threshold: float) -> list[tuple[str, str, float]]:
+    # Every pair's noise-corrected cosine from one Gram matrix (each prototype decoded once); a
+    # pair within 1e-9 of the threshold is recomputed by prototype_cosine, which decides exactly.
+    if len(rated) < 2:
+        return []
+    x = np.stack([decode_prototype(p) for _, p in rated])
+    energy = np.einsum("ij,ij->i", x, x) - x.shape[1] * np.array([p.sum_sd for _, p in rated]) ** 2
+    live = energy > 0
+    root = np.sqrt(np.where(live, energy, 1.0))
+    cos = np.where(np.outer(live, live), np.clip((x @ x.T) / np.outer(root, root), -1.0, 1.0), 0.0)
+    i, j = np.triu_indices(len(rated), 1)
+    near = np.abs(cos[i, j] - threshold) < 1e-9
+    out = []
+    for a, b, c, exact in zip(i.tolist(), j.tolist(), cos[i, j].tolist(), near.tolist()):
+        c = prototype_cosine(rated[a][1], rated[b][1]) if exact else c
+        if c < threshold:
+            out.append((rated[a][0], rated[b][0], c))
+    return out
+
+
 def prototype_conflict(
     tool_id: str, org_protos: Sequence[tuple[str, Prototype]], config: MergeConfig, policy: str
 ) -> Conflict | None:
     """Log orgs whose prototypes of one tool disagree (low cosine, both above noise)."""
-    rated = sorted((org, p) for org, p in org_protos if above_noise(p, config.prototype_sds))
-    apart = [
-        (a, b, cos)
-        for i, (a, pa) in enumerate(rated)
-        for b, pb in rated[i + 1 :]
-        if (cos := prototype_cosine(pa, pb)) < config.prototype_cosine
-    ]
+    rated = sorted(((org, p) for org, p in org_protos if above_noise(p, config.prototype_sds)), key=lambda x: x[0])
+    apart = _apart_pairs(rated, config.prototype_cosine)
     if not apart:
         return None
     orgs = sorted({o for a, b, _ in apart for o in (a, b)})[:MAX_CLAIMS]
@@ -618,6 +697,48 @@ def _conflict_key(c: Conflict) -> tuple:
     return (c.tool_id, c.field, c.subject, c.model_dump_json())
 
 
+def bounded_log(
+    conflicts: dict[tuple, Conflict], inputs: Sequence[Compendium]
+) -> tuple[list[Conflict], list[DroppedConflicts]]:
+    """At most :data:`MAX_CONFLICTS_PER_FIELD` conflicts per tool and field, the best-supported kept.
+
+    The rest are counted, plus the largest count any input already dropped for
+    that tool and field (a global merged again keeps its count, not twice).
+    Order-independent: the choice depends only on the set of conflicts.
+    """
+    by_field: dict[tuple[str, str], list[tuple]] = defaultdict(list)
+    for key, c in conflicts.items():
+        by_field[c.tool_id, c.field].append(key)
+    carried: dict[tuple[str, str], int] = defaultdict(int)
+    for c in inputs:
+        for d in c.conflicts_dropped:
+            carried[d.tool_id, d.field] = max(carried[d.tool_id, d.field], d.count)
+    kept: list[tuple] = []
+    for where, keys in by_field.items():
+        keys.sort(key=lambda k: (-max(cl.support for cl in conflicts[k].claims), k))
+        kept += keys[:MAX_CONFLICTS_PER_FIELD]
+        carried[where] += max(0, len(keys) - MAX_CONFLICTS_PER_FIELD)
+    dropped = [DroppedConflicts(tool_id=t, field=f, count=n) for (t, f), n in sorted(carried.items()) if n > 0]
+    return [conflicts[k] for k in sorted(kept)], dropped
+
+
+def check_merge_size(inputs: Sequence[tuple[str, Compendium]]) -> None:
+    """Refuse, before any work, a merge whose result the schema would not accept.
+
+    Raises
+    ------
+    ValueError
+        Naming the count and the limit: more distinct tools than
+        :data:`MAX_TOOLS`, or more organisation artifacts than :data:`MAX_INPUTS`.
+    """
+    tools = len({e.tool_id for _, c in inputs for e in c.tools})
+    if tools > MAX_TOOLS:
+        raise ValueError(f"cannot merge: the inputs hold {tools} distinct tools, a compendium at most {MAX_TOOLS}")
+    leaves = len(leaf_hashes(inputs))
+    if leaves > MAX_INPUTS:
+        raise ValueError(f"cannot merge: {leaves} organisation artifacts, a global records at most {MAX_INPUTS}")
+
+
 def merge_typed(
     compendia: Iterable[Compendium],
     config: MergeConfig = MergeConfig(),
@@ -639,9 +760,15 @@ def merge_typed(
     ValueError
         If there is nothing to merge.
     """
-    inputs = unique_inputs(compendia)
-    if not inputs:
+    return _merge_unique(unique_inputs(compendia), config, policy)
+
+
+def _merge_unique(hashed: list[tuple[str, Compendium]], config: MergeConfig, policy: str) -> Compendium:
+    # the typed merge of de-duplicated inputs, given with their hashes in hash order
+    if not hashed:
         raise ValueError("nothing to merge: no compendia given")
+    check_merge_size(hashed)
+    inputs = [c for _, c in hashed]
     space = merged_space(inputs)
     per_tool: dict[str, list[tuple[Compendium, ToolEntry]]] = defaultdict(list)
     for c in inputs:
@@ -660,14 +787,16 @@ def merge_typed(
     tools, found = resolve_cross_tool_claims(tools, policy, config.min_dissent, config.by_orgs)
     for k in found:
         conflicts[_conflict_key(k)] = k
+    logged, dropped = bounded_log(conflicts, inputs)
     return Compendium(
         kind="global",
         issuer=Issuer(org=GLOBAL_ORG, round=max(c.issuer.round for c in inputs)),
         privacy=merge_privacy([c.privacy for c in inputs]),
         tools=tools,
-        conflicts=[conflicts[k] for k in sorted(conflicts)],
+        conflicts=logged,
+        conflicts_dropped=dropped,
         policy=policy,
-        inputs=leaf_hashes(inputs),
+        inputs=leaf_hashes(hashed),
         embedding=space,
     )
 
@@ -716,7 +845,10 @@ def merge_support_weighted(
     their scaled copies.
     """
     inputs = unique_inputs(compendia)
-    merged = merge_typed(cap_org_support(inputs, config.max_share), config, policy=SUPPORT_WEIGHTED)
+    scaled = cap_org_support([c for _, c in inputs], config.max_share)
+    # only the scaled copies are new content: hash those, the others keep their hash
+    copies = {h if s is c else content_hash(s): s for (h, c), s in zip(inputs, scaled)}
+    merged = _merge_unique(sorted(copies.items()), config, SUPPORT_WEIGHTED)
     return merged.model_copy(update={"inputs": leaf_hashes(inputs)})
 
 
@@ -741,7 +873,7 @@ def merge_robust(compendia: Iterable[Compendium], config: MergeConfig = MergeCon
     their bounded copies.
     """
     inputs = unique_inputs(compendia)
-    capped = clip_tool_influence(cap_org_support(inputs, config.max_share), config.tool_share,
+    capped = clip_tool_influence(cap_org_support([c for _, c in inputs], config.max_share), config.tool_share,
                                  config.prototype_sds)
     capped, lone = drop_pooled_dissenter(capped, config, ROBUST)
     merged = merge_typed(capped, replace(config, by_orgs=True), policy=ROBUST)

@@ -79,12 +79,22 @@ def candidate_phrases(text: str, max_unigrams: int = 5, max_bigrams: int = 3) ->
     return unigrams + bigrams
 
 
+def token_set(text: str) -> frozenset[str]:
+    """A phrase's token set (tokenise once, compare many times with :func:`set_jaccard`)."""
+    return frozenset(tokens(text))
+
+
+def set_jaccard(a: frozenset[str], b: frozenset[str]) -> float:
+    """Jaccard similarity of two token sets (0 when either is empty)."""
+    if not a or not b:
+        return 0.0
+    common = len(a & b)
+    return common / (len(a) + len(b) - common)
+
+
 def token_jaccard(a: str, b: str) -> float:
     """Jaccard similarity of two phrases' token sets."""
-    sa, sb = set(tokens(a)), set(tokens(b))
-    if not sa or not sb:
-        return 0.0
-    return len(sa & sb) / len(sa | sb)
+    return set_jaccard(token_set(a), token_set(b))
 
 
 @dataclass(frozen=True)

@@ -166,7 +166,7 @@ def merge_prototypes(protos: Sequence[Prototype]) -> Prototype:
     if not protos:
         raise ValueError("no prototypes to merge")
     stacked = np.stack([decode_prototype(p) for p in protos])
-    total = np.array([math.fsum(col) for col in stacked.T])
+    total = np.array(list(map(math.fsum, stacked.T.tolist())))
     return encode_prototype(
         total,
         math.fsum(p.count for p in protos),

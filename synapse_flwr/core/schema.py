@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections import Counter
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -30,7 +31,12 @@ MAX_SCENARIOS = 64  # per tool, per list (when / when_not)
 MAX_ITEMS = 32  # per tool, per other list (precautions, confusions, next tools)
 MAX_VARIANTS = 8  # alternative phrasings kept with one scenario
 MAX_ORGS = 1_000
-MAX_CONFLICTS = 50_000
+MAX_INPUTS = MAX_ORGS * 100  # organisation artifacts behind one global
+ConflictField = Literal["when", "stats", "prototype"]
+# The conflict log is bounded per tool and field (so it grows with the tools, never past one global
+# constant); the merge keeps the best-supported and counts the rest in ``conflicts_dropped``.
+MAX_CONFLICTS_PER_FIELD = 16
+MAX_CONFLICTS = MAX_TOOLS * len(ConflictField.__args__) * MAX_CONFLICTS_PER_FIELD
 MAX_CLAIMS = 16
 MAX_TEXT = 300  # characters in one scenario / precaution text
 MAX_DESCRIPTION = 2_000
@@ -390,11 +396,30 @@ class Conflict(_Strict):
     """
 
     tool_id: ToolId
-    field: Literal["when", "stats", "prototype"]
+    field: ConflictField
     subject: Text
     claims: list[Claim] = Field(min_length=2, max_length=MAX_CLAIMS)
     resolution: Text
     policy: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+
+
+class DroppedConflicts(_Strict):
+    """Conflicts of one tool and field found but not logged (over :data:`MAX_CONFLICTS_PER_FIELD`).
+
+    Parameters
+    ----------
+    tool_id : str
+        The tool concerned.
+    field : {"when", "stats", "prototype"}
+        The field of the conflicts.
+    count : int
+        How many were left out of the log (merging globals again keeps the
+        largest count of any input, so it is a lower bound there).
+    """
+
+    tool_id: ToolId
+    field: ConflictField
+    count: Annotated[int, Field(ge=1, le=10**12)]
 
 
 class Compendium(_Strict):
@@ -413,7 +438,10 @@ class Compendium(_Strict):
     tools : list of ToolEntry
         One entry per tool, sorted by ``tool_id``, ids unique.
     conflicts : list of Conflict
-        The typed conflict log (global compendia only).
+        The typed conflict log (global compendia only), at most
+        :data:`MAX_CONFLICTS_PER_FIELD` per tool and field.
+    conflicts_dropped : list of DroppedConflicts
+        Per tool and field, the conflicts left out of the log (sorted).
     policy : str or None
         Merge policy that produced a global compendium.
     inputs : list of str
@@ -428,9 +456,12 @@ class Compendium(_Strict):
     privacy: PrivacyBlock = Field(default_factory=PrivacyBlock)
     tools: list[ToolEntry] = Field(default_factory=list, max_length=MAX_TOOLS)
     conflicts: list[Conflict] = Field(default_factory=list, max_length=MAX_CONFLICTS)
+    conflicts_dropped: list[DroppedConflicts] = Field(
+        default_factory=list, max_length=MAX_TOOLS * len(ConflictField.__args__)
+    )
     policy: Annotated[str, StringConstraints(max_length=64)] | None = None
     inputs: list[Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]] = Field(
-        default_factory=list, max_length=MAX_ORGS * 100
+        default_factory=list, max_length=MAX_INPUTS
     )
     embedding: EmbeddingSpace | None = None
 
@@ -439,8 +470,17 @@ class Compendium(_Strict):
         ids = [t.tool_id for t in self.tools]
         if ids != sorted(set(ids)):
             raise ValueError("tools must be sorted by tool_id, ids unique")
-        if self.kind == "org" and self.conflicts:
+        if self.kind == "org" and (self.conflicts or self.conflicts_dropped):
             raise ValueError("an org artifact carries no conflict log")
+        per_field = Counter((c.tool_id, c.field) for c in self.conflicts)
+        crowded = [k for k, n in per_field.items() if n > MAX_CONFLICTS_PER_FIELD]
+        if crowded:
+            tool, field = min(crowded)
+            raise ValueError(f"tool {tool!r} has {per_field[tool, field]} {field!r} conflicts, "
+                             f"at most {MAX_CONFLICTS_PER_FIELD} per tool and field")
+        keys = [(d.tool_id, d.field) for d in self.conflicts_dropped]
+        if keys != sorted(set(keys)):
+            raise ValueError("conflicts_dropped must be sorted by (tool_id, field), pairs unique")
         return self
 
     @model_validator(mode="after")

@@ -33,13 +33,23 @@ from synapse_flwr.core.schema import (
     MAX_SCENARIOS,
     MAX_TOOLS,
     Compendium,
+    ConflictField,
     FlatCompendium,
 )
 
-MAX_WIRE_BYTES = 64 * 1024 * 1024
-# Upper bound on the JSON values of one artifact, checked before parsing: it bounds
-# the parser's memory (a 20,000-tool artifact has a few hundred thousand values).
-MAX_JSON_VALUES = 1_000_000
+# Size limits follow from the schema's tool bound: an artifact may take, on average per tool, at
+# most MAX_TOOL_BYTES and MAX_TOOL_VALUES JSON values (entry, prototype and its share of the
+# conflict log), plus a fixed allowance for the header. The totals bound what is read and
+# parsed at all; once parsed, an artifact is held to the budget of the tools it has, before
+# validation (the costly part), so a small artifact cannot spend the budget of 20,000 tools.
+# Measured (docs/results/perf): ~3 KB and ~150 values per tool for a MetaTool-derived org
+# artifact without privacy, ~12 KB per tool for a 5-org global with its conflict log.
+MAX_TOOL_BYTES = 16 * 1024
+MAX_TOOL_VALUES = 1_000
+HEADER_BYTES = 1024 * 1024
+HEADER_VALUES = 10_000
+MAX_WIRE_BYTES = HEADER_BYTES + MAX_TOOLS * MAX_TOOL_BYTES
+MAX_JSON_VALUES = HEADER_VALUES + MAX_TOOLS * MAX_TOOL_VALUES
 # Issuer ids of the merged global and of the server's key: no organisation may claim them.
 RESERVED_ORGS = ("global", "server")
 REQUIRED_BLOCKS = {Compendium: ("schema_version", "kind", "issuer", "privacy", "tools"),
@@ -140,6 +150,42 @@ def text_problems(obj: Any) -> list[str]:
     return lines
 
 
+def _scalars(obj: Any) -> tuple[set[str], bool]:
+    # the distinct strings of a decoded JSON object, and whether it holds a boolean; no paths built
+    strings: set[str] = set()
+    boolean = False
+    stack = [obj]
+    while stack:
+        value = stack.pop()
+        kind = type(value)
+        if kind is dict:
+            stack.extend(value.values())
+        elif kind is list:
+            stack.extend(value)
+        elif kind is str:
+            strings.add(value)
+        elif kind is bool:
+            boolean = True
+    return strings, boolean
+
+
+def suspect_scalars(obj: Any) -> bool:
+    """Whether :func:`boolean_values` or :func:`text_problems` could report anything.
+
+    A fast screen (each distinct string checked once, no field paths): the
+    reporting walks, which name every path, run only on artifacts it flags.
+    """
+    strings, boolean = _scalars(obj)
+    text = "\n".join(strings)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    # a match inside one string is a match in the joined text (a newline is a word boundary);
+    # a match spanning two strings only costs the exact walk
+    return boolean or instruction_like(text) is not None
+
+
 def _repeated(values: list, path: str) -> list[str]:
     seen: set = set()
     dups = [v for v in values if v in seen or seen.add(v)]
@@ -185,7 +231,8 @@ def prototype_problems(art: Compendium) -> list[str]:
     return lines
 
 
-_TOP_LISTS = {"tools": MAX_TOOLS, "texts": MAX_TOOLS, "conflicts": MAX_CONFLICTS}
+_TOP_LISTS = {"tools": MAX_TOOLS, "texts": MAX_TOOLS, "conflicts": MAX_CONFLICTS,
+              "conflicts_dropped": MAX_TOOLS * len(ConflictField.__args__)}
 _TOOL_LISTS = {"when": MAX_SCENARIOS, "when_not": MAX_SCENARIOS, "precautions": MAX_ITEMS,
                "confusions": MAX_ITEMS, "next_tools": MAX_ITEMS}
 
@@ -227,7 +274,8 @@ def parse_artifact(obj: Any) -> Artifact:
         errors.append(f"issuer.org: {art.issuer.org!r} is reserved, no organisation may issue as it")
     if isinstance(art, Compendium):
         errors += duplicate_entries(art) + prototype_problems(art)
-    errors += boolean_values(obj) + text_problems(obj)
+    if suspect_scalars(obj):
+        errors += boolean_values(obj) + text_problems(obj)
     if errors:
         raise ArtifactError(errors)
     return art
@@ -276,13 +324,29 @@ def parse_json(raw: bytes) -> Any:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ArtifactError([f"(wire): not valid JSON: invalid UTF-8 at byte {exc.start}"]) from None
-    values = raw.count(b",") + raw.count(b"{") + raw.count(b"[") + 1  # an upper bound, counted in C
+    values = json_values(raw)
     if values > MAX_JSON_VALUES:
         raise ArtifactError([f"(wire): about {values} JSON values exceeds the limit of {MAX_JSON_VALUES}"])
     try:
         return json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=lambda _: _NonFinite())
     except (ValueError, RecursionError) as exc:  # incl. JSONDecodeError
         raise ArtifactError([f"(wire): not valid JSON: {exc}"]) from None
+
+
+def json_values(raw: bytes) -> int:
+    """An upper bound on the JSON values in ``raw``, counted in C."""
+    return raw.count(b",") + raw.count(b"{") + raw.count(b"[") + 1
+
+
+def over_budget(raw: bytes, obj: Any) -> list[str]:
+    """Bytes or JSON values beyond what the artifact's own number of tools allows (see MAX_TOOL_BYTES)."""
+    items = obj.get("tools", obj.get("texts")) if isinstance(obj, dict) else None
+    tools = len(items) if isinstance(items, (list, dict)) else 0
+    limits = (("bytes", len(raw), HEADER_BYTES + tools * MAX_TOOL_BYTES),
+              ("JSON values", json_values(raw), HEADER_VALUES + tools * MAX_TOOL_VALUES))
+    return [f"(wire): {n} {what} for {tools} tools exceeds the budget of {limit} "
+            f"({MAX_TOOL_BYTES if what == 'bytes' else MAX_TOOL_VALUES} per tool on average)"
+            for what, n, limit in limits if n > limit]
 
 
 def decode(data: bytes, max_bytes: int = MAX_WIRE_BYTES) -> Artifact:
@@ -300,7 +364,21 @@ def decode(data: bytes, max_bytes: int = MAX_WIRE_BYTES) -> Artifact:
     ArtifactError
         If the artifact is oversized, corrupt, not JSON, or not schema-valid.
     """
-    return parse_artifact(parse_json(unwrap(data, max_bytes)))
+    return parse_body(unwrap(data, max_bytes))
+
+
+def parse_body(raw: bytes) -> Artifact:
+    """Parse and validate unwrapped JSON bytes, held to the budget of their tools before validation.
+
+    Raises
+    ------
+    ArtifactError
+        As :func:`parse_json`, :func:`over_budget` and :func:`parse_artifact` report.
+    """
+    obj = parse_json(raw)
+    if over := over_budget(raw, obj):
+        raise ArtifactError((oversized_lists(obj) if isinstance(obj, dict) else []) + over)
+    return parse_artifact(obj)
 
 
 def load_artifact(path: str | Path, max_bytes: int = MAX_WIRE_BYTES) -> Artifact:
