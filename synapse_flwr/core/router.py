@@ -41,11 +41,18 @@ Rerankers choose among the top ``k``:
     not scored);
 ``llm``
     any litellm model (the embedded SmolLM2 by default) reads the candidates
-    rendered as typed fields (or one flat string) and scores them.
+    rendered as typed fields (or one flat string) and scores them, free of
+    position bias: an embedded model scores each tool on its own (the channel
+    direction, ``log P(query | tool entry)``); a hosted one picks from the
+    list shown in every cyclic order, its votes averaged. The LLM's score is
+    then added to retrieval's (both standardised among the candidates, the
+    LLM's weighted by :data:`LLM_WEIGHT`), so it refines retrieval and never
+    replaces it blindly.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from collections.abc import Sequence
@@ -80,6 +87,13 @@ SCENARIO_WEIGHTS = (1.0, 0.015, 0.3)
 # Stats whose call count is within this many noise SDs of zero are not evidence.
 NOISE_SDS = 3.0
 RERANKERS = ("fields", "llm", "none")
+#: How the ``llm`` reranker asks: ``auto`` is channel for embedded models, list for hosted ones.
+LLM_MODES = ("auto", "channel", "list")
+# Weight of the LLM's standardised score beside retrieval's, chosen on the
+# seed-7 dev split with local/smollm2 (simulations/llm_bench.py, docs/results/llm).
+LLM_WEIGHT = 0.5
+# What follows a tool's entry in a channel prompt; the query continues it.
+CHANNEL_CUE = "\nA user request this tool handles:"
 # Retrieval evidence, in the order the explain output lists it.
 EVIDENCE = ("description", "phrases", "scenario", "prototype")
 
@@ -351,6 +365,12 @@ class Router:
         reads each tool's entry as one string, for retrieval and reranking.
     model : str
         litellm model string for the ``llm`` reranker.
+    llm_mode : {"auto", "channel", "list"}
+        ``channel`` scores each tool alone (embedded models only); ``list``
+        shows the candidates in every cyclic order; ``auto`` picks channel
+        for ``local/`` models and list for hosted ones.
+    llm_weight : float
+        Weight of the LLM's standardised score beside retrieval's (``>= 0``).
     weights : tuple of float or None
         Weights of (dense documentation, lexical profile, extra scenario
         similarity) in the retrieval score; None: :data:`PROTOTYPE_WEIGHTS`
@@ -370,7 +390,15 @@ class Router:
         model: str = "local/smollm2",
         weights: tuple[float, float, float] | None = None,
         fusion: Fusion = Fusion(),
+        llm_mode: str = "auto",
+        llm_weight: float = LLM_WEIGHT,
     ) -> None:
+        if llm_mode not in LLM_MODES:
+            raise ValueError(f"unknown llm_mode {llm_mode!r}; choose one of {', '.join(LLM_MODES)}")
+        if llm_mode == "channel" and not model.startswith("local/"):
+            raise ValueError(f"llm_mode 'channel' needs an embedded local/ model, not {model!r}")
+        if not llm_weight >= 0:
+            raise ValueError(f"llm_weight must be >= 0, got {llm_weight}")
         if reranker not in RERANKERS:
             raise ValueError(f"unknown reranker {reranker!r}; choose one of {', '.join(RERANKERS)}")
         if render not in RENDERS:
@@ -382,6 +410,8 @@ class Router:
         self.catalog = catalog
         self.embedder = get_embedder(embedder) if isinstance(embedder, str) else embedder
         self.reranker, self.k, self.render, self.model = reranker, k, render, model
+        self.llm_mode = llm_mode if llm_mode != "auto" else ("channel" if model.startswith("local/") else "list")
+        self.llm_weight = llm_weight
         self.fusion = fusion
         self.entries = typed_entries(compendium, catalog)
         if render == "flat":
@@ -599,24 +629,49 @@ class Router:
             return ranked, ["flat"]
         return ranked, decided_by(ranked, self.tool_ids[max(cand, key=lambda t: (parts["description"][t], -t))])
 
-    def _rerank_llm(self, query: str, cand: list[int], fused: np.ndarray) -> tuple[list[Candidate], list[str], bool]:
-        from synapse_flwr.core.llm import LLMError, score_choices
+    def _shown(self, t: int) -> str:
+        """A candidate as the LLM reads it: typed fields, or the flat arm's one string."""
+        entry = self.entries[self.tool_ids[t]]
+        return render_typed(entry) if self.render == "typed" else f"tool: {entry.tool_id}\n{entry.description}"
 
-        shown = [
-            render_typed(self.entries[self.tool_ids[t]]) if self.render == "typed"
-            else f"tool: {self.tool_ids[t]}\n{self.entries[self.tool_ids[t]].description}"
-            for t in cand
-        ]
-        prompt = llm_prompt(query, shown)
-        try:
-            scores = score_choices(self.model, prompt, [self.tool_ids[t] for t in cand])
-        except (LLMError, ValueError, RuntimeError) as exc:
+    def llm_scores(self, queries: Sequence[str], cands: Sequence[Sequence[int]]) -> list[np.ndarray | None]:
+        """The LLM's raw score of each query's candidates (None where the call failed).
+
+        Channel mode batches every (tool, query) pair of the chunk, so each
+        tool's entry runs through the model once however many queries it serves.
+        """
+        from synapse_flwr.core.llm import LLMError, channel_scores
+
+        if self.llm_mode == "channel":
+            pairs = [(self._shown(t) + CHANNEL_CUE, q) for q, cand in zip(queries, cands) for t in cand]
+            try:
+                flat = np.asarray(channel_scores(self.model.removeprefix("local/"), pairs))
+            except (LLMError, ValueError, RuntimeError) as exc:
+                log.warning("llm rerank failed (%s); using retrieval order", exc)
+                return [None] * len(queries)
+            bounds = np.cumsum([0, *map(len, cands)])
+            return [flat[a:b] for a, b in itertools.pairwise(bounds)]
+        out: list[np.ndarray | None] = []
+        for q, cand in zip(queries, cands):
+            try:
+                out.append(balanced_list_scores(self.model, q, [self._shown(t) for t in cand],
+                                                [self.tool_ids[t] for t in cand]))
+            except (LLMError, ValueError, RuntimeError) as exc:
+                log.warning("llm rerank failed (%s); using retrieval order", exc)
+                out.append(None)
+        return out
+
+    def _rerank_llm(
+        self, cand: list[int], fused: np.ndarray, llm: np.ndarray | None
+    ) -> tuple[list[Candidate], list[str], bool]:
+        if llm is None:
             self.fallbacks += 1
-            log.warning("llm rerank failed (%s); using retrieval order", exc)
             return self._retrieval_order(cand, fused), ["retrieval"], True
-        ranked = sorted(zip(cand, scores), key=lambda x: -x[1])
-        return ([Candidate(self.tool_ids[t], float(s), float(fused[t]), {"llm": float(s)}) for t, s in ranked],
-                ["llm:" + self.render], False)
+        retrieval = fused[cand]
+        final = fuse_llm(retrieval, llm, self.llm_weight)
+        order = sorted(range(len(cand)), key=lambda i: (-final[i], i))
+        return ([Candidate(self.tool_ids[cand[i]], float(final[i]), float(retrieval[i]), {"llm": float(llm[i])})
+                 for i in order], [f"llm-{self.llm_mode}:{self.render}"], False)
 
     def _retrieval_order(self, cand: list[int], fused: np.ndarray) -> list[Candidate]:
         return [Candidate(self.tool_ids[t], float(fused[t]), float(fused[t])) for t in cand]
@@ -647,11 +702,16 @@ class Router:
             qv = self._embed(chunk)
             parts = self.evidence(chunk, qv)
             fused = sum(parts.values())
-            for row, query in enumerate(chunk):
+            cands = []
+            for row in range(len(chunk)):
                 cand = list(np.argsort(-fused[row], kind="stable")[: self.k])
                 gold = [self.position[g] for g in force[start + row] if g in self.position] if force is not None else []
                 if gold and not set(gold) & set(cand):
                     cand[-1] = max(gold, key=lambda t: fused[row, t])
+                cands.append(cand)
+            llm = self.llm_scores(chunk, cands) if self.reranker == "llm" else []
+            for row, query in enumerate(chunk):
+                cand = cands[row]
                 fallback = False
                 if self.reranker == "none":
                     ranked, decided = self._retrieval_order(cand, fused[row]), ["retrieval"]
@@ -659,7 +719,7 @@ class Router:
                     ranked, decided = self._rerank_fields(qv[row], cand, fused[row],
                                                           {f: v[row] for f, v in parts.items()})
                 else:
-                    ranked, decided, fallback = self._rerank_llm(query, cand, fused[row])
+                    ranked, decided, fallback = self._rerank_llm(cand, fused[row], llm[row])
                 out.append(RouteResult(query, ranked[0].tool_id, ranked, decided, fallback))
         return out
 
@@ -696,24 +756,47 @@ def explain_route(result: RouteResult) -> str:
     return "\n".join(lines)
 
 
+# Every candidate has the same fields and the answers sit at positions 1, 3
+# and 2: the examples teach no position (both answered last before, issue 11).
 FEW_SHOT = """You route a user's request to exactly one tool.
 
 Example request: will it snow in Oslo this weekend?
 Candidates:
-tool: search_hotels
-description: Find hotel rooms.
 tool: get_weather
 description: Weather forecast for a city.
 use when: rain; forecast tomorrow
-Answer: get_weather
-
-Example request: I want to book a room near the station
-Candidates:
-tool: get_weather
-description: Weather forecast for a city.
 tool: search_hotels
 description: Find hotel rooms.
 use when: hotel room; book hotel
+tool: send_email
+description: Send an email message.
+use when: write email; mail to
+Answer: get_weather
+
+Example request: tell my landlord by mail that the rent will be late
+Candidates:
+tool: search_hotels
+description: Find hotel rooms.
+use when: hotel room; book hotel
+tool: get_weather
+description: Weather forecast for a city.
+use when: rain; forecast tomorrow
+tool: send_email
+description: Send an email message.
+use when: write email; mail to
+Answer: send_email
+
+Example request: I want to book a room near the station
+Candidates:
+tool: send_email
+description: Send an email message.
+use when: write email; mail to
+tool: search_hotels
+description: Find hotel rooms.
+use when: hotel room; book hotel
+tool: get_weather
+description: Weather forecast for a city.
+use when: rain; forecast tomorrow
 Answer: search_hotels
 """
 
@@ -721,6 +804,58 @@ Answer: search_hotels
 def llm_prompt(query: str, shown: Sequence[str]) -> str:
     """Few-shot prompt whose continuation is the chosen tool's id."""
     return f"{FEW_SHOT}\nRequest: {query}\nCandidates:\n" + "\n".join(shown) + "\nAnswer: "
+
+
+def cyclic_orders(k: int) -> list[list[int]]:
+    """``k`` orders of ``range(k)`` in which every item takes every position exactly once."""
+    return [[(shift + i) % k for i in range(k)] for shift in range(k)]
+
+
+def balanced_list_scores(model: str, query: str, shown: Sequence[str], ids: Sequence[str]) -> np.ndarray:
+    """A list-prompt LLM's score of each candidate, averaged over every cyclic order of the list.
+
+    Each candidate is shown once in each position, so a model that favours a
+    position (the last one, for SmolLM2) gives that favour to every candidate
+    equally; what is left is its reading of the fields. Reversing or shuffling
+    ``shown`` leaves the scores unchanged up to the model's arithmetic.
+
+    Parameters
+    ----------
+    model : str
+        litellm model string (log-likelihoods for ``local/``, one vote per order for hosted).
+    query : str
+        The request.
+    shown : sequence of str
+        Rendered candidates.
+    ids : sequence of str
+        Their tool ids (what the model answers), in the same order.
+
+    Returns
+    -------
+    numpy.ndarray
+        One score per candidate, in the order given.
+    """
+    from synapse_flwr.core.llm import score_choices
+
+    total = np.zeros(len(ids))
+    for order in cyclic_orders(len(ids)):
+        scores = score_choices(model, llm_prompt(query, [shown[i] for i in order]), [ids[i] for i in order])
+        total[order] += scores
+    return total / len(ids)
+
+
+def _standardise(x: np.ndarray) -> np.ndarray:
+    sd = float(np.std(x))
+    return (x - x.mean()) / sd if sd > 1e-9 else np.zeros_like(x, dtype=np.float64)
+
+
+def fuse_llm(retrieval: np.ndarray, llm: np.ndarray, weight: float) -> np.ndarray:
+    """Final candidate scores: retrieval plus ``weight`` times the LLM, both standardised among the candidates.
+
+    ``weight = 0`` is retrieval order; an LLM that scores every candidate alike
+    (a position-biased one, balanced) leaves retrieval's order as it was.
+    """
+    return _standardise(np.asarray(retrieval, np.float64)) + weight * _standardise(np.asarray(llm, np.float64))
 
 
 def ranking_metrics(
