@@ -111,57 +111,75 @@ def choose_weight(cfg: dict, emb) -> dict:
     return {"grid": grid, "chosen": best}
 
 
-def report(cfg: dict, emb, weight: float) -> dict:
-    """Every model x (federated typed, federated flat, docs_only) on the report seed."""
+def report(cfg: dict, emb, weight: float, save) -> dict:
+    """Every model x (federated typed, docs_only; federated flat for ``flat_models``) on the report seed.
+
+    ``save(rep)`` is called after every arm, so a run stopped early keeps what it measured.
+    """
     seed = cfg["report_seed"]
     ds = dataset(seed, cfg)
     comp, _ = global_compendium(ds, cfg["epsilon"], PROTOTYPE_WEIGHT, cfg, emb, seed)
     splits = {s: sample(items, cfg["n_per_split"], seed) for s, items in
               (("seen", ds.seen_test), ("heldout", ds.heldout_test))}
-    out: dict = {"baselines": retrieval_baselines(comp, ds, splits, cfg, emb),
+    rep: dict = {"baselines": retrieval_baselines(comp, ds, splits, cfg, emb),
                  "docs_retrieval": retrieval_baselines(None, ds, splits, cfg, emb), "arms": {}}
+    routers = {}
     for model in cfg["models"]:
-        for arm, compendium, render in (("federated/typed", comp, "typed"), ("federated/flat", comp, "flat"),
-                                        ("docs_only/typed", None, "typed")):
-            router = Router(compendium, ds.catalog, embedder=emb, reranker="llm", k=cfg["k"], model=model,
-                            render=render, llm_weight=weight)
+        arms = [("federated/typed", comp, "typed"), ("docs_only/typed", None, "typed")]
+        if model in cfg["flat_models"]:
+            arms.append(("federated/flat", comp, "flat"))
+        for arm, compendium, render in arms:
+            router = routers[(model, arm)] = Router(compendium, ds.catalog, embedder=emb, reranker="llm",
+                                                    k=cfg["k"], model=model, render=render, llm_weight=weight)
             for split, items in splits.items():
                 rows, qps, fallbacks = llm_rows(router, [i.query for i in items])
                 golds = [i.gold for i in items]
                 m = {"fused": top1(rows, golds, weight), "llm_alone": top1(rows, golds, 1000.0),
                      "retrieval": top1(rows, golds, 0.0), "queries_per_s": qps, "fallbacks": fallbacks,
                      "n": len(items)}
-                out["arms"][f"{model}/{arm}/{split}"] = m
+                rep["arms"][f"{model}/{arm}/{split}"] = m
                 log.info("%s %s %s: %s", model, arm, split, m)
-            if cfg["order_check"]:
-                out["arms"][f"{model}/{arm}/order_check"] = order_changes(
-                    router, [i.query for i in splits["seen"][: cfg["order_check"]]], seed)
+                save(rep)
+    queries = [i.query for i in splits["seen"]]
+    if cfg["order_check"]:
+        for (model, arm), router in routers.items():
+            rep["arms"][f"{model}/{arm}/order_check"] = order_changes(router, queries[: cfg["order_check"]], seed)
+            save(rep)
     if cfg["list_sample"]:
         router = Router(comp, ds.catalog, embedder=emb, reranker="llm", k=cfg["k"], model=cfg["models"][0],
                         llm_mode="list", llm_weight=weight)
         items = splits["seen"][: cfg["list_sample"]]
-        rows, qps, fallbacks = llm_rows(router, [i.query for i in items])
+        rows, qps, _ = llm_rows(router, [i.query for i in items])
         golds = [i.gold for i in items]
-        out["list_balanced"] = {"fused": top1(rows, golds, weight), "llm_alone": top1(rows, golds, 1000.0),
-                                "retrieval": top1(rows, golds, 0.0), "queries_per_s": qps, "n": len(items),
+        rep["list_balanced"] = {"fused": top1(rows, golds, weight), "llm_alone": top1(rows, golds, 1000.0),
+                                "retrieval": top1(rows, golds, 0.0), "queries_per_s": qps,
                                 **order_changes(router, [i.query for i in items], seed)}
-    return out
+        save(rep)
+    return rep
 
 
 def summary(rep: dict, cfg: dict) -> dict:
-    """The issue's summary keys (the first model is the reported LLM reranker)."""
+    """The issue's summary keys (the first model is the reported LLM reranker); None where not measured."""
     first, arms, base = cfg["models"][0], rep["arms"], rep["baselines"]
-    out: dict = {"n_per_split": min(m["n"] for k, m in arms.items() if "order_check" not in k),
+
+    def fused(model: str, arm: str, split: str) -> float | None:
+        m = arms.get(f"{model}/{arm}/{split}")
+        return None if m is None else m["fused"]
+
+    def diff(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else a - b
+
+    out: dict = {"n_per_split": min((m["n"] for k, m in arms.items() if "order_check" not in k), default=0),
                  "models": cfg["models"], "llm_model": first}
     for split in ("seen", "heldout"):
-        out[f"llm_top1_{split}"] = arms[f"{first}/federated/typed/{split}"]["fused"]
+        out[f"llm_top1_{split}"] = fused(first, "federated/typed", split)
         out[f"fields_top1_{split}"] = base[f"fields/{split}"]
         out[f"retrieval_top1_{split}"] = base[f"none/{split}"]
-        out[f"typed_minus_flat_llm_{split}"] = (arms[f"{first}/federated/typed/{split}"]["fused"]
-                                                - arms[f"{first}/federated/flat/{split}"]["fused"])
-    out["transfer_gain_over_docs"] = {
-        m: float(np.mean([arms[f"{m}/federated/typed/{s}"]["fused"] - arms[f"{m}/docs_only/typed/{s}"]["fused"]
-                          for s in ("seen", "heldout")])) for m in cfg["models"]}
+        out[f"typed_minus_flat_llm_{split}"] = diff(fused(first, "federated/typed", split),
+                                                    fused(first, "federated/flat", split))
+    gains = {m: [diff(fused(m, "federated/typed", s), fused(m, "docs_only/typed", s)) for s in ("seen", "heldout")]
+             for m in cfg["models"]}
+    out["transfer_gain_over_docs"] = {m: float(np.mean(g)) for m, g in gains.items() if None not in g}
     return out
 
 
@@ -172,9 +190,9 @@ def tables(results: dict) -> str:
              (f"n = {s['n_per_split']} queries per split (seed {results['config']['report_seed']}); "
              f"LLM weight {results['dev']['chosen']} chosen on seed {results['config']['dev_seed']}."), "",
              "| | seen | held-out |", "|---|---|---|"]
-    for key in ("llm", "fields", "retrieval", "typed_minus_flat_llm"):
-        lines.append(f"| {key} | {s.get(f'{key}_top1_seen', s.get(f'{key}_seen')):.3f} "
-                     f"| {s.get(f'{key}_top1_heldout', s.get(f'{key}_heldout')):.3f} |")
+    for key in ("llm_top1", "fields_top1", "retrieval_top1", "typed_minus_flat_llm"):
+        cells = [s[f"{key}_{split}"] for split in ("seen", "heldout")]
+        lines.append(f"| {key} | " + " | ".join("-" if c is None else f"{c:.3f}" for c in cells) + " |")
     gains = ", ".join(f"{m} {g:+.3f}" for m, g in s["transfer_gain_over_docs"].items())
     lines += ["", f"Transfer gain (federated typed minus docs_only, mean of splits): {gains}", "",
               "| arm | fused | LLM alone | retrieval | queries/s | fallbacks | n |", "|---|---|---|---|---|---|---|"]
@@ -192,7 +210,7 @@ def tables(results: dict) -> str:
 
 
 def main() -> None:
-    """Run dev selection and the report; write results.json, summary.json and tables.md."""
+    """Run dev selection and the report; write results.json, summary.json and tables.md after every arm."""
     parser = experiment_parser(__doc__)
     args = parser.parse_args()
     cfg = load_experiment(args.config)
@@ -201,12 +219,16 @@ def main() -> None:
     torch.set_num_threads(cfg["torch_threads"])
     emb = get_embedder(cfg["embedder"])
     dev = choose_weight(cfg, emb)
-    rep = report(cfg, emb, dev["chosen"])
-    results = {"config": cfg, "dev": dev, "report": rep, "summary": summary(rep, cfg)}
     out = Path(cfg["output"])
-    write_results(out, results, cfg, verified_hashes(["metatool"]), f"python simulations/llm_bench.py {args.config}")
-    write_atomic(out / "summary.json", json.dumps(results["summary"], indent=2) + "\n")
-    write_atomic(out / "tables.md", tables(results))
+
+    def save(rep: dict) -> None:
+        results = {"config": cfg, "dev": dev, "report": rep, "summary": summary(rep, cfg)}
+        write_results(out, results, cfg, verified_hashes(["metatool"]),
+                      f"python simulations/llm_bench.py {args.config}")
+        write_atomic(out / "summary.json", json.dumps(results["summary"], indent=2) + "\n")
+        write_atomic(out / "tables.md", tables(results))
+
+    report(cfg, emb, dev["chosen"], save)
 
 
 if __name__ == "__main__":
