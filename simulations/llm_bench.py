@@ -16,7 +16,6 @@ Usage: ``python simulations/llm_bench.py configs/llm.toml``
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -29,7 +28,12 @@ from synapse_flwr.core.embed import get_embedder
 from synapse_flwr.core.files import write_atomic
 from synapse_flwr.core.router import Router, evaluate_routes, fuse_llm
 from synapse_flwr.data.pins import verified_hashes
-from synapse_flwr.eval.results import experiment_parser, load_experiment, write_results
+from synapse_flwr.eval.results import (
+    experiment_parser,
+    load_experiment,
+    update_summary,
+    write_results,
+)
 
 log = logging.getLogger("llm_bench")
 Rows = list[tuple[list[str], np.ndarray, np.ndarray]]
@@ -225,7 +229,7 @@ def main() -> None:
         results = {"config": cfg, "dev": dev, "report": rep, "summary": summary(rep, cfg)}
         write_results(out, results, cfg, verified_hashes(["metatool"]),
                       f"python simulations/llm_bench.py {args.config}")
-        write_atomic(out / "summary.json", json.dumps(results["summary"], indent=2) + "\n")
+        update_summary(out / "summary.json", results["summary"])
         write_atomic(out / "tables.md", tables(results))
 
     report(cfg, emb, dev["chosen"], save)

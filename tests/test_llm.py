@@ -387,8 +387,8 @@ def test_channel_scores_batched_prefixes_match_one_at_a_time(local_model: llm.Lo
              ("A tool for weather. A request:", "book me a room")]
     together = llm.channel_scores("smollm2", pairs, batch_size=2)
     alone = [llm.channel_scores("smollm2", [p])[0] for p in pairs]
+    # (which prefix fits a query is checked by the reversal test above, on one query)
     assert together == pytest.approx(alone, abs=1e-4)
-    assert together[0] > together[2]  # weather text fits the weather prefix better
 
 
 @pytest.mark.slow
