@@ -28,10 +28,6 @@ from synapse_flwr.eval.results import (
 from synapse_flwr.flower.launch import default_app_dir, read_metrics, run_simulation
 
 log = logging.getLogger("flower_scale")
-# `flwr run . local` gives its managed SuperLink a fixed 15 s to start, which a loaded machine can miss:
-# only that failure (before any round) is retried
-START_FAILURE = "Failed to start local SuperLink"
-STARTS = 3
 ROUND_KEYS = ("round", "bytes_per_client", "bytes_out", "deltas_in", "conflicts", "epsilon", "seen_acc",
               "heldout_acc", "docs_seen_acc", "docs_heldout_acc", "wall_s")
 
@@ -42,15 +38,11 @@ def one_run(run: dict, run_config: dict, timeout: float) -> dict:
         out = Path(tmp) / "out"
         overrides = {**run_config, "dataset": run["dataset"], "num-rounds": run["rounds"],
                      "min-nodes": run["nodes"], "output-dir": str(out)}
-        for attempt in range(1, STARTS + 1):
-            try:
-                res = run_simulation(default_app_dir(), run["nodes"], overrides, Path(tmp) / f"flwr{attempt}",
-                                     timeout=timeout)
-                break
-            except SynapseError as exc:  # a run that fails or times out is reported, the others are kept
-                log.error("K=%d failed (start %d): %s", run["nodes"], attempt, str(exc)[:2000])
-                if START_FAILURE not in str(exc) or attempt == STARTS:
-                    return {"nodes": run["nodes"], "rounds": run["rounds"], "status": f"failed: {str(exc)[:300]}"}
+        try:
+            res = run_simulation(default_app_dir(), run["nodes"], overrides, Path(tmp) / "flwr", timeout=timeout)
+        except SynapseError as exc:  # a run that fails or times out is reported, the others are kept
+            log.error("K=%d failed: %s", run["nodes"], str(exc)[:2000])
+            return {"nodes": run["nodes"], "rounds": run["rounds"], "status": f"failed: {str(exc)[:300]}"}
         rounds = read_metrics(out)
     return {
         "nodes": run["nodes"], "rounds": run["rounds"], "status": res.status, "wall_s": round(res.wall_s, 1),
