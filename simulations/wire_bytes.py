@@ -28,9 +28,11 @@ from synapse_flwr.core.catalog import Catalog, make_catalog
 from synapse_flwr.core.delta import apply_delta, sha256_hex
 from synapse_flwr.core.files import write_atomic
 from synapse_flwr.core.merge import merge_typed
+from synapse_flwr.core.prototypes import above_noise
 from synapse_flwr.core.release import ReleaseState
 from synapse_flwr.core.router import Router, evaluate_routes
 from synapse_flwr.core.sanitize import instruction_like
+from synapse_flwr.core.schema import Compendium
 from synapse_flwr.core.wire import canonical_json, decode, encode, unwrap
 from synapse_flwr.data.federation import FederatedDataset, load_federated
 from synapse_flwr.data.pins import verified_hashes
@@ -51,10 +53,29 @@ from synapse_flwr.flower.config import RunConfig
 log = logging.getLogger("wire_bytes")
 
 
-def org_rounds(data: OrgData, cfg: RunConfig, sent_dir: Path) -> tuple[list[dict], bytes, bytes]:
+def breakdown(artifact: Compendium) -> dict:
+    """Gzip bytes of a round-1 artifact without its prototypes, and keeping only those above 2 or 3 noise SDs.
+
+    Dropping a prototype by its released count is post-processing (no privacy
+    cost) but changes the merged global: reported, not applied.
+    """
+    def gz(tools: list) -> int:
+        return len(encode(artifact.model_copy(update={"tools": tools})))
+
+    out = {"full": gz(artifact.tools), "no_prototypes": gz([t.model_copy(update={"prototype": None})
+                                                            for t in artifact.tools])}
+    for sds in (2, 3):
+        kept = [t if t.prototype is not None and above_noise(t.prototype, sds) else
+                t.model_copy(update={"prototype": None}) for t in artifact.tools]
+        out[f"prototypes_above_{sds}sd"] = {"kept": sum(t.prototype is not None for t in kept), "bytes": gz(kept)}
+    return out
+
+
+def org_rounds(data: OrgData, cfg: RunConfig, sent_dir: Path) -> tuple[list[dict], bytes, bytes, dict]:
     """One org's R rounds: full and sent bytes per round, each delta rebuilt by the server's code.
 
-    Returns the rows, the last round's full wire bytes and what the server rebuilt of it.
+    Returns the rows, the last round's full wire bytes, what the server rebuilt of it, and
+    the round-1 :func:`breakdown`.
     """
     state, held, base, rows = ReleaseState(fingerprint="wire-bytes"), None, b"", []
     embedder = federation_embedder(cfg)
@@ -66,10 +87,12 @@ def org_rounds(data: OrgData, cfg: RunConfig, sent_dir: Path) -> tuple[list[dict
         rebuilt = apply_delta(base, payload) if key != "artifact" else unwrap(payload)
         if rebuilt != body:
             raise AssertionError(f"{data.org} round {rnd}: the rebuilt artifact differs from the sent one")
+        if rnd == 1:
+            first = breakdown(artifact)
         rows.append({"round": rnd, "released": released, "tools": len(artifact.tools), "raw_bytes": len(body),
                      "full_bytes": len(wire), "sent_bytes": len(payload), "sent_as": key})
         base, held = rebuilt, sha256_hex(rebuilt)  # what the server holds for the next round
-    return rows, wire, rebuilt
+    return rows, wire, rebuilt, first
 
 
 def routes_side_by_side(full: list, rebuilt: list, ds: FederatedDataset, catalog: Catalog, cfg: RunConfig) -> dict:
@@ -107,14 +130,14 @@ def measure(size: int, ds: FederatedDataset, cfg: RunConfig) -> dict:
     per_org, full, rebuilt = {}, [], []
     with tempfile.TemporaryDirectory(prefix="synapse-wire-") as tmp:
         for org, events in sorted(ds.orgs.items()):
-            rows, wire, body = org_rounds(OrgData(org, catalog, events), cfg, Path(tmp))
-            per_org[org] = rows
+            rows, wire, body, first = org_rounds(OrgData(org, catalog, events), cfg, Path(tmp))
+            per_org[org] = {"rounds": rows, "round1_breakdown": first}
             full.append(decode(wire))
             rebuilt.append(decode(body))
-            log.info("T=%d %s: %s", size, org, [(r["full_bytes"], r["sent_bytes"]) for r in rows])
+            log.info("T=%d %s: %s %s", size, org, [(r["full_bytes"], r["sent_bytes"]) for r in rows], first)
     rounds = []
     for i in range(cfg.num_rounds):
-        col = [rows[i] for rows in per_org.values()]
+        col = [o["rounds"][i] for o in per_org.values()]
         rounds.append({"round": i + 1, **{f"{k}_mean": round(sum(r[k] for r in col) / len(col))
                                           for k in ("raw_bytes", "full_bytes", "sent_bytes")},
                        "sent_bytes_max": max(r["sent_bytes"] for r in col),
@@ -132,6 +155,13 @@ def table(results: dict) -> str:
             lines.append(f"| {res['tools']:,} | {r['round']} | {r['raw_bytes_mean']:,} | {r['full_bytes_mean']:,} / "
                          f"{r['full_bytes_max']:,} | {r['sent_bytes_mean']:,} / {r['sent_bytes_max']:,} | "
                          f"{r['full_bytes_mean'] / r['sent_bytes_mean']:.0f}x |")
+    lines += ["", ("Round 1, gzip bytes of the first org's artifact: full / without prototypes / keeping prototypes "
+              "above 2 SD (kept) / above 3 SD (kept) (not applied: it would change the global)"), ""]
+    for res in results.values():
+        b = next(iter(res["per_org"].values()))["round1_breakdown"]
+        lines.append(f"- {res['tools']:,} tools: {b['full']:,} / {b['no_prototypes']:,} / "
+                     f"{b['prototypes_above_2sd']['bytes']:,} ({b['prototypes_above_2sd']['kept']}) / "
+                     f"{b['prototypes_above_3sd']['bytes']:,} ({b['prototypes_above_3sd']['kept']})")
     lines += ["", "| tools | globals identical | test queries | rankings differing | acc (full) | acc (delta) |",
               "|---|---|---|---|---|---|"]
     for res in results.values():
