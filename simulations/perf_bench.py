@@ -254,8 +254,10 @@ def summary_values(results: dict) -> dict:
 
 def tables(results: dict) -> str:
     """Markdown tables of a results dict."""
-    lines = ["# Performance at scale", "", "Artifact bytes per organisation (one MetaTool org, spread over the catalog).",
-             "", "| tools | privacy | raw | gzip |", "|---|---|---|---|"]
+    lines = ["# Performance at scale"]
+    if results.get("bytes"):
+        lines += ["", "Artifact bytes per organisation (one MetaTool org, spread over the catalog).",
+                  "", "| tools | privacy | raw | gzip |", "|---|---|---|---|"]
     for row in results.get("bytes", {}).values():
         lines.append(f"| {row['tools']} | {row['privacy']} | {row['raw']:,} | {row['gzip']:,} |")
         if "paper_flat_raw" in row:
