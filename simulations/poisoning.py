@@ -17,7 +17,8 @@ with elsewhere). The loss is clean minus poisoned top-1, in points.
 
 The robust policy's constants (:class:`~synapse_flwr.core.merge.MergeConfig`)
 were chosen on ``dev_seed`` (7); ``report_seed`` (42) is reported. The
-held-out loss at the default epsilon on the report seed goes into
+loss at the default epsilon on the report seed (the larger of seen and
+held-out) goes into
 ``docs/results/security/summary.json`` (other keys there are kept).
 
 Usage: ``python simulations/poisoning.py configs/poisoning.toml``
@@ -142,11 +143,16 @@ def table(results: dict, cfg: dict) -> str:
 
 
 def update_summary(path: Path, results: dict, cfg: dict) -> None:
-    """Read-modify-write the security summary: the report seed's held-out loss at the default epsilon."""
+    """Read-modify-write the security summary: the report seed's loss at the default epsilon.
+
+    The loss is the larger of the seen and held-out losses (at epsilon 4 the
+    router's per-query gate keeps held-out queries as docs_only routes them,
+    so the damage lands on seen tools).
+    """
     rows = results["seeds"][str(cfg["report_seed"])]["by_epsilon"][f"{float(cfg['summary_epsilon']):g}"]
     summary = json.loads(path.read_text()) if path.exists() else {}
-    summary["poisoning_loss_pts_robust"] = rows[ROBUST]["loss_pts"]["heldout"]
-    summary["poisoning_loss_pts_typed"] = rows[TYPED]["loss_pts"]["heldout"]
+    summary["poisoning_loss_pts_robust"] = max(rows[ROBUST]["loss_pts"].values())
+    summary["poisoning_loss_pts_typed"] = max(rows[TYPED]["loss_pts"].values())
     write_atomic(path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
 
 

@@ -2,10 +2,11 @@
 
 Everything here reads released artifacts only (post-processing of the DP
 releases: no raw data, privacy unchanged) and is order-independent: a
-per-tool cap is a median over the orgs, and every sum goes through
-:func:`math.fsum` via :func:`~synapse_flwr.core.prototypes.merge_prototypes`.
+per-tool cap is a median over the orgs, and every sum is taken over orgs in
+sorted order (:func:`math.fsum` in
+:func:`~synapse_flwr.core.prototypes.merge_prototypes`).
 
-Two bounds, applied by :func:`~synapse_flwr.core.merge.merge_robust` after
+Three steps, applied by :func:`~synapse_flwr.core.merge.merge_robust` after
 the ``support-weighted`` cap on each org's total mass:
 
 1. per-tool mass: an org's *mass* on a tool is the largest count it claims
