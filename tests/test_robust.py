@@ -41,7 +41,7 @@ def _calls(g: Compendium) -> dict[str, float]:
     return {e.tool_id: e.stats.calls for e in g.tools}
 
 
-@SETTINGS
+@settings(max_examples=20, deadline=None)
 @given(federations(), st.randoms(use_true_random=False))
 def test_a_louder_poisoner_gains_nothing(arts, rnd):
     """Per-org influence is bounded: 10x or 1,000x the federation's mass gives the same merged counts."""
