@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from synapse_flwr.core.builder import BuildConfig, build_compendium
 from synapse_flwr.core.catalog import ToolDoc, make_catalog
 from synapse_flwr.core.embed import TfidfEmbedder
@@ -45,3 +47,12 @@ def test_replay_doubles_the_contribution_bound_and_the_noise():
     two = build_compendium(EVENTS, CATALOG, "acme", epsilon=4.0, config=BuildConfig(events_per_record=2))
     assert abs(two.privacy.clip ** 2 - 2 * one.privacy.clip ** 2) < 1e-4
     assert abs(two.privacy.sigma / one.privacy.sigma - 2 ** 0.5) < 0.02
+
+
+def test_replay_in_one_window_calibrates_to_one_tools_doubled_prototype():
+    """An event and its replayed outcome add the same unit vector to one tool's prototype: norm 2(1+c^2)^(1/2)."""
+    c = 8.0
+    one = BuildConfig(prototype_weight=c).privacy_params(4.0, 1e-5, 1, c)
+    two = BuildConfig(prototype_weight=c, events_per_record=2).privacy_params(4.0, 1e-5, 1, c)
+    assert one.l2_sensitivity ** 2 == pytest.approx(one.max_contributions + 1 + c * c)
+    assert two.l2_sensitivity ** 2 == pytest.approx(2 * one.max_contributions + 4 * (1 + c * c))

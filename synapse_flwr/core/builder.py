@@ -145,7 +145,9 @@ class BuildConfig:
         seq = self.sequences
         return PrivacyParams(
             epsilon=epsilon, delta=delta, rounds=rounds, max_contributions=self.max_contributions,
-            prototype_weight=weight, prototypes_per_record=self.record_events if seq else 1,
+            # a replayed outcome keeps its record's label, so a record's E events add E unit
+            # vectors to ONE tool's prototype: squared norm E^2 (1 + c^2), not E (1 + c^2)
+            prototype_weight=weight, prototypes_per_record=self.record_events if seq else self.events_per_record**2,
             sequence_counters=seq.max_counters if seq else 0, sequence_weight=seq.weight if seq else 0.0,
         )
 

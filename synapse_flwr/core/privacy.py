@@ -85,8 +85,11 @@ class PrivacyParams:
         ``sqrt(max_contributions + 1 + c^2)``; 0 (no prototypes) or
         ``1 <= c <= 100``.
     prototypes_per_record : int, default 1
-        Distinct tools' prototypes one record may add to (a sequence record,
-        :mod:`synapse_flwr.core.sequences`, adds one per distinct tool it calls).
+        Multiplier of one record's squared prototype contribution ``1 + c^2``:
+        the distinct tools' prototypes a sequence record adds to
+        (:mod:`synapse_flwr.core.sequences`, one per distinct tool it calls),
+        or ``E^2`` when ``E`` events of one record (an event and its replayed
+        outcomes) add to one tool's prototype.
     sequence_counters : int, default 0
         Squared L2 norm one sequence record's start and transition counts are
         clipped to (:mod:`synapse_flwr.core.sequences`), each count weighted by
