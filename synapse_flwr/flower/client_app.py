@@ -214,13 +214,16 @@ def train(msg: Message, context: Context) -> Message:
         where = f"line {first.line}" if first.line is not None else "file"
         raise RuntimeError(f"invalid local experience data ({where}): {first.message}") from None
     embedder = federation_embedder(cfg)
+    path = cache_path(cfg, context, data.org)
+    state = load_state(path, fingerprint(cfg, data.org, data.catalog))
     replayed: list[Event] = []
     # a typed global has tools, a flat-majority one texts; round 1's global has neither
     if cfg.replay and (getattr(incoming, "tools", None) or getattr(incoming, "texts", None)):
         router = Router(incoming, data.catalog, embedder=embedder or get_embedder("static"))
-        replayed = replay_events(data.events, router)
-    path = cache_path(cfg, context, data.org)
-    state = load_state(path, fingerprint(cfg, data.org, data.catalog))
+        # only records released in an earlier window: an event and its replay in one window
+        # would double the record's contribution to that release (its calibration assumes one)
+        done = set(state.released)
+        replayed = replay_events([e for k, e in zip(record_keys(data.events), data.events) if k in done], router)
     artifact, new_state, released = org_release(data, cfg, state, server_round, replayed, embedder)
     if new_state is not state:
         write_atomic(path, new_state.model_dump_json())  # before replying: a restart never re-releases
