@@ -49,7 +49,7 @@ from synapse_flwr.flower.launch import (
     run_local_deployment,
     run_simulation,
 )
-from synapse_flwr.flower.processes import _cmdline, _signal, processes_using_home, started_by
+from synapse_flwr.flower.processes import cmdline, processes_using_home, send_signal_to, started_by
 from synapse_flwr.simulations.privacy_audit import CANARIES, plant_canaries, scan_files
 
 log = logging.getLogger("fault_audit")
@@ -97,7 +97,7 @@ def _kill_when(out: Path, round_: int, pick, stop: threading.Event, killed: list
             done = False
         if done:
             for pid in pick():
-                _signal(pid, signal.SIGKILL)
+                send_signal_to(pid, signal.SIGKILL)
                 killed.append(pid)
             if after is not None:
                 after(killed)
@@ -175,8 +175,8 @@ def killed_supernode(work: Path, rounds: int = 2, round_timeout: float = 90.0, o
 
     def victim_node() -> list[int]:
         return [p for p in processes_using_home(home)
-                if any(a.endswith("flower-supernode") for a in _cmdline(p)[:2])
-                and f'org="{victim.org}"' in " ".join(_cmdline(p))]
+                if any(a.endswith("flower-supernode") for a in cmdline(p)[:2])
+                and f'org="{victim.org}"' in " ".join(cmdline(p))]
 
     def orphan_lifetime(killed: list[int], limit: float = 60.0) -> None:
         # how long the dead SuperNode's SuperExec (``--parent-pid``) outlives it

@@ -192,7 +192,7 @@ def _rss(pid: int) -> int:
         return 0
 
 
-def _cmdline(pid: int) -> list[str]:
+def cmdline(pid: int) -> list[str]:
     """Command line arguments ([] if gone)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
@@ -205,7 +205,7 @@ def started_by(pids: Sequence[int], parent: int) -> list[int]:
     """Those of ``pids`` started with ``--parent-pid <parent>`` (Flower's SuperExec of a SuperNode)."""
     found = []
     for pid in pids:
-        args = _cmdline(pid)
+        args = cmdline(pid)
         if "--parent-pid" in args[:-1] and args[args.index("--parent-pid") + 1] == str(parent):
             found.append(pid)
     return found
@@ -236,7 +236,7 @@ def _ps_find(fragment: str) -> list[int]:
     return [pid for pid in pids if pid != os.getpid()]
 
 
-def _signal(pid: int, sig: int) -> None:
+def send_signal_to(pid: int, sig: int) -> None:
     """Send ``sig``, ignoring processes that are gone or not ours."""
     try:
         os.kill(pid, sig)
@@ -395,7 +395,7 @@ class ProcessGroup:
             log.warning("%s (pid %d) exited with code %s; stopping what it started: %s", name, proc.pid,
                         proc.returncode, children or "nothing")
             for pid in children:
-                _signal(pid, signal.SIGTERM)
+                send_signal_to(pid, signal.SIGTERM)
         return [n for n, _ in dead]
 
     def stop(self, grace: float = 15.0, linger: float = 20.0) -> list[int]:
@@ -452,18 +452,18 @@ class ProcessGroup:
         """
         if os.path.isdir("/proc"):
             daemons = [pid for pid in tagged_processes(self.tag)
-                       if any(Path(a).name in DAEMONS for a in _cmdline(pid)[:2])]
+                       if any(Path(a).name in DAEMONS for a in cmdline(pid)[:2])]
         else:  # no /proc (macOS): find the managed SuperLink by its private log file
             daemons = _ps_find(f"--log-file {self.env['FLWR_HOME']}/local-superlink/superlink.log")
         for pid in daemons:
-            log.debug("stopping %s (pid %d)", " ".join(_cmdline(pid)[:2]), pid)
-            _signal(pid, signal.SIGTERM)
+            log.debug("stopping %s (pid %d)", " ".join(cmdline(pid)[:2]), pid)
+            send_signal_to(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
         while (left := [p for p in daemons if _alive(p)]) and time.monotonic() < deadline:
             time.sleep(0.1)
         for pid in left:
             log.warning("pid %d ignored SIGTERM; killing it", pid)
-            _signal(pid, signal.SIGKILL)
+            send_signal_to(pid, signal.SIGKILL)
         return left
 
     def reap(self, linger: float = 20.0) -> list[int]:
@@ -487,9 +487,9 @@ class ProcessGroup:
             if not left:
                 break
             log.warning("processes still running after teardown, sending %s: %s", sig.name,
-                        ", ".join(f"{pid} ({' '.join(_cmdline(pid)[:2])})" for pid in left))
+                        ", ".join(f"{pid} ({' '.join(cmdline(pid)[:2])})" for pid in left))
             for pid in left:
-                _signal(pid, sig)
+                send_signal_to(pid, sig)
             killed += left
             deadline = time.monotonic() + wait
             while (left := tagged_processes(self.tag)) and time.monotonic() < deadline:
@@ -518,9 +518,9 @@ def safe_stop(group: ProcessGroup, what: str) -> None:
         except KeyboardInterrupt:
             log.warning("interrupted during teardown of %s; finishing teardown", what)
     for _, proc in group.started:
-        _signal(proc.pid, signal.SIGKILL)
+        send_signal_to(proc.pid, signal.SIGKILL)
     for pid in tagged_processes(group.tag):
-        _signal(pid, signal.SIGKILL)
+        send_signal_to(pid, signal.SIGKILL)
 
 
 def processes_using_home(flwr_home: Path) -> list[int]:
