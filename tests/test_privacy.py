@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from statistics import NormalDist
 
 import numpy as np
@@ -198,3 +199,20 @@ def test_bound_contributions_properties(items: list[int], limit: int) -> None:
     assert len(kept) == min(limit, len(set(items)))
     assert len(set(kept)) == len(kept)
     assert kept == list(dict.fromkeys(items))[:limit]
+
+
+def test_the_cost_table_in_docs_privacy_md_is_what_calibrate_gives():
+    """docs/privacy.md states the defaults' noise; it must not drift from the code."""
+    from pathlib import Path
+
+    from synapse_flwr.core.builder import BuildConfig
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "privacy.md").read_text()
+    rows = re.findall(r"^\| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ~(\d+) \|$", text, re.M)
+    assert len(rows) == 3
+    config = BuildConfig()
+    for eps, z, sigma, proto_sd, threshold in rows:
+        cal = calibrate(config.privacy_params(float(eps), 1e-5, 1, config.prototype_weight))
+        assert (float(z), float(sigma), float(proto_sd), int(threshold)) == (
+            round(cal.noise_multiplier, 2), round(cal.sigma, 1), round(cal.sigma / config.prototype_weight, 1),
+            round(cal.threshold))
