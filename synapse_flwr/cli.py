@@ -351,6 +351,16 @@ SetOption = Annotated[
 ]
 
 
+def _log_run_table(output_dir: Path) -> None:
+    """Log the server's per-round table from ``metrics.json`` (the ServerApp prints it only to its own log)."""
+    from synapse_flwr.flower.launch import read_metrics
+    from synapse_flwr.flower.server_app import summary_table
+
+    rounds = read_metrics(output_dir)
+    if rounds:
+        log.info("per round:\n%s", summary_table(rounds))
+
+
 @app.command()
 def simulate(
     app_dir: Annotated[Path, typer.Option(help="The Flower app (this project's root).")] = Path("."),
@@ -363,6 +373,7 @@ def simulate(
     from synapse_flwr.flower.launch import parse_overrides, run_simulation
 
     res = run_simulation(app_dir, nodes, parse_overrides(set_), flwr_home, timeout)
+    _log_run_table(res.output_dir)
     log.info("run %s %s in %.1fs; outputs in %s (log: %s)", res.run_id, res.status, res.wall_s,
              res.output_dir, res.log_path)
 
@@ -391,6 +402,7 @@ def deploy_local(
     cfg = DeploymentConfig(app_dir=app_dir, nodes=specs, run_config=parse_overrides(set_),
                            flwr_home=flwr_home, timeout=timeout)
     res = run_local_deployment(cfg)
+    _log_run_table(res.output_dir)
     log.info("run %s %s in %.1fs on nodes %s; outputs in %s (log: %s)", res.run_id, res.status,
              res.wall_s, res.node_ids, res.output_dir, res.log_path)
 

@@ -355,6 +355,18 @@ def test_federation_commands_reject_bad_arguments_before_starting_anything(tmp_p
     assert isinstance(res.exception, SynapseError)
 
 
+def test_a_finished_run_logs_its_per_round_table(tmp_path, caplog):
+    rounds = [{"round": r, "accepted": [1, 2, 3], "rejected": [], "epsilon": 3.96, "bytes_per_client": b,
+               "prototype_share": 1.0, "seen_acc": 0.7, "heldout_acc": 1.0, "docs_seen_acc": 0.76,
+               "docs_heldout_acc": 1.0} for r, b in ((1, 12755), (2, 202))]
+    (tmp_path / "metrics.json").write_text(json.dumps({"rounds": rounds}))
+    with caplog.at_level(logging.INFO, logger="synapse_flwr"):
+        cli._log_run_table(tmp_path)
+        cli._log_run_table(tmp_path / "absent")  # nothing recorded: nothing logged, no error
+    table = [r.getMessage() for r in caplog.records if "per round" in r.getMessage()]
+    assert len(table) == 1 and "12,755" in table[0] and "docs seen" in table[0]
+
+
 # --------------------------------------------------------------------------- user mistakes, real processes
 
 
