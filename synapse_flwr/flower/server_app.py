@@ -133,21 +133,25 @@ def make_evaluator(cfg: RunConfig) -> Callable[[bytes], dict] | None:
     # the federation's space, so that the router reads the prototypes
     embedder = get_embedder("static" if cfg.embedder == "none" else cfg.embedder)
 
-    def score(compendium) -> dict[str, dict]:
-        router = Router(compendium, ds.catalog, embedder=embedder, reranker="fields")
+    def score(router: Router) -> dict[str, dict]:
         return {split: evaluate_routes(router.route_many([i.query for i in items]), [i.gold for i in items])
                 for split, items in splits.items()}
 
-    docs = score(None)  # the documentation-only line every round is read against
+    # the documentation-only line every round is read against
+    docs = score(Router(None, ds.catalog, embedder=embedder, reranker="fields"))
 
     def evaluate(global_bytes: bytes) -> dict:
         compendium = decode(global_bytes)
+        router = Router(compendium, ds.catalog, embedder=embedder, reranker="fields")
         out = {}
-        for split, m in score(compendium).items():
+        for split, m in score(router).items():
             out[f"{split}_acc"], out[f"{split}_r5"], out[f"{split}_n"] = m["acc"], m["r5"], m["n"]
             out[f"docs_{split}_acc"] = docs[split]["acc"]
         tools = getattr(compendium, "tools", [])
         out["prototype_share"] = sum(t.prototype is not None for t in tools) / max(len(ds.catalog), 1)
+        # privately every tool carries a prototype; these are the ones above the noise the router reads
+        used = router.prototypes[1] > 0 if router.prototypes is not None else []
+        out["prototype_used_share"] = float(sum(used)) / max(len(ds.catalog), 1)
         return out
 
     return evaluate
@@ -156,7 +160,8 @@ def make_evaluator(cfg: RunConfig) -> Callable[[bytes], dict] | None:
 SUMMARY_COLUMNS = (
     ("round", "round", "{}"), ("accepted", "accepted", "{}"), ("rejected", "rejected", "{}"),
     ("epsilon", "epsilon", "{:.3f}"), ("bytes/client", "bytes_per_client", "{:,}"),
-    ("prototypes", "prototype_share", "{:.0%}"), ("seen", "seen_acc", "{:.3f}"),
+    ("prototypes", "prototype_share", "{:.0%}"), ("above noise", "prototype_used_share", "{:.0%}"),
+    ("seen", "seen_acc", "{:.3f}"),
     ("held-out", "heldout_acc", "{:.3f}"), ("docs seen", "docs_seen_acc", "{:.3f}"),
     ("docs held-out", "docs_heldout_acc", "{:.3f}"),
 )
