@@ -298,6 +298,11 @@ def test_root_help_lists_commands():
         assert command in res.stdout
 
 
+def test_python_dash_m_is_the_synapse_command():
+    res = subprocess.run([sys.executable, "-m", "synapse_flwr", "--help"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and all(command in res.stdout for command in HELP)
+
+
 # --------------------------------------------------------------------------- user mistakes, in process
 
 
