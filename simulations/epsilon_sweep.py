@@ -22,15 +22,16 @@ import statistics
 import sys
 from pathlib import Path
 
+from synapse_flwr.simulations.experiment import data_hashes
+from synapse_flwr.simulations.tune_fedavg import fedavg_point
+from synapse_flwr.simulations.tune_router import accuracy, global_compendium
+
 from synapse_flwr.core.embed import get_embedder
 from synapse_flwr.core.files import write_atomic
 from synapse_flwr.core.router import Router
 from synapse_flwr.data.federation import FederatedDataset, load_federated
 from synapse_flwr.eval.baselines import tfidf_svm_arm
 from synapse_flwr.eval.results import experiment_parser, load_experiment, write_results
-from synapse_flwr.simulations.experiment import data_hashes
-from synapse_flwr.simulations.tune_fedavg import fedavg_point
-from synapse_flwr.simulations.tune_router import accuracy, global_compendium
 
 log = logging.getLogger("epsilon_sweep")
 SPLITS = ("seen", "heldout")

@@ -42,8 +42,8 @@ from synapse_flwr.core.schema import Compendium
 from synapse_flwr.core.wire import content_hash, load_artifact
 from synapse_flwr.data.check import file_hashes, require_valid
 from synapse_flwr.data.federation import FederatedDataset, load_federated
-from synapse_flwr.flower.config import SPACES, RunConfig
 from synapse_flwr.eval.results import write_results
+from synapse_flwr.flower.config import SPACES, RunConfig
 
 log = logging.getLogger(__name__)
 

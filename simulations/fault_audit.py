@@ -40,6 +40,8 @@ import threading
 import time
 from pathlib import Path
 
+from synapse_flwr.simulations.privacy_audit import CANARIES, plant_canaries, scan_files
+
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.files import write_atomic
 from synapse_flwr.flower.launch import (
@@ -49,8 +51,12 @@ from synapse_flwr.flower.launch import (
     run_local_deployment,
     run_simulation,
 )
-from synapse_flwr.flower.processes import cmdline, processes_using_home, send_signal_to, started_by
-from synapse_flwr.simulations.privacy_audit import CANARIES, plant_canaries, scan_files
+from synapse_flwr.flower.processes import (
+    cmdline,
+    processes_using_home,
+    send_signal_to,
+    started_by,
+)
 
 log = logging.getLogger("fault_audit")
 

@@ -27,7 +27,7 @@ import string
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -871,7 +871,7 @@ class OrgSpec:
 
 
 def _utc(year: int, month: int, day: int) -> datetime:
-    return datetime(year, month, day, 8, 0, tzinfo=timezone.utc)
+    return datetime(year, month, day, 8, 0, tzinfo=UTC)
 
 
 ORGS: tuple[OrgSpec, ...] = (

@@ -21,13 +21,14 @@ import sys
 import tomllib
 from pathlib import Path
 
+from synapse_flwr.simulations.experiment import data_hashes
+
 from synapse_flwr.core.embed import Embedder, get_embedder
 from synapse_flwr.core.files import write_atomic
 from synapse_flwr.data.federation import FederatedDataset, load_federated
 from synapse_flwr.eval.baselines import fedavg_job, fedavg_results
 from synapse_flwr.eval.results import experiment_parser, load_experiment, write_results
 from synapse_flwr.flower.fedavg_dp import TrainSettings, run_in_process
-from synapse_flwr.simulations.experiment import data_hashes
 
 log = logging.getLogger("tune_fedavg")
 GRID_KEYS = ("learning_rate", "local_epochs", "max_grad_norm", "batch_size", "temperature")

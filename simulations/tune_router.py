@@ -31,7 +31,12 @@ from synapse_flwr.core.merge import merge_typed
 from synapse_flwr.core.router import PROTOTYPE_WEIGHTS, Fusion, Router, evaluate_routes
 from synapse_flwr.core.schema import Compendium
 from synapse_flwr.core.wire import canonical_json
-from synapse_flwr.data.federation import FederatedDataset, load_folder, metatool_dataset, repartition
+from synapse_flwr.data.federation import (
+    FederatedDataset,
+    load_folder,
+    metatool_dataset,
+    repartition,
+)
 
 log = logging.getLogger("tune_router")
 NO_HARM = 0.005  # held-out accuracy a federated arm may lose to docs-only

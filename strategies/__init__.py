@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from synapse_flwr.core.merge import FLAT_MAJORITY, ROBUST, SUPPORT_WEIGHTED, TYPED
 from synapse_flwr.strategies.base import CompendiumStrategy
 from synapse_flwr.strategies.flat_majority import FlatMajorityStrategy
 from synapse_flwr.strategies.robust import RobustStrategy
 from synapse_flwr.strategies.support_weighted import SupportWeightedStrategy
 from synapse_flwr.strategies.typed import TypedStrategy
+
+from synapse_flwr.core.merge import FLAT_MAJORITY, ROBUST, SUPPORT_WEIGHTED, TYPED
 
 STRATEGIES: dict[str, type[CompendiumStrategy]] = {
     TYPED: TypedStrategy,

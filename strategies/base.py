@@ -18,12 +18,23 @@ from flwr.app import (
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
-from synapse_flwr.strategies.records import attach_signature, from_record, signature_from, to_record
+from synapse_flwr.strategies.records import (
+    attach_signature,
+    from_record,
+    signature_from,
+    to_record,
+)
 
+from synapse_flwr.core.delta import apply_delta, sha256_hex
 from synapse_flwr.core.schema import Compendium, FlatCompendium
 from synapse_flwr.core.signing import ARTIFACT, GLOBAL, Registry, Signer
-from synapse_flwr.core.delta import apply_delta, sha256_hex
-from synapse_flwr.core.wire import MAX_WIRE_BYTES, ArtifactError, encode, parse_body, unwrap
+from synapse_flwr.core.wire import (
+    MAX_WIRE_BYTES,
+    ArtifactError,
+    encode,
+    parse_body,
+    unwrap,
+)
 
 Merged = Compendium | FlatCompendium
 MergeFn = Callable[[Sequence[Compendium]], Merged]

@@ -10,4 +10,4 @@ __version__ = "0.1.0"
 # first on sys.path, or the Flower app bundle made from it), find them there.
 _ROOT = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
 if _os.path.isfile(_os.path.join(_ROOT, "strategies", "__init__.py")):
-    __path__.append(_ROOT)  # type: ignore[name-defined]  # noqa: F821
+    __path__.append(_ROOT)  # type: ignore[name-defined]

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from synapse_flwr.core.embed import (
+    MPNET_PARTS,
     CachedEmbedder,
     Embedder,
-    MPNET_PARTS,
     MissingModelPackageError,
     MPNetEmbedder,
     TfidfEmbedder,

@@ -19,13 +19,6 @@ import random
 
 import pytest
 from flwr.app import ConfigRecord, Error, Message, MetricRecord, RecordDict
-
-from synapse_flwr.core.builder import build_compendium
-from synapse_flwr.core.catalog import load_catalog
-from synapse_flwr.core.experience import load_experience
-from synapse_flwr.core.wire import canonical_json, encode
-from synapse_flwr.data.federation import demo_dir
-from synapse_flwr.flower.server_app import RunRecorder, empty_global
 from synapse_flwr.simulations import fault_audit
 from synapse_flwr.simulations.privacy_audit import (
     CANARIES,
@@ -38,6 +31,13 @@ from synapse_flwr.simulations.privacy_audit import (
 )
 from synapse_flwr.strategies import make_strategy
 from synapse_flwr.strategies.records import to_record
+
+from synapse_flwr.core.builder import build_compendium
+from synapse_flwr.core.catalog import load_catalog
+from synapse_flwr.core.experience import load_experience
+from synapse_flwr.core.wire import canonical_json, encode
+from synapse_flwr.data.federation import demo_dir
+from synapse_flwr.flower.server_app import RunRecorder, empty_global
 
 SUPERLINK = 1  # the node id the SuperLink answers from for an unavailable node
 

@@ -21,11 +21,16 @@ import pytest
 
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.schema import Compendium
-from synapse_flwr.core.signing import SERVER, add_to_registry, new_signer, save_private_key
+from synapse_flwr.core.signing import (
+    SERVER,
+    add_to_registry,
+    new_signer,
+    save_private_key,
+)
 from synapse_flwr.core.wire import load_artifact
 from synapse_flwr.data.federation import demo_dir
-from synapse_flwr.flower.config import RunConfigError
 from synapse_flwr.flower import launch
+from synapse_flwr.flower.config import RunConfigError
 from synapse_flwr.flower.launch import (
     DeploymentConfig,
     NodeSpec,

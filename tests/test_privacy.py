@@ -208,7 +208,7 @@ def test_the_cost_table_in_docs_privacy_md_is_what_calibrate_gives():
     from synapse_flwr.core.builder import BuildConfig
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "privacy.md").read_text()
-    rows = re.findall(r"^\| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ~(\d+) \|$", text, re.M)
+    rows = re.findall(r"^\| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ~(\d+) \|$", text, re.MULTILINE)
     assert len(rows) == 3
     config = BuildConfig()
     for eps, z, sigma, proto_sd, threshold in rows:

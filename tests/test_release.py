@@ -10,7 +10,13 @@ from synapse_flwr.core.catalog import ToolDoc, make_catalog
 from synapse_flwr.core.experience import Event
 from synapse_flwr.core.release import ReleaseState, record_keys, release_round
 from synapse_flwr.core.wire import canonical_json
-from synapse_flwr.flower.client_app import OrgData, cache_path, fingerprint, load_state, org_release
+from synapse_flwr.flower.client_app import (
+    OrgData,
+    cache_path,
+    fingerprint,
+    load_state,
+    org_release,
+)
 from synapse_flwr.flower.config import RunConfig
 
 CATALOG = make_catalog([

@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 from flwr.app import RecordDict
+from hostile.signatures import reply
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from hostile.signatures import reply
 from strategies_hyp import org_artifacts
 from synapse_flwr.strategies import RobustStrategy, make_strategy
 from synapse_flwr.strategies.records import from_record, to_record
@@ -16,7 +16,15 @@ from synapse_flwr.strategies.records import from_record, to_record
 from synapse_flwr.core.influence import clip_tool_influence, scale_compendium, tool_mass
 from synapse_flwr.core.merge import ROBUST, merge_robust, merge_typed
 from synapse_flwr.core.prototypes import decode_prototype, encode_prototype
-from synapse_flwr.core.schema import Compendium, EmbeddingSpace, Issuer, Scenario, ToolEntry, ToolStats, WhenNot
+from synapse_flwr.core.schema import (
+    Compendium,
+    EmbeddingSpace,
+    Issuer,
+    Scenario,
+    ToolEntry,
+    ToolStats,
+    WhenNot,
+)
 from synapse_flwr.core.wire import canonical_json, decode, encode
 
 SETTINGS = settings(max_examples=40, deadline=None)

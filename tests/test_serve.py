@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("mcp", reason="the mcp package is not installed")
 
-from mcp import ClientSession  # noqa: E402
-from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
 
 SYNAPSE = Path(sys.executable).parent / "synapse"
 

@@ -71,9 +71,19 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from synapse_flwr.core.influence import clip_tool_influence, lone_dissenters, pooled_dissenter, scale_compendium
+from synapse_flwr.core.influence import (
+    clip_tool_influence,
+    lone_dissenters,
+    pooled_dissenter,
+    scale_compendium,
+)
 from synapse_flwr.core.phrases import normalize_text, set_jaccard, token_set
-from synapse_flwr.core.prototypes import above_noise, decode_prototype, merge_prototypes, prototype_cosine
+from synapse_flwr.core.prototypes import (
+    above_noise,
+    decode_prototype,
+    merge_prototypes,
+    prototype_cosine,
+)
 from synapse_flwr.core.render import (
     FLAT_SEPARATOR,
     flat_clause_key,

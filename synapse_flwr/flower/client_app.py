@@ -25,25 +25,30 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from synapse_flwr.core.builder import BuildConfig, build_compendium
-from synapse_flwr.core.files import write_atomic
-from synapse_flwr.core.release import ReleaseState, record_keys, release_round
-from synapse_flwr.core.schema import SCHEMA_VERSION, Compendium
 from synapse_flwr.core.catalog import Catalog, load_catalog
+from synapse_flwr.core.delta import encode_delta, make_delta, sha256_hex
 from synapse_flwr.core.embed import Embedder, get_embedder
 from synapse_flwr.core.errors import InputError
 from synapse_flwr.core.experience import Event, load_experience
+from synapse_flwr.core.files import write_atomic
+from synapse_flwr.core.release import ReleaseState, record_keys, release_round
 from synapse_flwr.core.replay import replay_events
 from synapse_flwr.core.router import Router
-from synapse_flwr.core.delta import encode_delta, make_delta, sha256_hex
+from synapse_flwr.core.schema import SCHEMA_VERSION, Compendium
+from synapse_flwr.core.signing import ARTIFACT, GLOBAL
 from synapse_flwr.core.wire import Artifact, decode, encode, unwrap
 from synapse_flwr.data.check import DataError
 from synapse_flwr.data.federation import load_dataset, load_partition
 from synapse_flwr.flower.capture import capture_mod
 from synapse_flwr.flower.config import RunConfig
-from synapse_flwr.strategies.base import DELTA_BASE, DELTA_KEY
-from synapse_flwr.strategies.records import attach_signature, from_record, signature_problem, to_record
-from synapse_flwr.core.signing import ARTIFACT, GLOBAL
 from synapse_flwr.flower.keys import registry_for, signer_for
+from synapse_flwr.strategies.base import DELTA_BASE, DELTA_KEY
+from synapse_flwr.strategies.records import (
+    attach_signature,
+    from_record,
+    signature_problem,
+    to_record,
+)
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,6 @@ from synapse_flwr.core.embed import EMBEDDERS
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.merge import POLICIES
 
-
 # Embedders whose space is fixed (TF-IDF's is fitted per corpus, so it cannot carry prototypes).
 SPACES = (*(name for name in EMBEDDERS if name != "tfidf"), "none")
 

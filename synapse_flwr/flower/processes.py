@@ -338,7 +338,7 @@ class ProcessGroup:
             The started process (also kept in ``started``).
         """
         with open(self.log_path(name), "wb") as out:
-            proc = subprocess.Popen(  # noqa: S603 - fixed Flower binaries, no shell
+            proc = subprocess.Popen(
                 list(cmd), env=self.env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )
@@ -369,7 +369,7 @@ class ProcessGroup:
             If it does not finish within ``timeout``.
         """
         try:
-            return subprocess.run(  # noqa: S603
+            return subprocess.run(
                 ["flwr", *args], env=self.env, cwd=cwd, capture_output=True, text=True,
                 timeout=timeout, stdin=subprocess.DEVNULL, check=False,
             )

@@ -29,6 +29,7 @@ from synapse_flwr.core.files import write_atomic
 from synapse_flwr.core.merge import GLOBAL_ORG
 from synapse_flwr.core.router import Router, evaluate_routes
 from synapse_flwr.core.schema import Compendium, Issuer
+from synapse_flwr.core.signing import SERVER
 from synapse_flwr.core.wire import (
     ArtifactError,
     canonical_json,
@@ -38,11 +39,10 @@ from synapse_flwr.core.wire import (
 )
 from synapse_flwr.data.federation import load_dataset
 from synapse_flwr.flower.config import RunConfig
+from synapse_flwr.flower.keys import registry_for, signer_for
 from synapse_flwr.strategies import make_strategy
 from synapse_flwr.strategies.base import CompendiumStrategy, RoundReport
 from synapse_flwr.strategies.records import from_record, to_record
-from synapse_flwr.core.signing import SERVER
-from synapse_flwr.flower.keys import registry_for, signer_for
 
 log = logging.getLogger(__name__)
 
