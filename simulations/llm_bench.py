@@ -11,6 +11,10 @@ kept per candidate and fused with retrieval at any weight
 (:func:`~synapse_flwr.core.router.fuse_llm`). A shuffled-order check reroutes
 some queries with their candidates permuted and counts changed picks.
 
+Sample sizes: ``dev_n_per_split`` queries per split on ``dev_seed``,
+``n_per_split`` on ``report_seed``; a model named in ``n_per_model`` (a slower
+one) reranks a random subset of that many of the same sampled queries.
+
 Usage: ``python simulations/llm_bench.py configs/llm.toml``
 """
 
@@ -106,7 +110,7 @@ def choose_weight(cfg: dict, emb) -> dict:
     router = Router(comp, ds.catalog, embedder=emb, reranker="llm", k=cfg["k"], model=cfg["models"][0])
     grid: dict[str, dict[str, float]] = {str(w): {} for w in cfg["weights"]}
     for split, items in (("seen", ds.seen_test), ("heldout", ds.heldout_test)):
-        picked = sample(items, cfg["n_per_split"], cfg["dev_seed"])
+        picked = sample(items, cfg["dev_n_per_split"], cfg["dev_seed"])
         rows, _, _ = llm_rows(router, [i.query for i in picked])
         for w in cfg["weights"]:
             grid[str(w)][split] = top1(rows, [i.gold for i in picked], w)
@@ -132,10 +136,12 @@ def report(cfg: dict, emb, weight: float, save) -> dict:
         arms = [("federated/typed", comp, "typed"), ("docs_only/typed", None, "typed")]
         if model in cfg["flat_models"]:
             arms.append(("federated/flat", comp, "flat"))
+        n = cfg["n_per_model"].get(model, cfg["n_per_split"])
         for arm, compendium, render in arms:
             router = routers[(model, arm)] = Router(compendium, ds.catalog, embedder=emb, reranker="llm",
                                                     k=cfg["k"], model=model, render=render, llm_weight=weight)
-            for split, items in splits.items():
+            for split, every in splits.items():
+                items = sample(every, n, seed)
                 rows, qps, fallbacks = llm_rows(router, [i.query for i in items])
                 golds = [i.gold for i in items]
                 m = {"fused": top1(rows, golds, weight), "llm_alone": top1(rows, golds, 1000.0),
@@ -163,7 +169,11 @@ def report(cfg: dict, emb, weight: float, save) -> dict:
 
 
 def summary(rep: dict, cfg: dict) -> dict:
-    """The issue's summary keys (the first model is the reported LLM reranker); None where not measured."""
+    """The issue's summary keys (the first model is the reported LLM reranker); None where not measured.
+
+    ``n_per_split`` is the fewest queries of a split the first model reranked;
+    ``n_per_model`` gives that count for every model measured.
+    """
     first, arms, base = cfg["models"][0], rep["arms"], rep["baselines"]
 
     def fused(model: str, arm: str, split: str) -> float | None:
@@ -173,7 +183,9 @@ def summary(rep: dict, cfg: dict) -> dict:
     def diff(a: float | None, b: float | None) -> float | None:
         return None if a is None or b is None else a - b
 
-    out: dict = {"n_per_split": min((m["n"] for k, m in arms.items() if "order_check" not in k), default=0),
+    n_per_model = {m: min(a["n"] for k, a in arms.items() if k.startswith(f"{m}/") and "order_check" not in k)
+                   for m in cfg["models"] if any(k.startswith(f"{m}/") for k in arms)}
+    out: dict = {"n_per_split": n_per_model.get(first, 0), "n_per_model": n_per_model,
                  "models": cfg["models"], "llm_model": first}
     for split in ("seen", "heldout"):
         out[f"llm_top1_{split}"] = fused(first, "federated/typed", split)
@@ -191,8 +203,9 @@ def tables(results: dict) -> str:
     """Markdown: summary, dev grid, every arm."""
     s, rep = results["summary"], results["report"]
     lines = ["# Frozen-LLM reranker on MetaTool", "",
-             (f"n = {s['n_per_split']} queries per split (seed {results['config']['report_seed']}); "
-             f"LLM weight {results['dev']['chosen']} chosen on seed {results['config']['dev_seed']}."), "",
+             (f"n = {s['n_per_split']} queries per split (seed {results['config']['report_seed']}; per model: "
+              f"{s['n_per_model']}); LLM weight {results['dev']['chosen']} chosen on seed "
+              f"{results['config']['dev_seed']} ({results['config']['dev_n_per_split']} queries per split)."), "",
              "| | seen | held-out |", "|---|---|---|"]
     for key in ("llm_top1", "fields_top1", "retrieval_top1", "typed_minus_flat_llm"):
         cells = [s[f"{key}_{split}"] for split in ("seen", "heldout")]
