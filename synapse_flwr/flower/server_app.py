@@ -150,8 +150,8 @@ def make_evaluator(cfg: RunConfig) -> Callable[[bytes], dict] | None:
         tools = getattr(compendium, "tools", [])
         out["prototype_share"] = sum(t.prototype is not None for t in tools) / max(len(ds.catalog), 1)
         # privately every tool carries a prototype; these are the ones above the noise the router reads
-        used = router.prototypes[1] > 0 if router.prototypes is not None else []
-        out["prototype_used_share"] = float(sum(used)) / max(len(ds.catalog), 1)
+        used = int((router.prototypes[1] > 0).sum()) if router.prototypes is not None else 0
+        out["prototype_used_share"] = used / max(len(ds.catalog), 1)
         return out
 
     return evaluate
