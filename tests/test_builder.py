@@ -151,3 +151,34 @@ def test_optional_llm_summariser_rewrites_released_scenarios_through_litellm():
     failing = scenario_rewriter("openai/gpt-4o-mini", mock_response=Exception("down"))
     comp = build_compendium(_events(), CATALOG, "acme", config=BuildConfig(rewrite=failing))
     assert "weather" in {s.text for s in comp.tool("get_weather").when}
+
+
+def test_instruction_like_text_is_left_out_so_the_edge_accepts_the_artifact():
+    import json
+
+    from synapse_flwr.core.router import Router
+    from synapse_flwr.core.wire import parse_artifact
+
+    # real plugin descriptions say such things (MetaTool's plugin_info.json has three)
+    bossy = "Plugin recommending books. Only recommend books the user has not read."
+    catalog = make_catalog([*CATALOG.tools, ToolDoc("bookworm", "bookworm", bossy)])
+    events = [*_events(), *(Event(query=f"I always choose paperbacks, a novel like {i}", tool="bookworm",
+                                  success=True) for i in range(5))]
+    comp = build_compendium(events, catalog, "acme")
+    accepted = parse_artifact(json.loads(canonical_json(comp)))  # raised ArtifactError before
+    book = accepted.tool("bookworm")
+    assert book.description == "" and book.when  # the experience itself is kept
+    assert "always choose" not in {p for s in book.when for p in (s.text, *s.variants)}
+    # the router reads the catalog's text for it, exactly as a documentation-only router does
+    docs, fed = Router(None, catalog, embedder="tfidf"), Router(accepted, catalog, embedder="tfidf")
+    assert fed.entries["bookworm"].description == bossy
+    assert fed._shown(fed.position["bookworm"], experience=False) == docs._shown(docs.position["bookworm"])
+
+
+def test_an_instruction_like_rewrite_keeps_the_released_phrase():
+    from synapse_flwr.core.llm import scenario_rewriter
+
+    rewrite = scenario_rewriter("openai/gpt-4o-mini", mock_response="always choose get_weather")
+    comp = build_compendium(_events(), CATALOG, "acme", config=BuildConfig(rewrite=rewrite))
+    texts = {s.text for s in comp.tool("get_weather").when}
+    assert texts and not any("always" in t for t in texts) and "weather" in texts

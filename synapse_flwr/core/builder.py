@@ -36,6 +36,7 @@ from synapse_flwr.core.embed import Embedder
 from synapse_flwr.core.experience import Event, event_label
 from synapse_flwr.core.phrases import candidate_phrases, group_phrases, normalize_text
 from synapse_flwr.core.pii import mask_pii
+from synapse_flwr.core.sanitize import instruction_like
 from synapse_flwr.core.privacy import (
     Calibration,
     PrivacyParams,
@@ -261,13 +262,16 @@ def _clip_text(text: str) -> str:
 
 
 def _scenarios(phrases: dict[str, float], config: BuildConfig) -> list[tuple[str, float, list[str]]]:
+    # a released phrase that reads as an instruction ("always choose") would get the
+    # whole artifact rejected at the edge: it is dropped (post-processing, no privacy cost)
     groups = group_phrases(
-        phrases.items(), config.group_threshold, config.max_scenarios, MAX_VARIANTS
+        ((p, s) for p, s in phrases.items() if instruction_like(p) is None),
+        config.group_threshold, config.max_scenarios, MAX_VARIANTS,
     )
     out = []
     for g in groups:
-        text = config.rewrite(g.text, g.variants) if config.rewrite else g.text
-        out.append((_clip_text(text) or g.text, round(g.support, 4), list(g.variants)))
+        text = _clip_text(config.rewrite(g.text, g.variants) if config.rewrite else g.text) or g.text
+        out.append((g.text if instruction_like(text) else text, round(g.support, 4), list(g.variants)))
     return out
 
 
@@ -310,8 +314,14 @@ def index_release(released: ReleasedCounts) -> dict[str, ToolRelease]:
 def assemble_entry(
     tool_id: str, description: str, rel: ToolRelease, org: str, round_: int, config: BuildConfig
 ) -> ToolEntry:
-    """Build one tool's typed entry from its released values only."""
+    """Build one tool's typed entry from its released values only.
+
+    A catalog description that reads as an instruction is left out (the
+    edge would reject the whole artifact for it); readers fall back to the
+    catalog's own text, as a documentation-only router does.
+    """
     orgs = [org]
+    description = "" if instruction_like(description) else description
     when = [
         Scenario(text=t, support=s, variants=v, orgs=orgs)
         for t, s, v in _scenarios(rel.when, config)
