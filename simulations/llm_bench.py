@@ -71,14 +71,15 @@ def top1(rows: Rows, golds: list, weight: float) -> float:
 def order_changes(router: Router, queries: list[str], seed: int) -> dict:
     """Picks that change when each query's candidates are shown reversed, or shuffled."""
     rng = np.random.default_rng(seed)
-    q = router._embed(queries)
-    fused = router.retrieve(queries, q)
+    parts = router.evidence(queries)
+    fused = sum(parts.values())
     cands = [list(np.argsort(-row, kind="stable")[: router.k]) for row in fused]
+    reads = [router.experience_read(parts["prototype"][row], c) for row, c in enumerate(cands)]
     orders = {"reversed": [c[::-1] for c in cands], "shuffled": [list(rng.permutation(c)) for c in cands]}
-    base = router.llm_scores(queries, cands)
+    base = router.llm_scores(queries, cands, reads)
     out = {}
     for name, perm in orders.items():
-        other = router.llm_scores(queries, perm)
+        other = router.llm_scores(queries, perm, reads)
         changed = 0
         for row, (c, p) in enumerate(zip(cands, perm)):
             if base[row] is None or other[row] is None:

@@ -214,3 +214,28 @@ def test_experience_is_silent_when_the_docs_choice_has_none():
     known_kind = "umbrella and rain"
     assert docs.route(known_kind).tool == "get_weather"
     assert fed.evidence([known_kind])["prototype"][0, fed.position["get_weather"]] > 0
+
+
+def test_the_llm_reads_experience_only_where_the_prototype_gate_counts_it(monkeypatch):
+    shown: list[tuple[str, str]] = []
+
+    def record(model, pairs):
+        shown.extend(pairs)
+        return [0.0] * len(pairs)
+
+    monkeypatch.setattr("synapse_flwr.core.llm.channel_scores", record)
+    comp = build_compendium(EVENTS, CATALOG, "acme", embedder=BagEmbedder())
+
+    def prompts(compendium, query):
+        shown.clear()
+        Router(compendium, CATALOG, embedder=BagEmbedder(), reranker="llm", k=3,
+               model="local/smollm2").route(query)
+        return sorted(shown)
+
+    # documentation points at visa_rules, which has no experience: the LLM sees what docs_only shows
+    new_kind = "passport visa and an umbrella"
+    assert prompts(comp, new_kind) == prompts(None, new_kind)
+    # where the gate is open, the experienced tool's entry carries its experience
+    fed, docs = prompts(comp, "umbrella and rain"), prompts(None, "umbrella and rain")
+    weather = [p for p, _ in fed if p.startswith("tool: get_weather")]
+    assert weather and "success rate" in weather[0] and weather != [p for p, _ in docs if "get_weather" in p]
