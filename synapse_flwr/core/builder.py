@@ -36,7 +36,6 @@ from synapse_flwr.core.embed import Embedder
 from synapse_flwr.core.experience import Event, event_label
 from synapse_flwr.core.phrases import candidate_phrases, group_phrases, normalize_text
 from synapse_flwr.core.pii import mask_pii
-from synapse_flwr.core.sanitize import instruction_like
 from synapse_flwr.core.privacy import (
     Calibration,
     PrivacyParams,
@@ -51,6 +50,7 @@ from synapse_flwr.core.prototypes import (
     space_of,
     sum_prototypes,
 )
+from synapse_flwr.core.sanitize import instruction_like
 from synapse_flwr.core.schema import (
     MAX_ITEMS,
     MAX_SCENARIOS,
