@@ -40,7 +40,7 @@ from synapse_flwr.data.federation import (
 
 log = logging.getLogger("tune_router")
 NO_HARM = 0.005  # held-out accuracy a federated arm may lose to docs-only
-FUSION_KEYS = ("prototype", "prior", "margin", "phrases", "shrink", "gate_sds")
+FUSION_KEYS = ("prototype", "prior", "margin", "phrases", "shrink", "gate_alpha")
 
 
 def weights(scenario: float) -> tuple[float, float, float]:

@@ -20,11 +20,13 @@ from synapse_flwr.core.prototypes import (
     encode_prototype,
     merge_prototypes,
     noise_prototypes,
+    noise_pvalue,
     prototype_sensitivity,
+    signal_energy,
     space_of,
     sum_prototypes,
 )
-from synapse_flwr.core.router import Router, explain_route
+from synapse_flwr.core.router import Fusion, Router, explain_route
 from synapse_flwr.core.schema import Compendium, EmbeddingSpace, Issuer, ToolEntry
 from synapse_flwr.core.wire import canonical_json
 
@@ -239,3 +241,18 @@ def test_the_llm_reads_experience_only_where_the_prototype_gate_counts_it(monkey
     fed, docs = prompts(comp, "umbrella and rain"), prompts(None, "umbrella and rain")
     weather = [p for p, _ in fed if p.startswith("tool: get_weather")]
     assert weather and "success rate" in weather[0] and weather != [p for p, _ in docs if "get_weather" in p]
+
+
+def test_noise_alone_rarely_passes_the_gate_even_over_a_large_catalog():
+    rng = np.random.default_rng(3)
+    n, dim, sd = 3000, 384, 1.3
+    noise = [encode_prototype(rng.normal(0, sd, dim), 0.0, sd, 10.5) for _ in range(n)]
+    # a fixed 3-SD rule on |x|^2 lets about 0.23% of pure noise through: several tools here
+    assert sum(signal_energy(p)[0] > 3 * signal_energy(p)[1] for p in noise) >= 3
+    pvalues = np.array([noise_pvalue(p) for p in noise])
+    assert 0.45 < pvalues.mean() < 0.55  # uniform under noise alone
+    assert (pvalues <= Fusion().gate_alpha / n).sum() == 0
+    # a tool with real experience (60 queries near one direction) clears it by far
+    direction = l2_normalize(rng.normal(size=(1, dim)))[0]
+    real = encode_prototype(60 * 0.6 * direction + rng.normal(0, sd, dim), 60.0, sd, 10.5)
+    assert noise_pvalue(real) < 1e-12 and noise_pvalue(encode_prototype(np.ones(4), 1.0, 0.0, 0.0)) == 0.0
