@@ -216,3 +216,16 @@ def test_the_cost_table_in_docs_privacy_md_is_what_calibrate_gives():
         assert (float(z), float(sigma), float(proto_sd), int(threshold)) == (
             round(cal.noise_multiplier, 2), round(cal.sigma, 1), round(cal.sigma / config.prototype_weight, 1),
             round(cal.threshold))
+
+
+def test_a_zero_count_merged_over_many_orgs_stays_below_its_floor():
+    from synapse_flwr.core.privacy import noise_counts, zero_count_floor
+
+    rng = np.random.default_rng(5)
+    sigma, orgs = 10.5, 100
+    merged = noise_counts(np.zeros((2000, orgs)), sigma, rng).sum(axis=1)
+    # the clamp at 0 makes a never-used tool read ~ orgs * sigma / sqrt(2 pi) = 419 "calls"
+    assert abs(merged.mean() - orgs * sigma / math.sqrt(2 * math.pi)) < 5
+    assert (merged > 3 * sigma * math.sqrt(orgs)).mean() > 0.9  # a floor that ignores the clamp
+    assert (merged > zero_count_floor(sigma, orgs, 3.0)).mean() < 0.01
+    assert zero_count_floor(0.0, orgs, 3.0) == 0.0

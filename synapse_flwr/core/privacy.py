@@ -369,6 +369,17 @@ def noise_counts(counts: np.ndarray, sigma: float, rng: np.random.Generator) -> 
     return np.maximum(values, 0.0)
 
 
+def zero_count_floor(sigma: float, merged: int, sds: float) -> float:
+    """What the sum of ``merged`` orgs' :func:`noise_counts` of a zero count stays below, ``sds`` SDs aside.
+
+    Each org's clamped noise ``max(N(0, sigma^2), 0)`` has mean
+    ``sigma / sqrt(2 pi)`` (not 0) and SD below ``sigma``, so a merged count of a
+    tool nobody used reads about ``merged * sigma / sqrt(2 pi)``: at 100 orgs
+    that is 4 SDs of the sum's noise, not 0.
+    """
+    return merged * sigma / math.sqrt(2 * math.pi) + sds * sigma * math.sqrt(merged)
+
+
 def select_partitions(
     counts: Mapping[K, float], cal: Calibration, rng: np.random.Generator
 ) -> dict[K, float]:

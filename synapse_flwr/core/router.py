@@ -66,6 +66,7 @@ import scipy.sparse as sp
 from synapse_flwr.core.catalog import Catalog
 from synapse_flwr.core.embed import Embedder, get_embedder
 from synapse_flwr.core.phrases import candidate_phrases
+from synapse_flwr.core.privacy import zero_count_floor
 from synapse_flwr.core.prototypes import decode_prototype, noise_pvalue, signal_energy, space_mismatch
 from synapse_flwr.core.render import parse_flat, render_flat, render_typed
 from synapse_flwr.core.schema import Compendium, FlatCompendium, ToolEntry
@@ -465,11 +466,9 @@ class Router:
         self.scenario_index.add(vectors[self.kinds == 1])
         self.scenario_owner = self.owners[self.kinds == 1]
         privacy = getattr(compendium, "privacy", None)
-        # a merged count sums the noise of every org artifact behind it, and each org's
-        # count is clamped at 0, so a never-called tool reads about merged * sigma / sqrt(2 pi)
+        # a merged count sums the (clamped) noise of every org artifact behind it
         merged = max(len(getattr(compendium, "inputs", None) or []), 1)
-        sigma = privacy.sigma if privacy is not None else 0.0
-        self.calls_floor = merged * sigma / math.sqrt(2 * math.pi) + NOISE_SDS * sigma * math.sqrt(merged)
+        self.calls_floor = zero_count_floor(privacy.sigma if privacy is not None else 0.0, merged, NOISE_SDS)
         self.profile = PhraseProfile(self.entries, names, privacy.threshold if privacy is not None else 1.0)
         # exactly the phrase model a documentation-only router builds
         docs = {t: doc_entry(t, e.description) for t, e in self.entries.items()}
