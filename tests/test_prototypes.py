@@ -241,6 +241,11 @@ def test_the_llm_reads_experience_only_where_the_prototype_gate_counts_it(monkey
     fed, docs = prompts(comp, "umbrella and rain"), prompts(None, "umbrella and rain")
     weather = [p for p, _ in fed if p.startswith("tool: get_weather")]
     assert weather and "success rate" in weather[0] and weather != [p for p, _ in docs if "get_weather" in p]
+    # a candidate shown without its experience reads as docs_only shows it, in either render
+    for render in ("typed", "flat"):
+        fed_router = Router(comp, CATALOG, embedder=BagEmbedder(), render=render)
+        docs_router = Router(None, CATALOG, embedder=BagEmbedder(), render=render)
+        assert all(fed_router._shown(i, experience=False) == docs_router._shown(i) for i in range(len(CATALOG)))
 
 
 def test_noise_alone_rarely_passes_the_gate_even_over_a_large_catalog():

@@ -650,7 +650,10 @@ class Router:
         Without ``experience`` it is exactly what a documentation-only router shows.
         """
         tool_id = self.tool_ids[t]
-        entry = self.entries[tool_id] if experience else doc_entry(tool_id, self.descriptions[tool_id])
+        entry = self.entries[tool_id]
+        if not experience:
+            docs = doc_entry(tool_id, self.descriptions[tool_id])
+            entry = docs if self.render == "typed" else doc_entry(tool_id, render_flat(docs))
         return render_typed(entry) if self.render == "typed" else f"tool: {entry.tool_id}\n{entry.description}"
 
     def experience_read(self, prototype: np.ndarray, cand: Sequence[int]) -> set[int]:
