@@ -301,6 +301,14 @@ def inspect(
         console.print(ctable)
 
 
+LLMWeightOption = Annotated[
+    Optional[float],
+    typer.Option(help="Weight of the LLM's score beside retrieval's for --reranker llm (0: retrieval order; "
+                 "default: the router's LLM_WEIGHT). Choose it on your own dev split: with "
+                 "local/smollm2 no weight above 0 beat retrieval on MetaTool's dev split."),
+]
+
+
 @app.command()
 def route(
     query: Annotated[list[str], typer.Argument(help="The request(s) to route.")],
@@ -316,11 +324,12 @@ def route(
     render: Annotated[str, typer.Option(help="Show candidates to the reranker as typed fields or flat.")] = "typed",
     k: Annotated[int, typer.Option(help="Candidates retrieved per query.")] = 5,
     explain: Annotated[bool, typer.Option(help="Print which field decided and each candidate's evidence.")] = False,
+    llm_weight: LLMWeightOption = None,
 ) -> None:
     """Route queries to tools and print one JSON result per query."""
     from synapse_flwr.core.router import explain_route
 
-    router = _load_router(catalog, compendium, reranker, model, embedder, render, k)
+    router = _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_weight)
     for result in router.route_many(query):
         typer.echo(explain_route(result) if explain else json.dumps(result.to_dict(), indent=2))
 
@@ -335,11 +344,12 @@ def serve(
     model: Annotated[str, typer.Option(help="litellm model for --reranker llm.")] = "local/smollm2",
     embedder: Annotated[str, typer.Option(help="minilm, mpnet, static or tfidf.")] = "minilm",
     transport: Annotated[str, typer.Option(help="MCP transport: stdio, sse or streamable-http.")] = "stdio",
+    llm_weight: LLMWeightOption = None,
 ) -> None:
     """Serve routing to agents as an MCP server with one tool, `route`."""
     from synapse_flwr.serve import build_server
 
-    router = _load_router(catalog, compendium, reranker, model, embedder, "typed", 5)
+    router = _load_router(catalog, compendium, reranker, model, embedder, "typed", 5, llm_weight)
     build_server(router).run(transport=transport)
 
 
@@ -448,7 +458,7 @@ def experiment(
     log.info("wrote %s", out.resolve())
 
 
-def _load_router(catalog, compendium, reranker, model, embedder, render, k):
+def _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_weight):
     from synapse_flwr.core.catalog import load_catalog
     from synapse_flwr.core.router import Router
     from synapse_flwr.core.wire import load_artifact
@@ -461,7 +471,8 @@ def _load_router(catalog, compendium, reranker, model, embedder, render, k):
         except ArtifactError as exc:
             raise SynapseError(f"{compendium} is not a valid artifact: {exc}") from None
     try:
-        return Router(comp, cat, embedder=embedder, reranker=reranker, k=k, render=render, model=model)
+        weight = {} if llm_weight is None else {"llm_weight": llm_weight}
+        return Router(comp, cat, embedder=embedder, reranker=reranker, k=k, render=render, model=model, **weight)
     except ValueError as exc:
         raise SynapseError(str(exc)) from None
 

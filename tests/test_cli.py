@@ -276,8 +276,9 @@ HELP = {
     "merge": ["FILES", "--output", "--policy"],
     "schema": ["--output"],
     "inspect": ["FILE", "--limit"],
-    "route": ["QUERY", "--catalog", "--compendium", "--reranker", "--model", "--embedder", "--render"],
-    "serve": ["--catalog", "--compendium", "--transport"],
+    "route": ["QUERY", "--catalog", "--compendium", "--reranker", "--model", "--embedder", "--render",
+              "--llm-weight"],
+    "serve": ["--catalog", "--compendium", "--transport", "--llm-weight"],
     "simulate": ["--nodes", "--set", "--flwr-home"],
     "deploy-local": ["--nodes", "--node", "--catalog", "--set"],
 }
@@ -312,6 +313,13 @@ def test_missing_experience_file(data):
     assert res.exit_code != 0 and isinstance(res.exception, InputError)
     assert str(res.exception) == f"{data['dir'] / 'nope.jsonl'}: file not found"
     assert not (data["dir"] / "never.json").exists()
+
+
+def test_negative_llm_weight_is_a_clear_error(data):
+    res = invoke("route", "a forecast", "--catalog", data["catalog"], "--embedder", "tfidf", "--reranker", "llm",
+                 "--llm-weight", "-1")
+    assert res.exit_code != 0 and isinstance(res.exception, SynapseError)
+    assert "llm_weight must be >= 0, got -1.0" in str(res.exception)
 
 
 def test_bad_experience_line_names_line_and_field(data, tmp_path):

@@ -92,11 +92,13 @@ NOISE_SDS = 3.0
 RERANKERS = ("fields", "llm", "none")
 #: How the ``llm`` reranker asks: ``auto`` is channel for embedded models, list for hosted ones.
 LLM_MODES = ("auto", "channel", "list")
-# Weight of the LLM's standardised score beside retrieval's, chosen on the
-# seed-7 dev split only (never a reported seed) with local/smollm2, 60 queries
-# per split (simulations/llm_bench.py, docs/results/llm): 0.5 beat 0 (retrieval)
-# and 0.25 by one held-out query of 60, tied on seen; 1 and above lost 1-5 seen
-# and 3-8 held-out queries (a small margin: the 2-core machine allowed no more).
+# Weight of the LLM's standardised score beside retrieval's. Not a tuned optimum:
+# on the seed-7 dev split with local/smollm2 reading the gated entries, 200
+# queries per split (simulations/llm_bench.py, docs/results/llm), no weight
+# above 0 beat retrieval order (0.625/0.59 at 0, 0.625/0.57 at 0.5, 0.635/0.545
+# at 1); on 60 queries per split 0.5 had won by one query. 0.5 is kept as a
+# moderate blend for models without dev evidence: choose a model's weight on
+# your own dev split (``llm_weight``, ``synapse route --llm-weight``).
 LLM_WEIGHT = 0.5
 # What follows a tool's entry in a channel prompt; the query continues it.
 CHANNEL_CUE = "\nA user request this tool handles:"
