@@ -20,6 +20,7 @@ Usage: ``python simulations/llm_bench.py configs/llm.toml``
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -80,15 +81,17 @@ def order_changes(router: Router, queries: list[str], seed: int) -> dict:
     out = {}
     for name, perm in orders.items():
         other = router.llm_scores(queries, perm, reads)
-        changed = 0
+        changed = {"": 0, "llm_alone_": 0}
         for row, (c, p) in enumerate(zip(cands, perm)):
             if base[row] is None or other[row] is None:
                 continue
             back = dict(zip(p, other[row]))
             aligned = np.array([back[t] for t in c])
-            pick = [c[int(np.argmax(fuse_llm(fused[row][c], s, router.llm_weight)))] for s in (base[row], aligned)]
-            changed += int(pick[0] != pick[1])
-        out[f"{name}_changed"] = changed
+            # the fused pick, and the LLM's own (at weight 0 the fused pick is retrieval's and cannot move)
+            for key, weight in (("", router.llm_weight), ("llm_alone_", 1000.0)):
+                pick = [c[int(np.argmax(fuse_llm(fused[row][c], s, weight)))] for s in (base[row], aligned)]
+                changed[key] += int(pick[0] != pick[1])
+        out |= {f"{key}{name}_changed": n for key, n in changed.items()}
     out["n"] = len(queries)
     return out
 
@@ -169,6 +172,29 @@ def report(cfg: dict, emb, weight: float, save) -> dict:
     return rep
 
 
+def recheck_orders(cfg: dict, emb, rep: dict, weight: float, save) -> dict:
+    """Rerun only the order checks of a finished report (``--order-check-only``), at its weight."""
+    seed = cfg["report_seed"]
+    ds = dataset(seed, cfg)
+    comp, _ = global_compendium(ds, cfg["epsilon"], PROTOTYPE_WEIGHT, cfg, emb, seed)
+    queries = [i.query for i in sample(ds.seen_test, cfg["n_per_split"], seed)][: cfg["order_check"]]
+    for model in cfg["models"]:
+        arms = [("federated/typed", comp, "typed"), ("docs_only/typed", None, "typed")]
+        arms += [("federated/flat", comp, "flat")] if model in cfg["flat_models"] else []
+        for arm, compendium, render in arms:
+            router = Router(compendium, ds.catalog, embedder=emb, reranker="llm", k=cfg["k"], model=model,
+                            render=render, llm_weight=weight)
+            rep["arms"][f"{model}/{arm}/order_check"] = order_changes(router, queries, seed)
+            log.info("%s %s order check: %s", model, arm, rep["arms"][f"{model}/{arm}/order_check"])
+            save(rep)
+    if "list_balanced" in rep:
+        router = Router(comp, ds.catalog, embedder=emb, reranker="llm", k=cfg["k"], model=cfg["models"][0],
+                        llm_mode="list", llm_weight=weight)
+        rep["list_balanced"] |= order_changes(router, queries[: cfg["list_sample"]], seed)
+        save(rep)
+    return rep
+
+
 def summary(rep: dict, cfg: dict) -> dict:
     """The issue's summary keys (the first model is the reported LLM reranker); None where not measured.
 
@@ -230,14 +256,17 @@ def tables(results: dict) -> str:
 def main() -> None:
     """Run dev selection and the report; write results.json, summary.json and tables.md after every arm."""
     parser = experiment_parser(__doc__)
+    parser.add_argument("--order-check-only", action="store_true",
+                        help="rerun only the order checks of the results already in the output folder")
     args = parser.parse_args()
     cfg = load_experiment(args.config)
     import torch
 
     torch.set_num_threads(cfg["torch_threads"])
     emb = get_embedder(cfg["embedder"])
-    dev = choose_weight(cfg, emb)
     out = Path(cfg["output"])
+    previous = json.loads((out / "results.json").read_text()) if args.order_check_only else None
+    dev = previous["dev"] if previous else choose_weight(cfg, emb)
 
     def save(rep: dict) -> None:
         results = {"config": cfg, "dev": dev, "report": rep, "summary": summary(rep, cfg)}
@@ -246,7 +275,10 @@ def main() -> None:
         update_summary(out / "summary.json", results["summary"])
         write_atomic(out / "tables.md", tables(results))
 
-    report(cfg, emb, dev["chosen"], save)
+    if previous:
+        recheck_orders(cfg, emb, previous["report"], dev["chosen"], save)
+    else:
+        report(cfg, emb, dev["chosen"], save)
 
 
 if __name__ == "__main__":

