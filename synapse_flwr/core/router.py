@@ -67,7 +67,12 @@ from synapse_flwr.core.catalog import Catalog
 from synapse_flwr.core.embed import Embedder, get_embedder
 from synapse_flwr.core.phrases import candidate_phrases
 from synapse_flwr.core.privacy import zero_count_floor
-from synapse_flwr.core.prototypes import decode_prototype, noise_pvalue, signal_energy, space_mismatch
+from synapse_flwr.core.prototypes import (
+    decode_prototype,
+    noise_pvalue,
+    signal_energy,
+    space_mismatch,
+)
 from synapse_flwr.core.render import parse_flat, render_flat, render_typed
 from synapse_flwr.core.schema import Compendium, FlatCompendium, ToolEntry
 
