@@ -123,6 +123,12 @@ def choose_weight(cfg: dict, emb) -> dict:
     return {"grid": grid, "chosen": best}
 
 
+def model_arms(model: str, comp, cfg: dict) -> list[tuple[str, object, str]]:
+    """A model's arms: (name, compendium, render); the flat render only for ``flat_models``."""
+    arms = [("federated/typed", comp, "typed"), ("docs_only/typed", None, "typed")]
+    return arms + ([("federated/flat", comp, "flat")] if model in cfg["flat_models"] else [])
+
+
 def report(cfg: dict, emb, weight: float, save) -> dict:
     """Every model x (federated typed, docs_only; federated flat for ``flat_models``) on the report seed.
 
@@ -137,11 +143,8 @@ def report(cfg: dict, emb, weight: float, save) -> dict:
                  "docs_retrieval": retrieval_baselines(None, ds, splits, cfg, emb), "arms": {}}
     routers = {}
     for model in cfg["models"]:
-        arms = [("federated/typed", comp, "typed"), ("docs_only/typed", None, "typed")]
-        if model in cfg["flat_models"]:
-            arms.append(("federated/flat", comp, "flat"))
         n = cfg["n_per_model"].get(model, cfg["n_per_split"])
-        for arm, compendium, render in arms:
+        for arm, compendium, render in model_arms(model, comp, cfg):
             router = routers[(model, arm)] = Router(compendium, ds.catalog, embedder=emb, reranker="llm",
                                                     k=cfg["k"], model=model, render=render, llm_weight=weight)
             for split, every in splits.items():
@@ -179,9 +182,7 @@ def recheck_orders(cfg: dict, emb, rep: dict, weight: float, save) -> dict:
     comp, _ = global_compendium(ds, cfg["epsilon"], PROTOTYPE_WEIGHT, cfg, emb, seed)
     queries = [i.query for i in sample(ds.seen_test, cfg["n_per_split"], seed)][: cfg["order_check"]]
     for model in cfg["models"]:
-        arms = [("federated/typed", comp, "typed"), ("docs_only/typed", None, "typed")]
-        arms += [("federated/flat", comp, "flat")] if model in cfg["flat_models"] else []
-        for arm, compendium, render in arms:
+        for arm, compendium, render in model_arms(model, comp, cfg):
             router = Router(compendium, ds.catalog, embedder=emb, reranker="llm", k=cfg["k"], model=model,
                             render=render, llm_weight=weight)
             rep["arms"][f"{model}/{arm}/order_check"] = order_changes(router, queries, seed)

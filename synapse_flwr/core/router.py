@@ -441,7 +441,7 @@ class Router:
             # a description is allowed to be.)
             self.entries = {t: doc_entry(t, render_flat(e)) for t, e in self.entries.items()}
         self.tool_ids = list(self.entries)
-        self.descriptions = {d.tool_id: d.description for d in catalog.tools}
+        self.descriptions = catalog.descriptions()
         self.fallbacks = 0
         names = {d.tool_id: d.name for d in catalog.tools}
         texts, owners, kinds = [], [], []
