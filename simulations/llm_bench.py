@@ -2,20 +2,26 @@
 
 In process, no Flower. The federated compendium is the one
 ``simulations/tune_router.py`` builds (one release per org, merged typed).
-On ``dev_seed`` the first model's channel scores choose the LLM weight
-(:data:`~synapse_flwr.core.router.LLM_WEIGHT`); on ``report_seed`` every model
+On ``dev_seed`` each model's channel scores choose that model's LLM weight
+(:data:`~synapse_flwr.core.router.LLM_WEIGHT` is the blend for models never
+measured); on ``report_seed`` every model
 reranks the same sampled queries with the federated compendium rendered typed
 and flat, and with no compendium (``docs_only``), beside retrieval order and
 the ``fields`` reranker. Each LLM arm is routed once: its raw LLM scores are
 kept per candidate and fused with retrieval at any weight
-(:func:`~synapse_flwr.core.router.fuse_llm`). A shuffled-order check reroutes
-some queries with their candidates permuted and counts changed picks.
+(:func:`~synapse_flwr.core.router.fuse_llm`): the report keeps top-1 at every
+grid weight and reads it at the dev choice, so the dev stage and the report
+can run side by side (``--stage``). A shuffled-order check reroutes some
+queries with their candidates permuted and counts changed picks at every
+weight. The reported LLM reranker is the model with the best dev top-1.
 
 Sample sizes: ``dev_n_per_split`` queries per split on ``dev_seed``,
 ``n_per_split`` on ``report_seed``; a model named in ``n_per_model`` (a slower
 one) reranks a random subset of that many of the same sampled queries.
+``--models`` measures only the models named and keeps the others' dev
+grids and arms from the output folder.
 
-Usage: ``python simulations/llm_bench.py configs/llm.toml``
+Usage: ``python simulations/llm_bench.py configs/llm.toml [--stage dev|report|tables] [--models M ...] [--arms A ...]``
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from synapse_flwr.simulations.tune_router import dataset, global_compendium
 from synapse_flwr.core.builder import PROTOTYPE_WEIGHT
 from synapse_flwr.core.embed import get_embedder
 from synapse_flwr.core.files import write_atomic
-from synapse_flwr.core.router import Router, evaluate_routes, fuse_llm
+from synapse_flwr.core.router import Router, candidate_set, evaluate_routes, fuse_llm
 from synapse_flwr.data.pins import verified_hashes
 from synapse_flwr.eval.results import (
     experiment_parser,
@@ -63,36 +69,39 @@ def llm_rows(router: Router, queries: list[str]) -> tuple[Rows, float, int]:
     return rows, qps, sum(r.fallback for r in results)
 
 
+def by_weight(rows: Rows, golds: list, weights: list[float]) -> dict[str, float]:
+    """Top-1 at every weight of the grid (``str(weight)`` keys)."""
+    return {str(w): top1(rows, golds, w) for w in weights}
+
+
 def top1(rows: Rows, golds: list, weight: float) -> float:
     """Top-1 of the fused scores at one LLM weight (ties: retrieval order)."""
     hits = [ids[int(np.argmax(fuse_llm(ret, llm, weight)))] in gold for (ids, ret, llm), gold in zip(rows, golds)]
     return float(np.mean(hits)) if hits else 0.0
 
 
-def order_changes(router: Router, queries: list[str], seed: int) -> dict:
-    """Picks that change when each query's candidates are shown reversed, or shuffled."""
+def order_changes(router: Router, queries: list[str], seed: int, weights: list[float]) -> dict:
+    """Fused picks, at every weight, that change when each query's candidates are shown reversed or shuffled."""
     rng = np.random.default_rng(seed)
     parts = router.evidence(queries)
     fused = sum(parts.values())
-    cands = [list(np.argsort(-row, kind="stable")[: router.k]) for row in fused]
+    cands = [candidate_set(row, docs, router.k, router.docs_candidates) for row, docs in zip(fused, parts["description"])]
     reads = [router.experience_read(parts["prototype"][row], c) for row, c in enumerate(cands)]
     orders = {"reversed": [c[::-1] for c in cands], "shuffled": [list(rng.permutation(c)) for c in cands]}
     base = router.llm_scores(queries, cands, reads)
-    out = {}
+    out: dict = {"n": len(queries), "by_weight": {str(w): {} for w in weights}}
     for name, perm in orders.items():
         other = router.llm_scores(queries, perm, reads)
-        changed = {"": 0, "llm_alone_": 0}
-        for row, (c, p) in enumerate(zip(cands, perm)):
-            if base[row] is None or other[row] is None:
-                continue
-            back = dict(zip(p, other[row]))
-            aligned = np.array([back[t] for t in c])
-            # the fused pick, and the LLM's own (at weight 0 the fused pick is retrieval's and cannot move)
-            for key, weight in (("", router.llm_weight), ("llm_alone_", 1000.0)):
-                pick = [c[int(np.argmax(fuse_llm(fused[row][c], s, weight)))] for s in (base[row], aligned)]
-                changed[key] += int(pick[0] != pick[1])
-        out |= {f"{key}{name}_changed": n for key, n in changed.items()}
-    out["n"] = len(queries)
+        for w in weights:
+            changed = 0
+            for row, (c, p) in enumerate(zip(cands, perm)):
+                if base[row] is None or other[row] is None:
+                    continue
+                back = dict(zip(p, other[row]))
+                aligned = np.array([back[t] for t in c])
+                pick = [c[int(np.argmax(fuse_llm(fused[row][c], s, w)))] for s in (base[row], aligned)]
+                changed += int(pick[0] != pick[1])
+            out["by_weight"][str(w)][name] = changed
     return out
 
 
@@ -107,20 +116,23 @@ def retrieval_baselines(comp, ds, splits: dict, cfg: dict, emb) -> dict:
     return out
 
 
-def choose_weight(cfg: dict, emb) -> dict:
-    """The LLM weight that maximises mean dev top-1 (first model, federated, typed)."""
+def dev_grid(cfg: dict, emb, model: str) -> dict:
+    """One model's dev top-1 by LLM weight (federated, typed) and the weight that maximises its mean."""
     ds = dataset(cfg["dev_seed"], cfg)
     comp, _ = global_compendium(ds, cfg["epsilon"], PROTOTYPE_WEIGHT, cfg, emb, cfg["dev_seed"])
-    router = Router(comp, ds.catalog, embedder=emb, reranker="llm", k=cfg["k"], model=cfg["models"][0])
+    router = Router(comp, ds.catalog, embedder=emb, reranker="llm", k=cfg["k"], model=model)
     grid: dict[str, dict[str, float]] = {str(w): {} for w in cfg["weights"]}
     for split, items in (("seen", ds.seen_test), ("heldout", ds.heldout_test)):
         picked = sample(items, cfg["dev_n_per_split"], cfg["dev_seed"])
         rows, _, _ = llm_rows(router, [i.query for i in picked])
-        for w in cfg["weights"]:
-            grid[str(w)][split] = top1(rows, [i.gold for i in picked], w)
+        for w, acc in by_weight(rows, [i.gold for i in picked], cfg["weights"]).items():
+            grid[w][split] = acc
     best = max(cfg["weights"], key=lambda w: (sum(grid[str(w)].values()), -w))
-    log.info("dev grid %s -> weight %s", grid, best)
-    return {"grid": grid, "chosen": best}
+    log.info("%s dev grid %s -> weight %s", model, grid, best)
+    return {"grid": grid, "chosen": best, "n": cfg["dev_n_per_split"]}
+
+
+ARMS = ("federated/typed", "docs_only/typed", "federated/flat")
 
 
 def model_arms(model: str, comp, cfg: dict) -> list[tuple[str, object, str]]:
@@ -129,84 +141,100 @@ def model_arms(model: str, comp, cfg: dict) -> list[tuple[str, object, str]]:
     return arms + ([("federated/flat", comp, "flat")] if model in cfg["flat_models"] else [])
 
 
-def report(cfg: dict, emb, weight: float, save) -> dict:
-    """Every model x (federated typed, docs_only; federated flat for ``flat_models``) on the report seed.
+def report(cfg: dict, emb, models: list[str], arms: list[str] | None, rep: dict, save) -> dict:
+    """``models`` x (federated typed, docs_only; federated flat for ``flat_models``) on the report seed.
 
-    ``save(rep)`` is called after every arm, so a run stopped early keeps what it measured.
+    ``arms`` (None: all) limits the arms measured; arms not measured now are
+    kept from ``rep``. ``save(rep)`` is called after every arm, so a run
+    stopped early keeps what it measured.
     """
-    seed = cfg["report_seed"]
+    seed, weights = cfg["report_seed"], cfg["weights"]
     ds = dataset(seed, cfg)
     comp, _ = global_compendium(ds, cfg["epsilon"], PROTOTYPE_WEIGHT, cfg, emb, seed)
     splits = {s: sample(items, cfg["n_per_split"], seed) for s, items in
               (("seen", ds.seen_test), ("heldout", ds.heldout_test))}
-    rep: dict = {"baselines": retrieval_baselines(comp, ds, splits, cfg, emb),
-                 "docs_retrieval": retrieval_baselines(None, ds, splits, cfg, emb), "arms": {}}
+    rep.setdefault("arms", {})
+    rep |= {"baselines": retrieval_baselines(comp, ds, splits, cfg, emb),
+            "docs_retrieval": retrieval_baselines(None, ds, splits, cfg, emb)}
     routers = {}
-    for model in cfg["models"]:
+    for model in models:
         n = cfg["n_per_model"].get(model, cfg["n_per_split"])
         for arm, compendium, render in model_arms(model, comp, cfg):
+            if arms is not None and arm not in arms:
+                continue
             router = routers[(model, arm)] = Router(compendium, ds.catalog, embedder=emb, reranker="llm",
-                                                    k=cfg["k"], model=model, render=render, llm_weight=weight)
+                                                    k=cfg["k"], model=model, render=render)
             for split, every in splits.items():
                 items = sample(every, n, seed)
                 rows, qps, fallbacks = llm_rows(router, [i.query for i in items])
-                golds = [i.gold for i in items]
-                m = {"fused": top1(rows, golds, weight), "llm_alone": top1(rows, golds, 1000.0),
-                     "retrieval": top1(rows, golds, 0.0), "queries_per_s": qps, "fallbacks": fallbacks,
-                     "n": len(items)}
+                m = {"by_weight": by_weight(rows, [i.gold for i in items], weights), "queries_per_s": qps,
+                     "fallbacks": fallbacks, "n": len(items)}
                 rep["arms"][f"{model}/{arm}/{split}"] = m
                 log.info("%s %s %s: %s", model, arm, split, m)
                 save(rep)
     queries = [i.query for i in splits["seen"]]
     if cfg["order_check"]:
         for (model, arm), router in routers.items():
-            rep["arms"][f"{model}/{arm}/order_check"] = order_changes(router, queries[: cfg["order_check"]], seed)
+            rep["arms"][f"{model}/{arm}/order_check"] = order_changes(router, queries[: cfg["order_check"]],
+                                                                      seed, weights)
             save(rep)
-    if cfg["list_sample"]:
+    if cfg["list_sample"] and cfg["models"][0] in models:
         router = Router(comp, ds.catalog, embedder=emb, reranker="llm", k=cfg["k"], model=cfg["models"][0],
-                        llm_mode="list", llm_weight=weight)
+                        llm_mode="list")
         items = splits["seen"][: cfg["list_sample"]]
         rows, qps, _ = llm_rows(router, [i.query for i in items])
-        golds = [i.gold for i in items]
-        rep["list_balanced"] = {"fused": top1(rows, golds, weight), "llm_alone": top1(rows, golds, 1000.0),
-                                "retrieval": top1(rows, golds, 0.0), "queries_per_s": qps,
-                                **order_changes(router, [i.query for i in items], seed)}
+        rep["list_balanced"] = {"by_weight": by_weight(rows, [i.gold for i in items], weights),
+                                "queries_per_s": qps, "n": len(items),
+                                "order_check": order_changes(router, [i.query for i in items], seed, weights)}
         save(rep)
     return rep
 
 
-def recheck_orders(cfg: dict, emb, rep: dict, weight: float, save) -> dict:
-    """Rerun only the order checks of a finished report (``--order-check-only``), at its weight."""
-    seed = cfg["report_seed"]
+def recheck_orders(cfg: dict, emb, models: list[str], rep: dict, save) -> dict:
+    """Rerun only the order checks of a finished report (``--order-check-only``) for ``models``."""
+    seed, weights = cfg["report_seed"], cfg["weights"]
     ds = dataset(seed, cfg)
     comp, _ = global_compendium(ds, cfg["epsilon"], PROTOTYPE_WEIGHT, cfg, emb, seed)
     queries = [i.query for i in sample(ds.seen_test, cfg["n_per_split"], seed)][: cfg["order_check"]]
-    for model in cfg["models"]:
+    for model in models:
         for arm, compendium, render in model_arms(model, comp, cfg):
             router = Router(compendium, ds.catalog, embedder=emb, reranker="llm", k=cfg["k"], model=model,
-                            render=render, llm_weight=weight)
-            rep["arms"][f"{model}/{arm}/order_check"] = order_changes(router, queries, seed)
+                            render=render)
+            rep["arms"][f"{model}/{arm}/order_check"] = order_changes(router, queries, seed, weights)
             log.info("%s %s order check: %s", model, arm, rep["arms"][f"{model}/{arm}/order_check"])
             save(rep)
-    if "list_balanced" in rep:
+    if "list_balanced" in rep and cfg["models"][0] in models:
         router = Router(comp, ds.catalog, embedder=emb, reranker="llm", k=cfg["k"], model=cfg["models"][0],
-                        llm_mode="list", llm_weight=weight)
-        rep["list_balanced"] |= order_changes(router, queries[: cfg["list_sample"]], seed)
+                        llm_mode="list")
+        rep["list_balanced"]["order_check"] = order_changes(router, queries[: cfg["list_sample"]], seed, weights)
         save(rep)
     return rep
 
 
-def summary(rep: dict, cfg: dict) -> dict:
-    """The issue's summary keys (the first model is the reported LLM reranker); None where not measured.
+def at_weight(m: dict | None, weight: float | None) -> float | None:
+    """An arm's top-1 at one grid weight; None where the arm or the weight was not measured."""
+    return None if m is None or weight is None else m["by_weight"].get(str(weight))
 
-    ``n_per_split`` is the fewest queries of a split the first model reranked;
-    ``n_per_model`` gives that count for every model measured.
+
+def best_model(dev: dict, models: list[str]) -> str:
+    """The model whose dev top-1 (sum of the splits, at its chosen weight) is highest; ties: listed first."""
+    scored = [m for m in models if m in dev]
+    if not scored:
+        return models[0]
+    return max(scored, key=lambda m: (sum(dev[m]["grid"][str(dev[m]["chosen"])].values()), -models.index(m)))
+
+
+def summary(rep: dict, dev: dict, cfg: dict) -> dict:
+    """The issue's summary keys for the reported LLM reranker (best on dev); None where not measured.
+
+    ``n_per_split`` is the fewest queries of a split that model reranked;
+    ``n_per_model`` gives that count for every model measured, and
+    ``llm_weight`` each model's dev weight.
     """
-    first, arms, base = cfg["models"][0], rep["arms"], rep["baselines"]
+    first, arms, base = best_model(dev, cfg["models"]), rep["arms"], rep["baselines"]
 
     def fused(model: str, arm: str, split: str) -> float | None:
-        m = arms.get(f"{model}/{arm}/{split}")
-        return None if m is None else m["fused"]
+        return at_weight(arms.get(f"{model}/{arm}/{split}"), dev.get(model, {}).get("chosen"))
 
     def diff(a: float | None, b: float | None) -> float | None:
         return None if a is None or b is None else a - b
@@ -214,7 +242,8 @@ def summary(rep: dict, cfg: dict) -> dict:
     n_per_model = {m: min(a["n"] for k, a in arms.items() if k.startswith(f"{m}/") and "order_check" not in k)
                    for m in cfg["models"] if any(k.startswith(f"{m}/") for k in arms)}
     out: dict = {"n_per_split": n_per_model.get(first, 0), "n_per_model": n_per_model,
-                 "models": cfg["models"], "llm_model": first}
+                 "models": cfg["models"], "llm_model": first,
+                 "llm_weight": {m: d["chosen"] for m, d in dev.items()}}
     for split in ("seen", "heldout"):
         out[f"llm_top1_{split}"] = fused(first, "federated/typed", split)
         out[f"fields_top1_{split}"] = base[f"fields/{split}"]
@@ -227,60 +256,108 @@ def summary(rep: dict, cfg: dict) -> dict:
     return out
 
 
+def model_of(key: str, models: list[str]) -> str:
+    """The model an arm key (``model/arm/render/split``) belongs to; model strings may hold slashes."""
+    return max((m for m in models if key.startswith(f"{m}/")), key=len, default="")
+
+
 def tables(results: dict) -> str:
-    """Markdown: summary, dev grid, every arm."""
-    s, rep = results["summary"], results["report"]
+    """Markdown: summary, every arm at its model's dev weight, the dev grids."""
+    s, rep, dev, cfg = results["summary"], results["report"], results["dev"], results["config"]
     lines = ["# Frozen-LLM reranker on MetaTool", "",
-             (f"n = {s['n_per_split']} queries per split (seed {results['config']['report_seed']}; per model: "
-              f"{s['n_per_model']}); LLM weight {results['dev']['chosen']} chosen on seed "
-              f"{results['config']['dev_seed']} ({results['config']['dev_n_per_split']} queries per split)."), "",
+             (f"n = {s['n_per_split']} queries per split (seed {cfg['report_seed']}; per model: "
+              f"{s['n_per_model']}); LLM weight per model {s['llm_weight']} chosen on seed "
+              f"{cfg['dev_seed']} ({cfg['dev_n_per_split']} queries per split); reported reranker: "
+              f"{s['llm_model']} (best dev top-1)."), "",
              "| | seen | held-out |", "|---|---|---|"]
     for key in ("llm_top1", "fields_top1", "retrieval_top1", "typed_minus_flat_llm"):
         cells = [s[f"{key}_{split}"] for split in ("seen", "heldout")]
         lines.append(f"| {key} | " + " | ".join("-" if c is None else f"{c:.3f}" for c in cells) + " |")
     gains = ", ".join(f"{m} {g:+.3f}" for m, g in s["transfer_gain_over_docs"].items())
+
+    def cell(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
     lines += ["", f"Transfer gain (federated typed minus docs_only, mean of splits): {gains}", "",
-              "| arm | fused | LLM alone | retrieval | queries/s | fallbacks | n |", "|---|---|---|---|---|---|---|"]
+              "| arm | fused (dev weight) | LLM alone | retrieval | queries/s | fallbacks | n |",
+              "|---|---|---|---|---|---|---|"]
     for key, m in sorted(rep["arms"].items()):
         if "order_check" in key:
             continue
-        lines.append(f"| {key} | {m['fused']:.3f} | {m['llm_alone']:.3f} | {m['retrieval']:.3f} "
-                     f"| {m['queries_per_s']:.3f} | {m['fallbacks']} | {m['n']} |")
-    lines += ["", "Order check (picks changed when the candidates are reversed / shuffled):", ""]
-    lines += [f"- {k}: {m}" for k, m in sorted(rep["arms"].items()) if "order_check" in k]
+        w = dev.get(model_of(key, cfg["models"]), {}).get("chosen")
+        lines.append(f"| {key} | {cell(at_weight(m, w))} | {cell(at_weight(m, 1000.0))} | "
+                     f"{cell(at_weight(m, 0.0))} | {m['queries_per_s']:.3f} | {m['fallbacks']} | {m['n']} |")
+    lines += ["", ("Order check (picks changed when the candidates are reversed / shuffled, at the model's dev "
+                   "weight and for the LLM alone):"), ""]
+    for key, m in sorted(rep["arms"].items()):
+        if "order_check" in key:
+            w = dev.get(model_of(key, cfg["models"]), {}).get("chosen")
+            lines.append(f"- {key} (n {m['n']}): fused {m['by_weight'].get(str(w))}, "
+                         f"LLM alone {m['by_weight']['1000.0']}")
     if "list_balanced" in rep:
-        lines += [f"- list prompt, cyclic orders: {rep['list_balanced']}"]
-    lines += ["", "Dev grid (seed-7 top-1 by LLM weight): " + str(results["dev"]["grid"])]
+        lb = rep["list_balanced"]
+        lines += [(f"- list prompt, cyclic orders ({cfg['models'][0]}, n {lb['n']}): top-1 by weight "
+                   f"{lb['by_weight']}, order check {lb['order_check']['by_weight']}")]
+    lines += ["", "Dev grids (seed-7 top-1 by LLM weight, per model):", ""]
+    lines += [f"- {m}: {d['grid']} -> {d['chosen']}" for m, d in dev.items()]
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     """Run dev selection and the report; write results.json, summary.json and tables.md after every arm."""
     parser = experiment_parser(__doc__)
+    parser.add_argument("--stage", choices=("all", "dev", "report", "tables"), default="all",
+                        help="dev: only the per-model weight grids (dev.json); report: only the report seed, read "
+                             "at the dev grids in the output folder when it saves (so both stages can run side by "
+                             "side); tables: rewrite results, summary and tables from the output folder; all: dev, "
+                             "then report")
+    parser.add_argument("--models", nargs="+", metavar="MODEL",
+                        help="measure only these models (of the config's `models`); the others' dev grids and "
+                             "arms are kept from the output folder")
+    parser.add_argument("--arms", nargs="+", metavar="ARM", choices=ARMS,
+                        help="report only these arms of each model; the others are kept from the output folder")
     parser.add_argument("--order-check-only", action="store_true",
                         help="rerun only the order checks of the results already in the output folder")
     args = parser.parse_args()
     cfg = load_experiment(args.config)
+    models = args.models or cfg["models"]
+    if unknown := sorted(set(models) - set(cfg["models"])):
+        parser.error(f"--models {unknown} not in the config's models {cfg['models']}")
+    if not {0.0, 1000.0} <= set(map(float, cfg["weights"])):
+        parser.error(f"weights must include 0.0 (retrieval order) and 1000.0 (the LLM alone), got {cfg['weights']}")
     import torch
 
     torch.set_num_threads(cfg["torch_threads"])
     emb = get_embedder(cfg["embedder"])
     out = Path(cfg["output"])
-    previous = json.loads((out / "results.json").read_text()) if args.order_check_only else None
-    dev = previous["dev"] if previous else choose_weight(cfg, emb)
+    dev_path = out / "dev.json"
+    previous = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else None
+    keep = args.order_check_only or args.stage == "tables" or bool(args.models) or bool(args.arms)
+    rep = previous["report"] if previous and keep else {}
+
+    def read_dev() -> dict:
+        return json.loads(dev_path.read_text()) if dev_path.exists() else {}
 
     def save(rep: dict) -> None:
-        results = {"config": cfg, "dev": dev, "report": rep, "summary": summary(rep, cfg)}
+        dev = read_dev()  # a dev stage running beside this one may have written since
+        results = {"config": cfg, "dev": dev, "report": rep, "summary": summary(rep, dev, cfg)}
         write_results(out, results, cfg, verified_hashes(["metatool"]),
                       f"python simulations/llm_bench.py {args.config}")
         update_summary(out / "summary.json", results["summary"])
         write_atomic(out / "tables.md", tables(results))
 
-    if previous:
-        recheck_orders(cfg, emb, previous["report"], dev["chosen"], save)
-    else:
-        report(cfg, emb, dev["chosen"], save)
-
+    if args.order_check_only:
+        recheck_orders(cfg, emb, models, rep, save)
+    elif args.stage == "tables":
+        save(rep)
+    if args.order_check_only or args.stage == "tables":
+        return
+    if args.stage in ("all", "dev"):
+        for model in models:
+            grid = dev_grid(cfg, emb, model)
+            write_atomic(dev_path, json.dumps(read_dev() | {model: grid}, indent=2, sort_keys=True) + "\n")
+    if args.stage in ("all", "report"):
+        report(cfg, emb, models, args.arms, rep, save)
 
 if __name__ == "__main__":
     main()

@@ -304,8 +304,8 @@ def inspect(
 LLMWeightOption = Annotated[
     Optional[float],
     typer.Option(help="Weight of the LLM's score beside retrieval's for --reranker llm (0: retrieval order; "
-                 "default: the router's LLM_WEIGHT). Choose it on your own dev split: with "
-                 "local/smollm2 no weight above 0 beat retrieval on MetaTool's dev split."),
+                 "default: the model's weight chosen on MetaTool's dev split, 0.5 for a model never measured). "
+                 "Choose it on your own dev split: with local/smollm2 no weight above 0 beat retrieval there."),
 ]
 
 
@@ -471,8 +471,8 @@ def _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_
         except ArtifactError as exc:
             raise SynapseError(f"{compendium} is not a valid artifact: {exc}") from None
     try:
-        weight = {} if llm_weight is None else {"llm_weight": llm_weight}
-        return Router(comp, cat, embedder=embedder, reranker=reranker, k=k, render=render, model=model, **weight)
+        return Router(comp, cat, embedder=embedder, reranker=reranker, k=k, render=render, model=model,
+                      llm_weight=llm_weight)
     except ValueError as exc:
         raise SynapseError(str(exc)) from None
 

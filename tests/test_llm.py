@@ -13,6 +13,7 @@ import json
 import re
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
@@ -27,6 +28,8 @@ from synapse_flwr.core import llm
 from synapse_flwr.core.catalog import ToolDoc, make_catalog
 from synapse_flwr.core.embed import TfidfEmbedder
 from synapse_flwr.core.router import (
+    LLM_WEIGHT,
+    LLM_WEIGHTS,
     Router,
     balanced_list_scores,
     cyclic_orders,
@@ -284,6 +287,18 @@ def test_position_biased_llm_leaves_retrieval_order(pick_providers: dict[str, Pi
     assert all(r.decided_by == ["llm-list:typed"] and not r.fallback for r in biased)
 
 
+def test_a_router_uses_the_models_dev_weight_unless_told_otherwise() -> None:
+    kw: dict[str, Any] = {"embedder": TfidfEmbedder(), "reranker": "llm"}
+    assert Router(None, CATALOG, model="local/smollm2", **kw).llm_weight == LLM_WEIGHTS["local/smollm2"]
+    assert Router(None, CATALOG, model="openai/never-measured", **kw).llm_weight == LLM_WEIGHT
+    assert Router(None, CATALOG, model="local/smollm2", llm_weight=3.0, **kw).llm_weight == 3.0
+
+
+def test_the_dev_weights_are_the_ones_the_committed_bench_chose() -> None:
+    dev = json.loads((Path(__file__).parents[1] / "docs/results/llm/dev.json").read_text())
+    assert LLM_WEIGHTS == {model: grid["chosen"] for model, grid in dev.items()}
+
+
 def test_llm_mode_and_weight_errors_are_clear() -> None:
     with pytest.raises(ValueError, match="channel.*local/"):
         Router(None, CATALOG, embedder=TfidfEmbedder(), model="openai/gpt-4o-mini", llm_mode="channel")
@@ -407,6 +422,8 @@ def test_the_bench_order_check_catches_a_position_biased_llm_even_at_weight_zero
     monkeypatch.setattr("synapse_flwr.core.llm.channel_scores", last_wins)
     router = Router(None, CATALOG, embedder=TfidfEmbedder(), reranker="llm", k=4, model="local/smollm2",
                     llm_weight=0.0)
-    out = order_changes(router, ["will it snow in Oslo tomorrow?", "send an email to my landlord"], seed=0)
+    out = order_changes(router, ["will it snow in Oslo tomorrow?", "send an email to my landlord"], seed=0,
+                        weights=[0.0, 1000.0])
     # at weight 0 the fused pick is retrieval's and cannot move; the LLM's own pick does
-    assert out["reversed_changed"] == 0 and out["llm_alone_reversed_changed"] == 2 and out["n"] == 2
+    assert out["by_weight"]["0.0"]["reversed"] == 0 and out["by_weight"]["1000.0"]["reversed"] == 2
+    assert out["n"] == 2

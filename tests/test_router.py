@@ -12,7 +12,7 @@ from synapse_flwr.core.catalog import ToolDoc, make_catalog
 from synapse_flwr.core.embed import TfidfEmbedder
 from synapse_flwr.core.experience import Event
 from synapse_flwr.core.merge import merge_flat_majority
-from synapse_flwr.core.router import Router, evaluate_routes
+from synapse_flwr.core.router import Router, candidate_set, evaluate_routes
 from synapse_flwr.core.schema import Compendium, Issuer, ToolEntry, WhenNot
 
 CATALOG = make_catalog(
@@ -141,3 +141,29 @@ def test_success_prior_ignores_stats_within_privacy_noise():
     assert signals["visa_rules"]["success_prior"] == 0.0
     signals = {c.tool_id: c.signals for c in router(exact).route(query).candidates}
     assert signals["visa_rules"]["success_prior"] < 0.0
+
+
+def test_candidates_keep_the_documentations_favourites_and_retrievals_top_one():
+    import numpy as np
+
+    docs = np.array([0.9, 0.8, 0.7, 0.1, 0.0, 0.0])
+    fused = docs + np.array([0.0, 0.0, 0.0, 2.0, 1.5, 1.2])  # experience lifts tools 3, 4, 5 above docs' 0, 1
+    assert candidate_set(fused, docs, 3, 0) == [3, 4, 5]
+    # docs' top 2 displace retrieval's lowest candidates, go last, and retrieval's top-1 stays first
+    assert candidate_set(fused, docs, 3, 2) == [3, 0, 1]
+    assert candidate_set(fused, docs, 4, 2) == [3, 4, 0, 1]
+    # nothing to add when retrieval already holds them; at most k - 1 are added
+    assert candidate_set(docs, docs, 3, 2) == [0, 1, 2]
+    assert candidate_set(fused, docs, 2, 5) == [3, 0]
+    assert candidate_set(fused, docs, 1, 2) == [3]
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        d, f = rng.random(12), rng.random(12)
+        c = candidate_set(f, d, 5, 2)
+        assert len(set(c)) == 5 and c[0] == int(np.argmax(f))
+        assert set(np.argsort(-d, kind="stable")[:2]) <= set(c)
+
+
+def test_negative_docs_candidates_is_a_clear_error(central):
+    with pytest.raises(ValueError, match="docs_candidates must be >= 0, got -1"):
+        Router(central, CATALOG, embedder=TfidfEmbedder(), docs_candidates=-1)

@@ -36,6 +36,8 @@ from synapse_flwr.core.embed import package_dir
 from synapse_flwr.core.errors import SynapseError
 
 logger = logging.getLogger(__name__)
+# Seconds between progress lines of a long batch of embedded-model scores.
+PROGRESS_EVERY_S = 30.0
 
 #: litellm provider prefix of the embedded models: ``local/<name>``.
 LOCAL_PROVIDER = "local"
@@ -425,7 +427,11 @@ def channel_scores(
     for i, (prefix, _) in enumerate(pairs):
         by_prefix.setdefault(prefix, []).append(i)
     out = [0.0] * len(pairs)
-    for prefix, rows in by_prefix.items():
+    last_log = time.monotonic()
+    for done, (prefix, rows) in enumerate(by_prefix.items()):
+        if time.monotonic() - last_log > PROGRESS_EVERY_S:  # a 200-query batch can take 15 minutes on a CPU
+            logger.info("local/%s channel scores: %d of %d tool entries", name, done, len(by_prefix))
+            last_log = time.monotonic()
         context, space = _split_space(prefix)
         ctx_ids = _context_ids(name, lm, context)
         conts = [lm.tokenizer.encode(space + pairs[i][1], add_special_tokens=False) for i in rows]

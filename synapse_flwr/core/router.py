@@ -31,7 +31,10 @@ query of a known kind from a query for a new tool; the documentation's
 choice can). A tool without experience, or with experience at noise level,
 therefore scores exactly as without a compendium.
 
-Rerankers choose among the top ``k``:
+Rerankers choose among ``k`` candidates: retrieval's top ``k``, holding the
+documentation's best ``DOCS_CANDIDATES`` tools (:func:`candidate_set`), so
+that experienced tools lifted by an open gate cannot push the documented tool
+out of what a reranker reads; retrieval's top-1 stays first.
 
 ``none``
     retrieval order;
@@ -48,8 +51,8 @@ Rerankers choose among the top ``k``:
     direction, ``log P(query | tool entry)``); a hosted one picks from the
     list shown in every cyclic order, its votes averaged. The LLM's score is
     then added to retrieval's (both standardised among the candidates, the
-    LLM's weighted by :data:`LLM_WEIGHT`), so it refines retrieval and never
-    replaces it blindly.
+    LLM's weighted by the model's dev weight, :func:`llm_weight_for`), so it
+    refines retrieval and never replaces it blindly.
 """
 
 from __future__ import annotations
@@ -97,14 +100,27 @@ NOISE_SDS = 3.0
 RERANKERS = ("fields", "llm", "none")
 #: How the ``llm`` reranker asks: ``auto`` is channel for embedded models, list for hosted ones.
 LLM_MODES = ("auto", "channel", "list")
-# Weight of the LLM's standardised score beside retrieval's. Not a tuned optimum:
-# on the seed-7 dev split with local/smollm2 reading the gated entries, 200
-# queries per split (simulations/llm_bench.py, docs/results/llm), no weight
-# above 0 beat retrieval order (0.625/0.59 at 0, 0.625/0.57 at 0.5, 0.635/0.545
-# at 1); on 60 queries per split 0.5 had won by one query. 0.5 is kept as a
-# moderate blend for models without dev evidence: choose a model's weight on
-# your own dev split (``llm_weight``, ``synapse route --llm-weight``).
+# Weight of the LLM's standardised score beside retrieval's, for a model
+# without dev evidence: a moderate blend, not a tuned optimum. Choose a model's
+# weight on your own dev split (``llm_weight``, ``synapse route --llm-weight``).
 LLM_WEIGHT = 0.5
+# Per-model weights chosen on the seed-7 MetaTool dev split, 200 queries per
+# split, federated typed (simulations/llm_bench.py, docs/results/llm/dev.json).
+# local/smollm2: no weight above 0 beat retrieval order (0.625/0.59 at 0,
+# 0.625/0.57 at 0.5, 0.635/0.545 at 1), so its scores are shown, not fused.
+# local/gemma3: 0.655/0.59 at 0.5 (retrieval 0.625/0.59; 0.69/0.555 at 2 ties
+# on the sum, and the smaller weight is kept).
+LLM_WEIGHTS: dict[str, float] = {"local/smollm2": 0.0, "local/gemma3": 0.5}
+# The documentation's best tools that every candidate set keeps. Experience
+# reorders retrieval: on queries whose documented tool has no experience but
+# whose gate is open, experienced tools filled the other slots, so a reranker
+# never saw the documented tool. Seed-7 dev split, K=5, recall@5 of the
+# candidate sets (simulations/candidates.py, docs/results/tuning/candidates):
+# held-out 0.685 keeping 0, 0.772 keeping 2 (docs_only 0.833), seen 0.846 ->
+# 0.852 at epsilon 4 and 0.909 -> 0.905 without noise; 2 is the largest that
+# keeps seen recall within 0.5 points at both (3 costs 1.7 without noise).
+# Retrieval's top-1 never changes.
+DOCS_CANDIDATES = 2
 # What follows a tool's entry in a channel prompt; the query continues it.
 CHANNEL_CUE = "\nA user request this tool handles:"
 # Retrieval evidence, in the order the explain output lists it.
@@ -388,8 +404,12 @@ class Router:
         ``channel`` scores each tool alone (embedded models only); ``list``
         shows the candidates in every cyclic order; ``auto`` picks channel
         for ``local/`` models and list for hosted ones.
-    llm_weight : float
-        Weight of the LLM's standardised score beside retrieval's (``>= 0``).
+    llm_weight : float or None
+        Weight of the LLM's standardised score beside retrieval's (``>= 0``);
+        None: the model's dev weight (:func:`llm_weight_for`).
+    docs_candidates : int
+        The documentation's best tools that every candidate set keeps
+        (:func:`candidate_set`; ``>= 0``, at most ``k - 1`` are kept).
     weights : tuple of float or None
         Weights of (dense documentation, lexical profile, extra scenario
         similarity) in the retrieval score; None: :data:`PROTOTYPE_WEIGHTS`
@@ -410,13 +430,14 @@ class Router:
         weights: tuple[float, float, float] | None = None,
         fusion: Fusion = Fusion(),
         llm_mode: str = "auto",
-        llm_weight: float = LLM_WEIGHT,
+        llm_weight: float | None = None,
+        docs_candidates: int = DOCS_CANDIDATES,
     ) -> None:
         if llm_mode not in LLM_MODES:
             raise ValueError(f"unknown llm_mode {llm_mode!r}; choose one of {', '.join(LLM_MODES)}")
         if llm_mode == "channel" and not model.startswith("local/"):
             raise ValueError(f"llm_mode 'channel' needs an embedded local/ model, not {model!r}")
-        if not llm_weight >= 0:
+        if llm_weight is not None and not llm_weight >= 0:
             raise ValueError(f"llm_weight must be >= 0, got {llm_weight}")
         if reranker not in RERANKERS:
             raise ValueError(f"unknown reranker {reranker!r}; choose one of {', '.join(RERANKERS)}")
@@ -424,13 +445,16 @@ class Router:
             raise ValueError(f"unknown render {render!r}; choose one of {', '.join(RENDERS)}")
         if k < 1:
             raise ValueError("k must be at least 1")
+        if docs_candidates < 0:
+            raise ValueError(f"docs_candidates must be >= 0, got {docs_candidates}")
         import faiss
 
         self.catalog = catalog
         self.embedder = get_embedder(embedder) if isinstance(embedder, str) else embedder
         self.reranker, self.k, self.render, self.model = reranker, k, render, model
         self.llm_mode = llm_mode if llm_mode != "auto" else ("channel" if model.startswith("local/") else "list")
-        self.llm_weight = llm_weight
+        self.llm_weight = llm_weight_for(model) if llm_weight is None else llm_weight
+        self.docs_candidates = docs_candidates
         self.fusion = fusion
         self.entries = typed_entries(compendium, catalog)
         if render == "flat":
@@ -762,7 +786,7 @@ class Router:
             fused = sum(parts.values())
             cands = []
             for row in range(len(chunk)):
-                cand = list(np.argsort(-fused[row], kind="stable")[: self.k])
+                cand = candidate_set(fused[row], parts["description"][row], self.k, self.docs_candidates)
                 gold = [self.position[g] for g in force[start + row] if g in self.position] if force is not None else []
                 if gold and not set(gold) & set(cand):
                     cand[-1] = max(gold, key=lambda t: fused[row, t])
@@ -787,6 +811,31 @@ class Router:
     def route(self, query: str) -> RouteResult:
         """Route one query."""
         return self.route_many([query])[0]
+
+
+def candidate_set(fused: np.ndarray, docs: np.ndarray, k: int, keep: int) -> list[int]:
+    """Retrieval's top ``k`` in its order, holding the documentation's top ``keep``.
+
+    A documentation favourite that retrieval ranked below ``k`` replaces the
+    lowest candidate that is not one, and goes last; retrieval's top-1 always
+    stays first (so at most ``k - 1`` favourites are added).
+
+    Parameters
+    ----------
+    fused : numpy.ndarray
+        ``(n_tools,)`` retrieval scores of one query.
+    docs : numpy.ndarray
+        ``(n_tools,)`` its documentation-only scores.
+    k : int
+        Candidates.
+    keep : int
+        The documentation's best tools every candidate set holds (at most ``k - 1``).
+    """
+    top = [int(t) for t in np.argsort(-fused, kind="stable")[:k]]
+    favourites = [int(t) for t in np.argsort(-docs, kind="stable")[: min(keep, k - 1)]]
+    missing = [t for t in favourites if t not in top]
+    drop = set([t for t in reversed(top) if t not in favourites][: len(missing)])
+    return [t for t in top if t not in drop] + missing
 
 
 def decided_by(ranked: Sequence[Candidate], docs_choice: str) -> list[str]:
@@ -908,6 +957,11 @@ def balanced_list_scores(model: str, query: str, shown: Sequence[str], ids: Sequ
 def _standardise(x: np.ndarray) -> np.ndarray:
     sd = float(np.std(x))
     return (x - x.mean()) / sd if sd > 1e-9 else np.zeros_like(x, dtype=np.float64)
+
+
+def llm_weight_for(model: str) -> float:
+    """The LLM weight a router uses for ``model``: its dev weight (:data:`LLM_WEIGHTS`), else :data:`LLM_WEIGHT`."""
+    return LLM_WEIGHTS.get(model, LLM_WEIGHT)
 
 
 def fuse_llm(retrieval: np.ndarray, llm: np.ndarray, weight: float) -> np.ndarray:
