@@ -107,9 +107,9 @@ LLM_WEIGHT = 0.5
 # Per-model weights chosen on the seed-7 MetaTool dev split, 200 queries per
 # split, federated typed (simulations/llm_bench.py, docs/results/llm/dev.json).
 # local/smollm2: no weight above 0 beat retrieval order (0.625/0.59 at 0,
-# 0.625/0.57 at 0.5, 0.635/0.545 at 1), so its scores are shown, not fused.
-# local/gemma3: 0.655/0.59 at 0.5 (retrieval 0.625/0.59; 0.69/0.555 at 2 ties
-# on the sum, and the smaller weight is kept).
+# 0.62/0.57 at 0.5, 0.625/0.545 at 1), so its scores are shown, not fused.
+# local/gemma3: 0.67/0.59 at 0.5 (retrieval 0.625/0.59, 0.675/0.565 at 2,
+# the LLM alone 0.595/0.53).
 LLM_WEIGHTS: dict[str, float] = {"local/smollm2": 0.0, "local/gemma3": 0.5}
 # The documentation's best tools that every candidate set keeps. Experience
 # reorders retrieval: on queries whose documented tool has no experience but
