@@ -92,16 +92,13 @@ def order_changes(router: Router, queries: list[str], seed: int, weights: list[f
     out: dict = {"n": len(queries), "by_weight": {str(w): {} for w in weights}}
     for name, perm in orders.items():
         other = router.llm_scores(queries, perm, reads)
+        # each permuted row's scores back in the candidates' order; failed calls are skipped
+        aligned = {row: np.array([dict(zip(p, other[row]))[t] for t in c])
+                   for row, (c, p) in enumerate(zip(cands, perm)) if base[row] is not None and other[row] is not None}
         for w in weights:
-            changed = 0
-            for row, (c, p) in enumerate(zip(cands, perm)):
-                if base[row] is None or other[row] is None:
-                    continue
-                back = dict(zip(p, other[row]))
-                aligned = np.array([back[t] for t in c])
-                pick = [c[int(np.argmax(fuse_llm(fused[row][c], s, w)))] for s in (base[row], aligned)]
-                changed += int(pick[0] != pick[1])
-            out["by_weight"][str(w)][name] = changed
+            out["by_weight"][str(w)][name] = sum(
+                int(np.argmax(fuse_llm(fused[row][cands[row]], base[row], w)))
+                != int(np.argmax(fuse_llm(fused[row][cands[row]], scores, w))) for row, scores in aligned.items())
     return out
 
 
