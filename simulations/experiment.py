@@ -36,6 +36,7 @@ from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.files import write_atomic
 from synapse_flwr.core.merge import FLAT_MAJORITY, TYPED
+from synapse_flwr.core.privacy import DEFAULT_DELTA, DEFAULT_EPSILON
 from synapse_flwr.core.release import ReleaseState
 from synapse_flwr.core.router import RENDERS, Router, evaluate_routes
 from synapse_flwr.core.schema import Compendium
@@ -125,8 +126,8 @@ class ExperimentConfig:
     orgs: int = 5
     alpha: float = 0.5
     rounds: int = 3
-    epsilon: float = 8.0
-    delta: float = 1e-5
+    epsilon: float = DEFAULT_EPSILON
+    delta: float = DEFAULT_DELTA
     embedder: str = "minilm"
     reranker: str = "fields"
     k: int = 5

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from synapse_flwr.core.errors import SynapseError
+from synapse_flwr.core.privacy import DEFAULT_DELTA, DEFAULT_EPSILON
 from synapse_flwr.core.wire import ArtifactError
 
 log = logging.getLogger("synapse_flwr")
@@ -56,8 +57,8 @@ def build(
     output: OutOption,
     epsilon: Annotated[
         float, typer.Option(help="Privacy budget per record over the whole run; 'inf' turns privacy off.")
-    ] = 4.0,
-    delta: Annotated[float, typer.Option(help="Privacy delta (accounting + phrase selection).")] = 1e-5,
+    ] = DEFAULT_EPSILON,
+    delta: Annotated[float, typer.Option(help="Privacy delta (accounting + phrase selection).")] = DEFAULT_DELTA,
     rounds: Annotated[int, typer.Option(help="Releases one record may take part in (1: released once).")] = 1,
     releases: Annotated[int, typer.Option(help="Releases a record has taken part in, this one included.")] = 1,
     round_: Annotated[int, typer.Option("--round", help="Server round written into the issuer (0: standalone).")] = 0,

@@ -69,3 +69,26 @@ def test_strategies_and_simulations_are_not_top_level_modules(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                          check=True)
     assert out.stdout.split() == ["None", "None"], out.stdout + out.stderr
+
+
+def test_every_entry_point_defaults_to_the_documented_budget():
+    """The run config, `synapse build`, `synapse experiment` and the docs' tables share one budget."""
+    import inspect
+    import re
+
+    from simulations.experiment import ExperimentConfig
+    from synapse_flwr.cli import build
+    from synapse_flwr.core.privacy import DEFAULT_DELTA, DEFAULT_EPSILON
+
+    assert (DEFAULT_EPSILON, DEFAULT_DELTA) == (4.0, 1e-5)
+    run = RunConfig.from_mapping({})
+    exp = ExperimentConfig(name="x", dataset="demo")
+    params = inspect.signature(build).parameters
+    for eps, delta in ((run.epsilon, run.delta), (exp.epsilon, exp.delta),
+                       (params["epsilon"].default, params["delta"].default)):
+        assert (eps, delta) == (DEFAULT_EPSILON, DEFAULT_DELTA)
+    deployment = (ROOT / "docs" / "deployment.md").read_text(encoding="utf-8")
+    assert re.search(r"^\| `epsilon` \| `(\S+)` \|", deployment, re.M).group(1) == f"{DEFAULT_EPSILON:g}.0"
+    experiments = (ROOT / "docs" / "experiments.md").read_text(encoding="utf-8")
+    assert re.search(r"^\| `federated_private` \| .*\((\S+) by default", experiments, re.M).group(1) == \
+        f"{DEFAULT_EPSILON:g}"

@@ -43,6 +43,11 @@ from synapse_flwr.core.prototypes import prototype_sensitivity
 
 logger = logging.getLogger(__name__)
 
+#: The default budget per record over the whole run (docs/privacy.md): the run
+#: config, ``synapse build`` and ``synapse experiment`` all start from it.
+DEFAULT_EPSILON = 4.0
+DEFAULT_DELTA = 1e-5
+
 H = TypeVar("H", bound=Hashable)
 K = TypeVar("K")
 

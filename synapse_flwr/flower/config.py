@@ -18,6 +18,7 @@ from typing import Any
 from synapse_flwr.core.embed import EMBEDDERS
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.merge import POLICIES
+from synapse_flwr.core.privacy import DEFAULT_DELTA, DEFAULT_EPSILON
 
 # Embedders whose space is fixed (TF-IDF's is fitted per corpus, so it cannot carry prototypes).
 SPACES = (*(name for name in EMBEDDERS if name != "tfidf"), "none")
@@ -95,9 +96,9 @@ KEYS: tuple[Key, ...] = (
     Key("dataset", str, "demo", "demo | metatool | taubench | a folder in the generic format", _non_empty),
     Key("policy", str, "typed", "merge policy: " + " | ".join(POLICIES), _one_of(tuple(POLICIES))),
     Key("min-nodes", int, 2, "fewest valid artifacts a round merges", _between(1, 100_000)),
-    Key("epsilon", float, 4.0, "privacy budget per record over the whole run; inf turns privacy off",
+    Key("epsilon", float, DEFAULT_EPSILON, "privacy budget per record over the whole run; inf turns privacy off",
         _between(0.0, math.inf, low_open=True)),
-    Key("delta", float, 1e-5, "privacy delta per record over the whole run", _between(0.0, 0.1, low_open=True)),
+    Key("delta", float, DEFAULT_DELTA, "privacy delta per record over the whole run", _between(0.0, 0.1, low_open=True)),
     Key("alpha", float, 0.5, "Dirichlet skew when experience is re-partitioned", _between(0.0, 1e6, low_open=True)),
     Key("seed", int, 42, "seed of the data split and of the noise", _between(0, 2**63 - 1)),
     Key("output-dir", str, "runs/latest", "where the server writes globals and metrics.json", _non_empty),
