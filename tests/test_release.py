@@ -118,3 +118,21 @@ def test_windows_with_prototypes_combine_in_their_space():
     artifact, _, n = release_round(list(zip(record_keys(both), both)), state, build, 2)
     assert n == 10 and artifact.embedding == state.artifact.embedding is not None
     assert all(t.prototype is not None for t in artifact.tools)
+
+
+def test_a_run_resumed_with_more_rounds_keeps_its_cache(tmp_path):
+    """Regression: num-rounds was in the fingerprint, so resuming with more rounds started a new cache
+    and released every record again (its budget spent twice)."""
+    base = {"epsilon": 4.0, "embedder": "none", "output-dir": str(tmp_path)}
+    planned = RunConfig.from_mapping({**base, "num-rounds": 3})
+    resumed = RunConfig.from_mapping({**base, "num-rounds": 5})
+    data = OrgData("acme", CATALOG, _events(20))
+    path = cache_path(planned, SimpleNamespace(node_config={}), "acme")
+    _, state, n1 = org_release(data, planned, load_state(path, fingerprint(planned, "acme", CATALOG)), 3, [], None)
+    path.parent.mkdir(parents=True)
+    path.write_text(state.model_dump_json())
+    art, _, n4 = org_release(data, resumed, load_state(path, fingerprint(resumed, "acme", CATALOG)), 4, [], None)
+    assert n1 == 40 and n4 == 0 and art.privacy == state.artifact.privacy
+    # with replay the rounds set the calibration (one release per round): another run
+    replay = [RunConfig.from_mapping({**base, "replay": True, "num-rounds": r}) for r in (3, 5)]
+    assert len({fingerprint(c, "acme", CATALOG) for c in replay}) == 2

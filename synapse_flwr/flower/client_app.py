@@ -92,8 +92,15 @@ def org_data(context: Context, cfg: RunConfig) -> OrgData:
 
 
 def fingerprint(cfg: RunConfig, org: str, catalog: Catalog) -> str:
-    """The settings a release cache belongs to: a cache made under others is not reused."""
-    parts = [org, cfg.dataset, cfg.seed, cfg.epsilon, cfg.delta, cfg.num_rounds, cfg.replay, cfg.embedder,
+    """The settings a release cache belongs to: a cache made under others is not reused.
+
+    ``num-rounds`` is one of them only with replay on, the one case where it sets
+    the calibration (one release per round): without replay a record is released
+    once whatever the rounds, so a run resumed with more rounds keeps its cache
+    and releases only what is new, instead of releasing every record again.
+    """
+    rounds = cfg.num_rounds if cfg.replay else None
+    parts = [org, cfg.dataset, cfg.seed, cfg.epsilon, cfg.delta, rounds, cfg.replay, cfg.embedder,
              cfg.alpha, cfg.inject, repr(BuildConfig()), SCHEMA_VERSION, *catalog.ids]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
 
