@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -126,12 +127,28 @@ def reply_body(msg: Message, max_bytes: int, base: bytes | None) -> tuple[bytes 
         return None, len(raw), f"invalid {'delta' if is_delta else 'artifact'}: {exc}"
 
 
+# Flower's simulation engine reports a ClientApp exception as the Ray task error:
+# colour codes, the actor's repr and two tracebacks around the app's own message.
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_APP_MESSAGE = "occurred. Message: "
+MAX_REASON_CHARS = 500
+
+
+def client_error_reason(code: int, reason: str) -> str:
+    """One readable line for a client error: the ClientApp's own message where Flower wraps it. Never raises."""
+    text = _ANSI.sub("", str(reason))
+    if _APP_MESSAGE in text:
+        text = text.rsplit(_APP_MESSAGE, 1)[1].removesuffix("'>")
+    text = " ".join(text.split())
+    return f"client error {code}: {text}"[:MAX_REASON_CHARS]
+
+
 def verify_reply(
     msg: Message, max_bytes: int, registry: Registry | None = None, round_: int = 0, base: bytes | None = None
 ) -> tuple[Compendium | None, bytes | None, int, str | None]:
     """:func:`check_reply` that also returns the artifact's canonical JSON (the next round's delta base)."""
     if msg.has_error():
-        return None, None, 0, f"client error {msg.error.code}: {msg.error.reason}"
+        return None, None, 0, client_error_reason(msg.error.code, msg.error.reason)
     body, size, reason = reply_body(msg, max_bytes, base)
     if body is None:
         return None, None, size, reason

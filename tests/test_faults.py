@@ -231,3 +231,31 @@ def test_a_dead_supernodes_superexec_is_stopped(tmp_path):
             proc.kill()
             proc.wait()
         group.stop(grace=5, linger=1)
+
+
+def test_a_simulated_client_error_is_rejected_with_the_apps_own_message():
+    """Regression: under the simulation engine the rejection reason was the whole Ray task error
+    (colour codes, actor repr, two tracebacks); the ClientApp's own message is what an operator needs."""
+    import traceback
+
+    from flwr.clientapp.client_app import ClientAppException
+    from ray.exceptions import RayTaskError
+    from synapse_flwr.strategies.base import MAX_REASON_CHARS, client_error_reason, verify_reply
+
+    own = "fault injection: org b fails in round 2 (run config fail-orgs)"
+    try:
+        try:
+            raise RuntimeError(own)
+        except RuntimeError as ex:
+            raise ClientAppException(str(ex)) from ex  # as flwr's ray_actor does
+    except ClientAppException as exc:
+        err = RayTaskError("ClientAppActor.run", traceback.format_exc(), exc, proctitle="ray::ClientAppActor.run()",
+                           pid=1, ip="127.0.0.1", actor_id="a1", actor_repr="<ClientAppActor>").as_instanceof_cause()
+    reason = str(type(err)) + ":<'" + str(err) + "'>"  # flwr's vce_api reports it so
+    assert "\n" in reason and "\x1b[" in reason and "Traceback" not in own
+    msg = Message(Error(code=2, reason=reason), reply_to=Message(RecordDict(), dst_node_id=7, message_type="train"))
+    art, _, size, why = verify_reply(msg, 10_000)
+    assert art is None and size == 0 and why == f"client error 2: {own}"
+    # a reason Flower did not wrap stays as it came, on one line and bounded
+    assert client_error_reason(3, "node unavailable") == "client error 3: node unavailable"
+    assert len(client_error_reason(1, "x\n" * 1000)) == MAX_REASON_CHARS
