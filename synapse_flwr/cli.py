@@ -309,6 +309,13 @@ LLMWeightOption = Annotated[
                  "Choose it on your own dev split: with local/smollm2 no weight above 0 beat retrieval there."),
 ]
 
+CountPriorOption = Annotated[
+    Optional[float],
+    typer.Option(help="Weight of log(1 + calls) of each tool in the compendium, a prior that your traffic follows "
+                 "the federation's mix of tools (default 0.5, chosen on MetaTool's dev split). Set 0 when your "
+                 "traffic's mix differs, e.g. a test set balanced over tools (docs/results/tuning/label_shift)."),
+]
+
 
 @app.command()
 def route(
@@ -326,11 +333,12 @@ def route(
     k: Annotated[int, typer.Option(help="Candidates retrieved per query.")] = 5,
     explain: Annotated[bool, typer.Option(help="Print which field decided and each candidate's evidence.")] = False,
     llm_weight: LLMWeightOption = None,
+    count_prior: CountPriorOption = None,
 ) -> None:
     """Route queries to tools and print one JSON result per query."""
     from synapse_flwr.core.router import explain_route
 
-    router = _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_weight)
+    router = _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_weight, count_prior)
     for result in router.route_many(query):
         typer.echo(explain_route(result) if explain else json.dumps(result.to_dict(), indent=2))
 
@@ -346,11 +354,12 @@ def serve(
     embedder: Annotated[str, typer.Option(help="minilm, mpnet, static or tfidf.")] = "minilm",
     transport: Annotated[str, typer.Option(help="MCP transport: stdio, sse or streamable-http.")] = "stdio",
     llm_weight: LLMWeightOption = None,
+    count_prior: CountPriorOption = None,
 ) -> None:
     """Serve routing to agents as an MCP server with one tool, `route`."""
     from synapse_flwr.serve import build_server
 
-    router = _load_router(catalog, compendium, reranker, model, embedder, "typed", 5, llm_weight)
+    router = _load_router(catalog, compendium, reranker, model, embedder, "typed", 5, llm_weight, count_prior)
     build_server(router).run(transport=transport)
 
 
@@ -459,9 +468,9 @@ def experiment(
     log.info("wrote %s", out.resolve())
 
 
-def _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_weight):
+def _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_weight, count_prior):
     from synapse_flwr.core.catalog import load_catalog
-    from synapse_flwr.core.router import Router
+    from synapse_flwr.core.router import Fusion, Router
     from synapse_flwr.core.wire import load_artifact
 
     cat = load_catalog(catalog)
@@ -472,8 +481,9 @@ def _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_
         except ArtifactError as exc:
             raise SynapseError(f"{compendium} is not a valid artifact: {exc}") from None
     try:
+        fusion = Fusion() if count_prior is None else Fusion(prior=count_prior)
         return Router(comp, cat, embedder=embedder, reranker=reranker, k=k, render=render, model=model,
-                      llm_weight=llm_weight)
+                      llm_weight=llm_weight, fusion=fusion)
     except ValueError as exc:
         raise SynapseError(str(exc)) from None
 

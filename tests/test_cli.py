@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -277,8 +278,8 @@ HELP = {
     "schema": ["--output"],
     "inspect": ["FILE", "--limit"],
     "route": ["QUERY", "--catalog", "--compendium", "--reranker", "--model", "--embedder", "--render",
-              "--llm-weight"],
-    "serve": ["--catalog", "--compendium", "--transport", "--llm-weight"],
+              "--llm-weight", "--count-prior"],
+    "serve": ["--catalog", "--compendium", "--transport", "--llm-weight", "--count-prior"],
     "simulate": ["--nodes", "--set", "--flwr-home"],
     "deploy-local": ["--nodes", "--node", "--catalog", "--set"],
 }
@@ -320,6 +321,30 @@ def test_negative_llm_weight_is_a_clear_error(data):
                  "--llm-weight", "-1")
     assert res.exit_code != 0 and isinstance(res.exception, SynapseError)
     assert "llm_weight must be >= 0, got -1.0" in str(res.exception)
+
+
+def test_negative_count_prior_is_a_clear_error(data):
+    res = invoke("route", "a forecast", "--catalog", data["catalog"], "--embedder", "tfidf", "--count-prior", "-1")
+    assert res.exit_code != 0 and isinstance(res.exception, SynapseError)
+    assert "fusion prior must be finite and >= 0, got -1.0" in str(res.exception)
+
+
+def test_count_prior_weighs_the_released_calls(data, built):
+    """--count-prior sets the weight of log(1 + calls) inside the prototype evidence (0: queries alone)."""
+    def prototype_evidence(*extra: str) -> float:
+        res = invoke("route", "weather forecast for paris", "--catalog", data["catalog"], "--compendium",
+                     built["global"], *extra)
+        ok(res)
+        (weather,) = [c for c in json.loads(res.stdout)["candidates"] if c["tool"] == "get_weather"]
+        return weather["signals"]["prototype"]
+
+    calls = load_artifact(built["global"]).tool("get_weather").prototype.count
+    assert calls == 30
+    default, none, double = prototype_evidence(), prototype_evidence("--count-prior", "0"), \
+        prototype_evidence("--count-prior", "1")
+    assert none > 0, "the query's own evidence stays"
+    assert default - none == pytest.approx(0.5 * math.log1p(calls), abs=2e-4)
+    assert double - none == pytest.approx(math.log1p(calls), abs=2e-4)
 
 
 def test_bad_experience_line_names_line_and_field(data, tmp_path):

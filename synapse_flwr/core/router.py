@@ -159,7 +159,11 @@ class Fusion:
     margin : float
         Cosine with a prototype's direction counts only above this floor.
     prior : float
-        Weight of ``log(1 + n)``, ``n`` the prototype's released count.
+        Weight of ``log(1 + n)``, ``n`` the prototype's released count: a
+        class prior learnt from the federation's mix of tools. It helps where
+        traffic follows that mix and costs where it does not (a test set
+        balanced over tools: ``docs/results/tuning/label_shift``); 0 routes
+        on the queries' evidence alone.
     """
 
     phrases: float = 0.0
@@ -168,6 +172,16 @@ class Fusion:
     gate_alpha: float = 0.05
     margin: float = 0.0
     prior: float = 0.5
+
+    def __post_init__(self) -> None:
+        for name in ("phrases", "prototype", "shrink", "prior"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"fusion {name} must be finite and >= 0, got {value!r}")
+        if not 0 < self.gate_alpha <= 1:
+            raise ValueError(f"fusion gate_alpha must be in (0, 1], got {self.gate_alpha!r}")
+        if not -1 <= self.margin < 1:
+            raise ValueError(f"fusion margin must be in [-1, 1), got {self.margin!r}")
 
 
 RENDERS = ("typed", "flat")
