@@ -195,3 +195,19 @@ def test_smoke_experiment_runs_every_arm_through_flower_and_resumes(tmp_path):
     rerun = json.loads((again / "results.json").read_text())
     assert rerun["cache"]["computed"] == 0
     assert rerun["arms"] == results["arms"] and rerun["contradiction"] == results["contradiction"]
+
+
+def test_a_minimal_config_plans_four_flower_runs_a_seed(tmp_path):
+    """Defaults that finish: a config naming only a dataset runs the clean federations (typed without and
+    with privacy, the feedback loop, flat-majority for the 2x2), not the opt-in contradiction sweep."""
+    from synapse_flwr.simulations.experiment import Experiment
+
+    cfg = ExperimentConfig(name="x", dataset="demo", cache=str(tmp_path / "cache"))
+    runs = Experiment(cfg).federations()
+    assert cfg.rates == [0.0] and len(runs) == 4 * len(cfg.seeds)
+    assert {(policy, eps, rate, replay) for _, policy, eps, rate, replay in runs} == {
+        ("typed", math.inf, 0.0, False), ("typed", cfg.epsilon, 0.0, False), ("typed", math.inf, 0.0, True),
+        ("flat-majority", math.inf, 0.0, False)}
+    swept = Experiment(ExperimentConfig(name="x", dataset="demo", cache=str(tmp_path / "c2"),
+                                        rates=[0.0, 0.2])).federations()
+    assert len(swept) == 6 * len(cfg.seeds)
