@@ -14,18 +14,14 @@ from __future__ import annotations
 
 import logging
 import math
-from pathlib import Path
 
 from synapse_flwr.simulations.tune_router import accuracy
 
 from synapse_flwr.core.builder import build_compendium
-from synapse_flwr.core.embed import get_embedder
-from synapse_flwr.core.files import write_atomic
 from synapse_flwr.core.merge import merge_typed
 from synapse_flwr.core.router import Fusion, Router
 from synapse_flwr.data.federation import load_federated
-from synapse_flwr.data.pins import verified_hashes
-from synapse_flwr.eval.results import experiment_parser, load_experiment, write_results
+from synapse_flwr.eval.results import run_lab
 
 log = logging.getLogger("gate_alpha")
 
@@ -66,14 +62,7 @@ def tables(rows: list[dict], cfg: dict) -> str:
 
 def main() -> None:
     """Run every federation of the config and write results.json, manifest.json and tables.md."""
-    args = experiment_parser(__doc__).parse_args()
-    cfg = load_experiment(args.config)
-    emb = get_embedder(cfg["embedder"])
-    rows = [row for run in cfg["runs"] for row in one_run(run, cfg, emb)]
-    out = Path(cfg["output"])
-    write_results(out, {"rows": rows}, cfg, verified_hashes([cfg["dataset"]]),
-                  f"python simulations/gate_alpha.py {args.config}")
-    write_atomic(out / "tables.md", tables(rows, cfg))
+    run_lab(__doc__, "gate_alpha.py", one_run, tables, lambda cfg: [cfg["dataset"]])
 
 
 if __name__ == "__main__":

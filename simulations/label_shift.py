@@ -20,19 +20,15 @@ import math
 import random
 from collections import Counter, defaultdict
 from dataclasses import replace
-from pathlib import Path
 
 from synapse_flwr.simulations.tune_router import accuracy
 
 from synapse_flwr.core.builder import build_compendium
-from synapse_flwr.core.embed import get_embedder
 from synapse_flwr.core.experience import event_label
-from synapse_flwr.core.files import write_atomic
 from synapse_flwr.core.merge import merge_typed
 from synapse_flwr.core.router import Fusion, Router
 from synapse_flwr.data.federation import FederatedDataset, load_federated
-from synapse_flwr.data.pins import verified_hashes
-from synapse_flwr.eval.results import experiment_parser, load_experiment, write_results
+from synapse_flwr.eval.results import run_lab
 
 log = logging.getLogger("label_shift")
 
@@ -81,11 +77,11 @@ def one_run(run: dict, cfg: dict, emb) -> list[dict]:
 def tables(rows: list[dict], cfg: dict) -> str:
     """Markdown: seen top-1 per (dataset, epsilon, mix) and prior, mean over draws, beside docs_only."""
     priors = cfg["priors"]
+    no_harm = "yes" if all(r["heldout"] >= r["docs_heldout"] - 0.005 for r in rows) else "NO"
+    head = "| dataset | train skew | orgs | epsilon | draws | test mix | n | docs_only | "
     lines = [f"# The count prior under label shift (seed {cfg['seed']}; balanced: {cfg['per_tool']} seen queries a tool)",
-             "", "Seen-tool top-1, mean over noise draws; held-out equals docs_only in every row ("
-             f"{'yes' if all(r['heldout'] >= r['docs_heldout'] - 0.005 for r in rows) else 'NO'}).", "",
-             "| dataset | train skew | orgs | epsilon | draws | test mix | n | docs_only | "
-             + " | ".join(f"prior {p}" for p in priors) + " |", "|" + "---|" * (8 + len(priors))]
+             "", f"Seen-tool top-1, mean over noise draws; held-out equals docs_only in every row ({no_harm}).", "",
+             head + " | ".join(f"prior {p}" for p in priors) + " |", "|" + "---|" * (8 + len(priors))]
     keys = dict.fromkeys((r["dataset"], r["orgs"], r["epsilon"], r["mix"]) for r in rows)
     for key in keys:
         sel = [r for r in rows if (r["dataset"], r["orgs"], r["epsilon"], r["mix"]) == key]
@@ -102,14 +98,7 @@ def tables(rows: list[dict], cfg: dict) -> str:
 
 def main() -> None:
     """Run every federation of the config and write results.json, manifest.json and tables.md."""
-    args = experiment_parser(__doc__).parse_args()
-    cfg = load_experiment(args.config)
-    emb = get_embedder(cfg["embedder"])
-    rows = [row for run in cfg["runs"] for row in one_run(run, cfg, emb)]
-    out = Path(cfg["output"])
-    write_results(out, {"rows": rows}, cfg, verified_hashes(sorted({r["dataset"] for r in cfg["runs"]})),
-                  f"python simulations/label_shift.py {args.config}")
-    write_atomic(out / "tables.md", tables(rows, cfg))
+    run_lab(__doc__, "label_shift.py", one_run, tables, lambda cfg: (run["dataset"] for run in cfg["runs"]))
 
 
 if __name__ == "__main__":

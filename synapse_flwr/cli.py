@@ -310,7 +310,7 @@ LLMWeightOption = Annotated[
 ]
 
 CountPriorOption = Annotated[
-    Optional[float],
+    float | None,
     typer.Option(help="Weight of log(1 + calls) of each tool in the compendium, a prior that your traffic follows "
                  "the federation's mix of tools (default 0.5, chosen on MetaTool's dev split). Set 0 when your "
                  "traffic's mix differs, e.g. a test set balanced over tools (docs/results/tuning/label_shift)."),

@@ -88,7 +88,7 @@ def test_every_entry_point_defaults_to_the_documented_budget():
                        (params["epsilon"].default, params["delta"].default)):
         assert (eps, delta) == (DEFAULT_EPSILON, DEFAULT_DELTA)
     deployment = (ROOT / "docs" / "deployment.md").read_text(encoding="utf-8")
-    assert re.search(r"^\| `epsilon` \| `(\S+)` \|", deployment, re.M).group(1) == f"{DEFAULT_EPSILON:g}.0"
+    assert re.search(r"^\| `epsilon` \| `(\S+)` \|", deployment, re.MULTILINE).group(1) == f"{DEFAULT_EPSILON:g}.0"
     experiments = (ROOT / "docs" / "experiments.md").read_text(encoding="utf-8")
-    assert re.search(r"^\| `federated_private` \| .*\((\S+) by default", experiments, re.M).group(1) == \
+    assert re.search(r"^\| `federated_private` \| .*\((\S+) by default", experiments, re.MULTILINE).group(1) == \
         f"{DEFAULT_EPSILON:g}"

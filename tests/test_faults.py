@@ -240,7 +240,11 @@ def test_a_simulated_client_error_is_rejected_with_the_apps_own_message():
 
     from flwr.clientapp.client_app import ClientAppException
     from ray.exceptions import RayTaskError
-    from synapse_flwr.strategies.base import MAX_REASON_CHARS, client_error_reason, verify_reply
+    from synapse_flwr.strategies.base import (
+        MAX_REASON_CHARS,
+        client_error_reason,
+        verify_reply,
+    )
 
     own = "fault injection: org b fails in round 2 (run config fail-orgs)"
     try:

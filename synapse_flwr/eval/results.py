@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -105,3 +106,38 @@ def update_summary(path: Path, values: dict[str, Any]) -> dict[str, Any]:
     summary.update(_jsonable(values))
     write_atomic(path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
     return summary
+
+
+def run_lab(
+    doc: str,
+    script: str,
+    one_run: Callable[[dict, dict, Any], list[dict]],
+    tables: Callable[[list[dict], dict], str],
+    datasets: Callable[[dict], Iterable[str]],
+) -> None:
+    """A lab over its config's ``[[experiment.runs]]``: rows, then results, manifest and ``tables.md``.
+
+    Parameters
+    ----------
+    doc : str
+        The driver's module docstring (its command line's description).
+    script : str
+        The driver's file name under ``simulations/`` (for the manifest's command).
+    one_run : callable
+        ``(run, cfg, embedder) -> rows`` for one run of the config.
+    tables : callable
+        ``(rows, cfg) -> markdown``.
+    datasets : callable
+        ``cfg -> names`` of the pinned datasets the lab reads (their sha256 go in the manifest).
+    """
+    from synapse_flwr.core.embed import get_embedder
+    from synapse_flwr.data.pins import verified_hashes
+
+    args = experiment_parser(doc).parse_args()
+    cfg = load_experiment(args.config)
+    emb = get_embedder(cfg["embedder"])
+    rows = [row for run in cfg["runs"] for row in one_run(run, cfg, emb)]
+    out = Path(cfg["output"])
+    write_results(out, {"rows": rows}, cfg, verified_hashes(sorted(set(datasets(cfg)))),
+                  f"python simulations/{script} {args.config}")
+    write_atomic(out / "tables.md", tables(rows, cfg))
