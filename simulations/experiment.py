@@ -745,6 +745,21 @@ def _privacy(results: dict) -> str:
     return ("; ".join(parts) or "no private arm ran") + "."
 
 
+def summary_lines(results: dict) -> list[str]:
+    """The end-of-run summary: top-1 per arm and split (mean over seeds), privacy, and every target."""
+    arms = results["arms"]
+    splits = sorted({s for m in arms.values() for s in m}, key=SPLITS.index)
+    lines = [f"{results['name']}: {results['dataset']}, seeds {results['seeds']}, K={results['orgs']}, "
+             f"top-1 (mean over seeds)", f"  {'arm':<18}" + "".join(f"{s:>10}" for s in splits)]
+    for arm in (a for a in ARMS if a in arms):
+        lines.append(f"  {arm:<18}" + "".join(
+            f"{arms[arm][s]['acc_mean']:>10.3f}" if s in arms[arm] else f"{'-':>10}" for s in splits))
+    lines.append(f"  privacy: {_privacy(results)}")
+    for t in results["targets"]:
+        lines.append(f"  {'met   ' if t['met'] else 'MISSED'} {t['target']}: {t['value']:+.3f} (goal {t['goal']})")
+    return lines
+
+
 def tables(results: dict) -> str:
     """``tables.md``: mean ± SD over seeds, like the paper's tables."""
     arms = results["arms"]
@@ -902,6 +917,8 @@ def run_experiment(config: Path, fresh: bool = False, output: Path | None = None
     write_results(out_dir, results, asdict(cfg), data_hashes(cfg.dataset), f"synapse experiment {config}")
     write_atomic(out_dir / "tables.md", tables(results))
     figures(results, out_dir)
+    for line in summary_lines(results):
+        log.info("%s", line)
     log.info("results in %s (%.0fs, %d units computed, %d from cache)", out_dir.resolve(), results["wall_s"],
              exp.cache.misses, exp.cache.hits)
     return out_dir

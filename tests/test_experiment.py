@@ -211,3 +211,25 @@ def test_a_minimal_config_plans_four_flower_runs_a_seed(tmp_path):
     swept = Experiment(ExperimentConfig(name="x", dataset="demo", cache=str(tmp_path / "c2"),
                                         rates=[0.0, 0.2])).federations()
     assert len(swept) == 6 * len(cfg.seeds)
+
+
+def test_the_run_ends_with_a_readable_summary_of_arms_and_targets():
+    from synapse_flwr.simulations.experiment import summary_lines
+
+    def arm(seen, held):
+        return {"seen": {"acc_mean": seen}, "heldout": {"acc_mean": held}}
+
+    results = {"name": "mine", "dataset": "my_folder", "seeds": [1, 2], "orgs": 4, "ablation_2x2": {},
+               "contradiction": {}, "epsilon": 3.96, "epsilon_target": 4.0, "delta": 1e-5,
+               "arms": {"docs_only": arm(0.5, 0.6), "federated": arm(0.7, 0.59), "classifier": arm(0.9, 0.0)}}
+    results["targets"] = targets(results)
+    lines = summary_lines(results)
+    assert lines[0].startswith("mine: my_folder, seeds [1, 2], K=4")
+    rows = {line.split()[0]: line.split()[1:] for line in lines[2:5]}
+    assert rows == {"docs_only": ["0.500", "0.600"], "federated": ["0.700", "0.590"],
+                    "classifier": ["0.900", "0.000"]}
+    assert any("spent epsilon 3.96" in line for line in lines)
+    # held-out 0.01 below docs_only is more than the margin: the summary says so
+    assert any(line.strip().startswith("MISSED no harm: federated - docs_only (heldout): -0.010")
+               for line in lines), lines
+    assert any(line.strip().startswith("met    no harm: federated - docs_only (seen): +0.200") for line in lines)
