@@ -749,8 +749,8 @@ def summary_lines(results: dict) -> list[str]:
     """The end-of-run summary: top-1 per arm and split (mean over seeds), privacy, and every target."""
     arms = results["arms"]
     splits = sorted({s for m in arms.values() for s in m}, key=SPLITS.index)
-    lines = [f"{results['name']}: {results['dataset']}, seeds {results['seeds']}, K={results['orgs']}, "
-             f"top-1 (mean over seeds)", f"  {'arm':<18}" + "".join(f"{s:>10}" for s in splits)]
+    title = f"{results['name']}: {results['dataset']}, seeds {results['seeds']}, K={results['orgs']}, top-1 (mean over seeds)"
+    lines = [title, f"  {'arm':<18}" + "".join(f"{s:>10}" for s in splits)]
     for arm in (a for a in ARMS if a in arms):
         lines.append(f"  {arm:<18}" + "".join(
             f"{arms[arm][s]['acc_mean']:>10.3f}" if s in arms[arm] else f"{'-':>10}" for s in splits))
