@@ -57,6 +57,7 @@ def one_run(run: dict, cfg: dict, emb) -> list[dict]:
     eps = math.inf if run["epsilon"] == "inf" else float(run["epsilon"])
     docs = Router(None, ds.catalog, embedder=emb, reranker="none")
     lines = {mix: accuracy(docs, d) for mix, d in mixes.items()}
+    train_skew = round(skew(ds), 2)
     rows = []
     for draw in run["draws"]:
         arts = [build_compendium(ev, ds.catalog, org, round_=draw, epsilon=eps, delta=cfg["delta"], rounds=1,
@@ -67,7 +68,7 @@ def one_run(run: dict, cfg: dict, emb) -> list[dict]:
             for mix, d in mixes.items():
                 acc = accuracy(router, d)
                 row = {"dataset": run["dataset"], "orgs": run["orgs"], "epsilon": run["epsilon"], "draw": draw,
-                       "prior": prior, "mix": mix, "n_seen": len(d.seen_test), "skew": round(skew(ds), 2),
+                       "prior": prior, "mix": mix, "n_seen": len(d.seen_test), "skew": train_skew,
                        **acc, "docs_seen": lines[mix]["seen"], "docs_heldout": lines[mix]["heldout"]}
                 log.info("%s", row)
                 rows.append(row)
