@@ -39,9 +39,10 @@ out of what a reranker reads; retrieval's top-1 stays first.
 ``none``
     retrieval order;
 ``fields``
-    deterministic, no LLM: ``when_not`` matches and ``prefer`` redirects (a
-    success prior read only from stats above the privacy noise is reported,
-    not scored);
+    deterministic, no LLM: ``when_not`` matches and ``prefer`` redirects, only
+    where a scenario beats the tool's own evidence by :data:`WHEN_NOT_MARGIN`
+    (a success prior read only from stats above the privacy noise is
+    reported, not scored);
 ``llm``
     any litellm model (the embedded SmolLM2 by default) reads the candidates
     rendered as typed fields (or one flat string) and scores them, free of
@@ -123,6 +124,14 @@ LLM_WEIGHTS: dict[str, float] = {"local/smollm2": 0.0, "local/gemma3": 0.5}
 DOCS_CANDIDATES = 2
 # What follows a tool's entry in a channel prompt; the query continues it.
 CHANNEL_CUE = "\nA user request this tool handles:"
+# How much better than anything in a tool's favour (cosine) a when_not scenario
+# must match before it counts: its excess above this margin is the penalty,
+# and any excess hands the tool's score to the scenario's `prefer` tool. On the
+# embedded demo without privacy (seed 7; MetaTool logs no failures, so it has
+# no when_not) released single words ("order", "seat", "25") fired redirects
+# at any margin below 0.2: 7 routes broken for 2 fixed at 0, seen top-1 0.673
+# vs 0.718 without the field (simulations/when_not.py, docs/results/tuning/when_not).
+WHEN_NOT_MARGIN = 0.2
 # Retrieval evidence, in the order the explain output lists it.
 EVIDENCE = ("description", "phrases", "scenario", "prototype")
 
@@ -638,8 +647,8 @@ class Router:
             # evidence beyond the best documentation match among the candidates:
             # a scenario counts only where no tool's docs already explain the query
             "when": max(when - best_doc, 0.0),
-            # a when_not scenario that matches better than anything in favour
-            "when_not": max(when_not - max(when, doc), 0.0),
+            # a when_not scenario that matches clearly better than anything in favour
+            "when_not": max(when_not - max(when, doc) - WHEN_NOT_MARGIN, 0.0),
             # how often a tool known to fail fails (Laplace-smoothed success rate
             # below one half), reported for the explanation and the LLM's
             # precautions; not added to the score: a tool's overall failure
