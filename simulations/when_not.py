@@ -69,8 +69,8 @@ def one_run(run: dict, cfg: dict, emb) -> list[dict]:
 def tables(rows: list[dict], cfg: dict) -> str:
     """Markdown: one line per federation, draw and margin."""
     lines = [f"# when_not margin (seed {cfg['seed']}, fields reranker vs retrieval order)", "",
-             "| dataset | orgs | epsilon | draw | when_not entries | margin | seen | held-out | fixed | broke | "
-             "retrieval order seen | docs seen |",
+             ("| dataset | orgs | epsilon | draw | when_not entries | margin | seen | held-out | fixed | broke | "
+              "retrieval order seen | docs seen |"),
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['dataset']} | {r['orgs']} | {r['epsilon']} | {r['draw']} | {r['when_not']} | {r['margin']} | "
               f"{r['seen']:.4f} | {r['heldout']:.4f} | {r['fixed']} | {r['broke']} | {r['order_seen']:.4f} | "
