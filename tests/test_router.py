@@ -67,6 +67,24 @@ def test_when_not_with_prefer_redirects_to_the_named_tool():
     assert "redirected" in result.decided_by
 
 
+def test_when_not_below_the_margin_redirects_nothing(monkeypatch):
+    from synapse_flwr.core import router as router_module
+
+    entry = ToolEntry(
+        tool_id="convert_currency",
+        description="Convert an amount between fiat currencies.",
+        when_not=[WhenNot(text="convert bitcoin euros", support=9.0, prefer="crypto_ticker")],
+    )
+    comp = Compendium(kind="global", issuer=Issuer(org="global"), tools=[entry])
+    r = router(comp)
+    ruled_out = next(c for c in r.route("convert bitcoin to euros").candidates if c.tool_id == "convert_currency")
+    excess = ruled_out.signals["when_not"] + router_module.WHEN_NOT_MARGIN
+    assert excess > router_module.WHEN_NOT_MARGIN
+    monkeypatch.setattr(router_module, "WHEN_NOT_MARGIN", excess + 0.01)  # the same match, now inside the margin
+    result = r.route("convert bitcoin to euros")
+    assert result.tool == "convert_currency" and "redirected" not in result.decided_by
+
+
 def test_result_lists_k_ranked_candidates_and_the_deciding_fields(central):
     result = router(central).route("umbrella needed in Oslo?")
     assert len(result.candidates) >= 5
