@@ -235,8 +235,8 @@ def noise_multiplier_for(epsilon: float, delta: float, sample_rate: float, steps
 
     Opacus' RDP accountant searches ``z`` (up to a 1% relative tolerance on
     epsilon) for ``steps`` Gaussian releases, each on a Poisson sample at rate
-    ``sample_rate`` (1.0: the whole data every step, as for count releases;
-    ``< 1``: DP-SGD).
+    ``sample_rate`` (``< 1``: DP-SGD, the ``fedavg_dp`` baseline; the
+    builder's full-data releases use the exact :func:`gaussian_noise_multiplier`).
 
     Parameters
     ----------
