@@ -57,6 +57,11 @@ def test_bad_params_raise(kwargs: dict[str, float], message: str) -> None:
         PrivacyParams(**{**base, **kwargs})  # type: ignore[arg-type]
 
 
+def test_a_tiny_delta_still_gives_a_finite_threshold() -> None:
+    cal = calibrate(PrivacyParams(epsilon=4.0, delta=1e-300, rounds=1, max_contributions=8))
+    assert math.isfinite(cal.threshold) and cal.threshold > 30 * cal.sigma
+
+
 def test_budget_too_small_raises_value_error() -> None:
     with pytest.raises(ValueError, match="cannot calibrate .* needs a noise multiplier above"):
         calibrate(PrivacyParams(epsilon=1e-9, delta=1e-13, rounds=3, max_contributions=8))

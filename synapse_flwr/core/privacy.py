@@ -390,7 +390,8 @@ def calibrate(params: PrivacyParams) -> Calibration:
         raise ValueError(f"cannot calibrate noise for {params}: {exc}") from exc
     sigma = z * params.l2_sensitivity
     per_key_delta = delta_selection / (params.rounds * params.max_contributions)
-    threshold = 1.0 + sigma * NormalDist().inv_cdf(1.0 - per_key_delta)
+    # Phi^-1(1 - p) as -Phi^-1(p): exact for a tiny p, where 1 - p rounds to 1
+    threshold = 1.0 - sigma * NormalDist().inv_cdf(per_key_delta)
     logger.debug("calibrated %s: z=%.4f sigma=%.4f tau=%.4f", params, z, sigma, threshold)
     return Calibration(z, sigma, threshold, delta_accounting, delta_selection)
 
