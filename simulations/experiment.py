@@ -23,6 +23,7 @@ import importlib
 import json
 import logging
 import math
+import re
 import shutil
 import statistics
 import time
@@ -70,10 +71,10 @@ class ExperimentConfig:
 
     Parameters
     ----------
-    name : str
-        Title of the tables.
     dataset : str
         ``metatool``, ``taubench``, ``demo`` or a dataset folder.
+    name : str
+        Title of the tables (default: the dataset's name).
     seeds : list of int
         One split, partition and noise draw per seed.
     orgs : int
@@ -116,15 +117,16 @@ class ExperimentConfig:
     fedavg : dict
         Extra keyword arguments of :func:`synapse_flwr.eval.baselines.fedavg_dp_arm`.
     output : str
-        Folder of the committed results.
+        Folder of the results (default ``docs/results/<name>``).
     cache : str
-        Folder of the resumable cache (Flower outputs, per-unit JSON).
+        Folder of the resumable cache, Flower outputs and per-unit JSON
+        (default ``runs/experiments/<name>``).
     timeout : float
         Seconds one Flower simulation may take.
     """
 
-    name: str
     dataset: str
+    name: str = ""
     seeds: list[int] = field(default_factory=lambda: [42, 123, 456])
     orgs: int = 5
     alpha: float = 0.5
@@ -143,8 +145,8 @@ class ExperimentConfig:
     llm_model: str = "local/smollm2"
     llm_sample: int = 0
     fedavg: dict = field(default_factory=dict)
-    output: str = "docs/results/experiment"
-    cache: str = "runs/experiments/experiment"
+    output: str = ""
+    cache: str = ""
     timeout: float = 1800.0
 
     @classmethod
@@ -172,6 +174,15 @@ class ExperimentConfig:
             raise SynapseError(f"{path}: {exc}") from None
         cfg.check(path)
         return cfg
+
+    def __post_init__(self) -> None:
+        if not self.name:  # a title only: a config may name just its dataset
+            object.__setattr__(self, "name", Path(str(self.dataset)).name or str(self.dataset))
+        slug = re.sub(r"[^a-z0-9_.-]+", "_", self.name.lower()).strip("_.") or "experiment"
+        if not self.output:
+            object.__setattr__(self, "output", f"docs/results/{slug}")
+        if not self.cache:
+            object.__setattr__(self, "cache", f"runs/experiments/{slug}")
 
     def check(self, where: Path | str = "config") -> None:
         """Reject impossible settings with a message naming the key."""

@@ -213,6 +213,15 @@ def test_a_minimal_config_plans_four_flower_runs_a_seed(tmp_path):
     assert len(swept) == 6 * len(cfg.seeds)
 
 
+def test_a_config_naming_only_its_dataset_loads_and_takes_its_title_from_it(tmp_path):
+    path = tmp_path / "exp.toml"
+    path.write_text('[experiment]\ndataset = "/data/bench/tools92"\n')
+    cfg = ExperimentConfig.from_toml(path)
+    assert cfg.name == "tools92" and cfg.dataset == "/data/bench/tools92"
+    assert (cfg.output, cfg.cache) == ("docs/results/tools92", "runs/experiments/tools92")
+    assert ExperimentConfig(dataset="demo", name="My title").name == "My title"
+
+
 def test_the_run_ends_with_a_readable_summary_of_arms_and_targets():
     from synapse_flwr.simulations.experiment import summary_lines
 
