@@ -43,12 +43,14 @@ from synapse_flwr.core.router import RENDERS, Router, evaluate_routes
 from synapse_flwr.core.schema import Compendium
 from synapse_flwr.core.wire import content_hash, load_artifact
 from synapse_flwr.data.check import file_hashes, require_valid
-from synapse_flwr.data.federation import FederatedDataset, load_federated
+from synapse_flwr.data.federation import FederatedDataset, load_federated, own_orgs
 from synapse_flwr.eval.results import write_results
 from synapse_flwr.flower.config import SPACES, RunConfig
 
 log = logging.getLogger(__name__)
 
+# K for a benchmark that comes pooled (MetaTool, tau-bench): the paper's protocol
+DEFAULT_ORGS = 5
 ARMS = ("local_only", "docs_only", "federated", "federated_private", "centralized", "classifier",
         "oracle", "fedavg_dp")
 MERGES = (TYPED, FLAT_MAJORITY)
@@ -78,7 +80,11 @@ class ExperimentConfig:
     seeds : list of int
         One split, partition and noise draw per seed.
     orgs : int
-        Organisations (K), each a simulated Flower SuperNode.
+        Organisations (K), each a simulated Flower SuperNode; 0 (the
+        default): the dataset's own organisations (a folder's
+        ``org_*.jsonl`` logs, the demo's three), else
+        :data:`DEFAULT_ORGS`. Any other K re-partitions the pooled
+        experience non-IID.
     alpha : float
         Dirichlet concentration of the non-IID partition.
     rounds : int
@@ -128,7 +134,7 @@ class ExperimentConfig:
     dataset: str
     name: str = ""
     seeds: list[int] = field(default_factory=lambda: [42, 123, 456])
-    orgs: int = 5
+    orgs: int = 0
     alpha: float = 0.5
     rounds: int = 3
     epsilon: float = DEFAULT_EPSILON
@@ -176,6 +182,8 @@ class ExperimentConfig:
         return cfg
 
     def __post_init__(self) -> None:
+        if not self.orgs:  # keep the organisations a dataset folder comes with
+            object.__setattr__(self, "orgs", own_orgs(str(self.dataset)) or DEFAULT_ORGS)
         if not self.name:  # a title only: a config may name just its dataset
             object.__setattr__(self, "name", Path(str(self.dataset)).name or str(self.dataset))
         slug = re.sub(r"[^a-z0-9_.-]+", "_", self.name.lower()).strip("_.") or "experiment"

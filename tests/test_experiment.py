@@ -219,6 +219,28 @@ def test_a_config_naming_only_its_dataset_loads_and_takes_its_title_from_it(tmp_
     cfg = ExperimentConfig.from_toml(path)
     assert cfg.name == "tools92" and cfg.dataset == "/data/bench/tools92"
     assert (cfg.output, cfg.cache) == ("docs/results/tools92", "runs/experiments/tools92")
+
+
+def test_orgs_default_to_the_dataset_s_own(tmp_path):
+    from synapse_flwr.simulations.experiment import DEFAULT_ORGS
+
+    folder = tmp_path / "bench"
+    folder.mkdir()
+    for org in "abcdefg":
+        (folder / f"org_{org}.jsonl").write_text("")
+    assert ExperimentConfig(dataset=str(folder)).orgs == 7  # a folder keeps its organisations
+    assert ExperimentConfig(dataset="demo").orgs == 3
+    assert ExperimentConfig(dataset="metatool").orgs == DEFAULT_ORGS == 5  # pooled: the paper's K
+    assert ExperimentConfig(dataset=str(folder), orgs=4).orgs == 4  # asked for: re-partitioned
+
+
+def test_re_partitioning_a_folder_s_organisations_is_logged(caplog):
+    from synapse_flwr.data.federation import load_federated
+
+    with caplog.at_level("WARNING"):
+        ds = load_federated("demo", 4, 7)
+    assert len(ds.orgs) == 4
+    assert "dataset demo has 3 organisations; 4 asked for" in caplog.text
     assert ExperimentConfig(dataset="demo", name="My title").name == "My title"
 
 

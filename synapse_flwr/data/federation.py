@@ -137,6 +137,17 @@ def metatool_dataset(seed: int, heldout_frac: float = 0.2, test_frac: float = 0.
                             splits.heldout_test, info)
 
 
+def own_orgs(name: str) -> int:
+    """Organisations a dataset comes with (its ``org_*.jsonl`` logs), 0 for a pooled benchmark.
+
+    Reads file names only, so a config can default to them before any data is loaded.
+    """
+    from synapse_flwr.data.check import org_files
+
+    folder = demo_dir() if name == "demo" else Path(name)
+    return len(org_files(folder)) if name not in ("metatool", "taubench") and folder.is_dir() else 0
+
+
 @lru_cache(maxsize=4)
 def load_dataset(name: str, seed: int = 42) -> FederatedDataset:
     """Load a dataset by name as it comes (cached per process: Ray workers reuse it).
@@ -194,6 +205,9 @@ def load_federated(
     """
     ds = load_dataset(name, seed)
     if len(ds.orgs) != num_orgs:
+        if len(ds.orgs) > 1:
+            log.warning("dataset %s has %d organisations; %d asked for: their pooled experience is re-partitioned "
+                        "(Dirichlet alpha %g)", name, len(ds.orgs), num_orgs, alpha)
         ds = repartition(ds, num_orgs, alpha, seed)
     if inject:
         from synapse_flwr.data.inject import inject_contradictions
