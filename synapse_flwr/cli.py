@@ -436,9 +436,13 @@ def experiment(
 ) -> None:
     """Run an experiment (arms x seeds x contradiction rates) and write its results folder.
 
-    Every unit of work (a Flower simulation, a build, an evaluation) is cached
-    under the config's 'cache' folder: an interrupted run resumes where it
-    stopped. Writes results.json, tables.md, manifest.json and PNG figures.
+    CONFIG is a TOML file with an "experiment" table; for a dataset folder of
+    your own one line is enough: dataset = "/path/to/folder" (every other key
+    has a default: 3 seeds, the folder's organisations, epsilon 4, every arm;
+    docs/experiments.md lists them). Every unit of work (a Flower simulation,
+    a build, an evaluation) is cached under the config's 'cache' folder: an
+    interrupted run resumes where it stopped. Writes results.json, tables.md,
+    manifest.json and PNG figures, and ends with a summary in the log.
     """
     from rich.progress import (
         BarColumn,
