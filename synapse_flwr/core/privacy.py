@@ -318,12 +318,10 @@ def gaussian_noise_multiplier(epsilon: float, delta: float, releases: int) -> fl
 
     Parameters
     ----------
-    epsilon : float
-        Target epsilon, finite and ``> 0``.
-    delta : float
-        Target delta, ``0 < delta < 1``.
+    epsilon, delta : float
+        The budget: ``epsilon`` finite and ``> 0``, ``0 < delta < 1``.
     releases : int
-        Releases the budget must cover, ``>= 1``.
+        Gaussian releases a record may take part in (``>= 1``), composed exactly.
 
     Returns
     -------
