@@ -7,7 +7,7 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -67,7 +67,7 @@ def build(
         str, typer.Option(help="Embedding space of the query prototypes: minilm | mpnet | static | none.")
     ] = "minilm",
     summarise_model: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(help="litellm model that rewrites released scenario phrases into a line "
                      "(off by default; it only sees already-privatised phrases)."),
     ] = None,
@@ -77,6 +77,8 @@ def build(
     from synapse_flwr.core.catalog import load_catalog
     from synapse_flwr.core.embed import get_embedder
     from synapse_flwr.core.experience import load_experience
+    from synapse_flwr.core.prototypes import readable
+    from synapse_flwr.core.router import Fusion
     from synapse_flwr.core.wire import content_hash, encode, save_artifact
 
     if summarise_model:
@@ -108,6 +110,12 @@ def build(
         content_hash(comp)[:12],
         time.perf_counter() - t0,
     )
+    if comp.privacy.mechanism != "none" and any(t.prototype for t in comp.tools):
+        read = sum(readable([t.prototype for t in comp.tools], Fusion().gate_alpha))
+        log.info("prototypes a router reads (above the noise): %d of %d tools", read, len(comp.tools))
+        if not read:
+            log.warning("at epsilon %s no prototype clears the noise: this artifact routes as the documentation "
+                        "alone; more experience per tool, or a larger epsilon, would change that", epsilon)
 
 
 @app.command()
@@ -136,7 +144,7 @@ def keygen(
     owner: Annotated[str, typer.Argument(help="Org id, or 'server' for the server's key.")],
     key_dir: Annotated[Path, typer.Option("--dir", help="Folder of the private key <owner>.key.")] = Path("keys"),
     registry: Annotated[
-        Optional[Path], typer.Option(help="Public-key registry to add the key to (default: <dir>/keys.json).")
+        Path | None, typer.Option(help="Public-key registry to add the key to (default: <dir>/keys.json).")
     ] = None,
     replace: Annotated[
         bool, typer.Option(help="Rotate: overwrite <owner>.key and drop the owner's older public keys.")
@@ -180,10 +188,10 @@ def split_orgs(
     log_file: Annotated[Path, typer.Argument(help="Labelled experience log (e.g. FOLDER/train.jsonl).")],
     orgs: Annotated[int, typer.Option(help="Organisations (org_org0.jsonl ...).")] = 5,
     alpha: Annotated[
-        Optional[float], typer.Option(help="Dirichlet concentration of a non-IID split over tools (default: IID).")
+        float | None, typer.Option(help="Dirichlet concentration of a non-IID split over tools (default: IID).")
     ] = None,
     seed: Annotated[int, typer.Option(help="Shuffle / partition seed.")] = 0,
-    out: Annotated[Optional[Path], typer.Option(help="Folder of the org logs (default: beside the log).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Folder of the org logs (default: beside the log).")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace existing org_*.jsonl logs.")] = False,
 ) -> None:
     """Split one labelled log into organisation logs, IID or Dirichlet non-IID."""
@@ -230,7 +238,7 @@ def merge(
 
 @app.command()
 def schema(
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write to a file instead of stdout.")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to a file instead of stdout.")] = None,
 ) -> None:
     """Print the JSON Schema of the compendium (generated from the pydantic models)."""
     from synapse_flwr.core.files import write_atomic
@@ -303,7 +311,7 @@ def inspect(
 
 
 LLMWeightOption = Annotated[
-    Optional[float],
+    float | None,
     typer.Option(help="Weight of the LLM's score beside retrieval's for --reranker llm (0: retrieval order; "
                  "default: the model's weight chosen on MetaTool's dev split, 0.5 for a model never measured). "
                  "Choose it on your own dev split: with local/smollm2 no weight above 0 beat retrieval there."),
@@ -322,7 +330,7 @@ def route(
     query: Annotated[list[str], typer.Argument(help="The request(s) to route.")],
     catalog: Annotated[Path, typer.Option(help="Tool catalog (JSON list or JSONL).")],
     compendium: Annotated[
-        Optional[Path], typer.Option(help="Global (or org) compendium; omit to route on docs alone.")
+        Path | None, typer.Option(help="Global (or org) compendium; omit to route on docs alone.")
     ] = None,
     reranker: Annotated[str, typer.Option(help="fields (typed scorer), llm or none (retrieval top-1).")] = "fields",
     model: Annotated[
@@ -347,7 +355,7 @@ def route(
 def serve(
     catalog: Annotated[Path, typer.Option(help="Tool catalog (JSON list or JSONL).")],
     compendium: Annotated[
-        Optional[Path], typer.Option(help="Global compendium; omit to route on docs alone.")
+        Path | None, typer.Option(help="Global compendium; omit to route on docs alone.")
     ] = None,
     reranker: Annotated[str, typer.Option(help="fields, llm or none.")] = "fields",
     model: Annotated[str, typer.Option(help="litellm model for --reranker llm.")] = "local/smollm2",
@@ -385,7 +393,7 @@ def simulate(
     app_dir: Annotated[Path, typer.Option(help="The Flower app (this project's root).")] = Path("."),
     nodes: Annotated[int, typer.Option(help="Simulated organisations (SuperNodes).")] = 3,
     set_: SetOption = [],
-    flwr_home: Annotated[Optional[Path], typer.Option(help="Flower home (default: a new temp folder).")] = None,
+    flwr_home: Annotated[Path | None, typer.Option(help="Flower home (default: a new temp folder).")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds before the run is abandoned.")] = 900.0,
 ) -> None:
     """Run the federation under Flower's Ray simulation engine, isolated, and clean up after."""
@@ -404,9 +412,9 @@ def deploy_local(
     node: Annotated[
         list[str], typer.Option(help="ORG=DATA_PATH of one SuperNode, repeatable (overrides --nodes).")
     ] = [],
-    catalog: Annotated[Optional[Path], typer.Option(help="Catalog for --node experience files.")] = None,
+    catalog: Annotated[Path | None, typer.Option(help="Catalog for --node experience files.")] = None,
     set_: SetOption = [],
-    flwr_home: Annotated[Optional[Path], typer.Option(help="Flower home (default: a new temp folder).")] = None,
+    flwr_home: Annotated[Path | None, typer.Option(help="Flower home (default: a new temp folder).")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds before the run is abandoned.")] = 900.0,
 ) -> None:
     """Start a real SuperLink and SuperNodes on 127.0.0.1, run the federation, shut all down."""
@@ -431,7 +439,7 @@ def experiment(
     config: Annotated[Path, typer.Argument(help="Experiment TOML with an [experiment] table (see configs/).")],
     fresh: Annotated[bool, typer.Option(help="Ignore and delete the cache; recompute every unit.")] = False,
     output: Annotated[
-        Optional[Path], typer.Option("--output", "-o", help="Results folder (default: the config's 'output').")
+        Path | None, typer.Option("--output", "-o", help="Results folder (default: the config's 'output').")
     ] = None,
 ) -> None:
     """Run an experiment (arms x seeds x contradiction rates) and write its results folder.

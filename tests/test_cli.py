@@ -223,6 +223,16 @@ def test_build_with_privacy(data):
     assert 0 < art.privacy.epsilon <= 8 and art.issuer.round == 1
 
 
+def test_build_says_how_many_prototypes_clear_the_noise(data, caplog):
+    out = data["dir"] / "hopeless.json"
+    with caplog.at_level(logging.INFO, logger="synapse_flwr"):
+        ok(invoke("build", "--experience", data["acme"], "--catalog", data["catalog"], "--org", "acme",
+                  "--epsilon", "1e-6", "--embedder", "static", "-o", out))
+    assert "prototypes a router reads (above the noise): 0 of 3 tools" in caplog.text
+    assert any(r.levelno == logging.WARNING and "no prototype clears the noise" in r.getMessage()
+               for r in caplog.records)
+
+
 def test_build_release_beyond_budget_is_a_user_error(data):
     res = invoke("build", "--experience", data["acme"], "--catalog", data["catalog"], "--org", "acme",
                  "--epsilon", "8", "--rounds", "1", "--releases", "2", "-o", data["dir"] / "never.json")

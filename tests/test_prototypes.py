@@ -22,6 +22,7 @@ from synapse_flwr.core.prototypes import (
     noise_prototypes,
     noise_pvalue,
     prototype_sensitivity,
+    readable,
     signal_energy,
     space_of,
     sum_prototypes,
@@ -261,3 +262,7 @@ def test_noise_alone_rarely_passes_the_gate_even_over_a_large_catalog():
     direction = l2_normalize(rng.normal(size=(1, dim)))[0]
     real = encode_prototype(60 * 0.6 * direction + rng.normal(0, sd, dim), 60.0, sd, 10.5)
     assert noise_pvalue(real) < 1e-12 and noise_pvalue(encode_prototype(np.ones(4), 1.0, 0.0, 0.0)) == 0.0
+    # readable() is that gate over a catalog: Bonferroni over the noised prototypes
+    assert readable([*noise, real, None], Fusion().gate_alpha) == [False] * n + [True, False]
+    exact = [encode_prototype(np.ones(4), 1.0, 0.0, 0.0), encode_prototype(np.zeros(4), 0.0, 0.0, 0.0)]
+    assert readable(exact, 0.05) == [True, False]  # without noise: any non-zero sum

@@ -207,6 +207,18 @@ def noise_pvalue(p: Prototype) -> float:
     return float(chi2.sf(energy / p.sum_sd**2, x.size))
 
 
+def readable(protos: Sequence[Prototype | None], alpha: float) -> list[bool]:
+    """Which prototypes a router reads: those noise alone would make as long with probability ``<= alpha / n``.
+
+    ``n`` counts the noised prototypes (Bonferroni over the catalog, so
+    noise alone passes any of them with probability at most ``alpha``); a
+    prototype without noise is read when its sum is not zero.
+    """
+    noised = sum(p is not None and p.sum_sd > 0 for p in protos)
+    level = alpha / max(noised, 1)
+    return [p is not None and signal_energy(p)[0] > 0 and noise_pvalue(p) <= level for p in protos]
+
+
 def above_noise(p: Prototype, sds: float) -> bool:
     """Whether a prototype's count clears ``sds`` noise SDs (any positive count without noise)."""
     return p.count > 0 and p.count > sds * p.count_sd

@@ -73,7 +73,7 @@ from synapse_flwr.core.phrases import candidate_phrases
 from synapse_flwr.core.privacy import zero_count_floor
 from synapse_flwr.core.prototypes import (
     decode_prototype,
-    noise_pvalue,
+    readable,
     signal_energy,
     space_mismatch,
 )
@@ -556,14 +556,11 @@ class Router:
         dirs = np.zeros((len(self.tool_ids), compendium.embedding.dim), np.float32)
         gain = np.zeros(len(self.tool_ids), np.float32)
         prior = np.zeros(len(self.tool_ids), np.float32)
-        noised = sum(e.prototype is not None and e.prototype.sum_sd > 0 for e in self.entries.values())
-        level = self.fusion.gate_alpha / max(noised, 1)
+        read = readable([e.prototype for e in self.entries.values()], self.fusion.gate_alpha)
         for i, entry in enumerate(self.entries.values()):
-            if entry.prototype is None:
+            if not read[i]:
                 continue
             signal, _ = signal_energy(entry.prototype)
-            if signal <= 0 or noise_pvalue(entry.prototype) > level:
-                continue
             dirs[i] = decode_prototype(entry.prototype) / math.sqrt(signal)
             gain[i] = signal / (signal + self.fusion.shrink * entry.prototype.sum_sd**2)
             prior[i] = self.fusion.prior * math.log1p(entry.prototype.count)
