@@ -5,10 +5,10 @@ from __future__ import annotations
 from synapse_flwr.simulations.accounting import rdp_multiplier, tables
 from synapse_flwr.simulations.when_not import flips
 
-from synapse_flwr.core import privacy
+from synapse_flwr.core import experience, privacy
 from synapse_flwr.core.router import Router
 from synapse_flwr.core.schema import Compendium, Issuer, ToolEntry, WhenNot
-from synapse_flwr.data.federation import FederatedDataset, TestItem, load_federated
+from synapse_flwr.data.federation import FederatedDataset, load_federated
 
 
 def test_rdp_arm_is_opacus_calibration_and_asks_more_noise_than_exact():
@@ -38,7 +38,7 @@ def test_flips_counts_routes_fixed_and_broken_against_retrieval_order():
     comp = Compendium(kind="global", issuer=Issuer(org="global"), tools=[ToolEntry(
         tool_id=weather.tool_id, description=weather.description,
         when_not=[WhenNot(text="weather forecast rain temperature", support=9.0, prefer=hotel.tool_id)])])
-    items = [TestItem(query=q, gold=(weather.tool_id,)) for q in
+    items = [experience.TestItem(query=q, gold=(weather.tool_id,)) for q in
              ("weather forecast rain temperature", "weather forecast rain and temperature tomorrow")]
     ds = FederatedDataset(name="t", catalog=demo.catalog, orgs={}, seen_test=items)
     fields = Router(comp, demo.catalog, embedder="tfidf")
