@@ -16,25 +16,38 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from unittest.mock import patch
 
 from synapse_flwr.simulations.tune_router import accuracy
 
 from synapse_flwr.core import router as router_module
 from synapse_flwr.core.builder import build_compendium
+from synapse_flwr.core.experience import TestItem
 from synapse_flwr.core.merge import merge_typed
-from synapse_flwr.core.router import Router
+from synapse_flwr.core.router import Router, RouteResult, evaluate_routes
 from synapse_flwr.data.federation import FederatedDataset, load_federated
 from synapse_flwr.eval.results import run_lab
 
 log = logging.getLogger("when_not")
 
 
-def flips(fields: Router, none: Router, ds: FederatedDataset) -> tuple[int, int]:
-    """Seen routes the fields reranker fixed and broke against retrieval order."""
-    queries = [t.query for t in ds.seen_test]
+def routes(router: Router, ds: FederatedDataset) -> dict[str, list[RouteResult]]:
+    """The router's results on the seen and held-out test queries."""
+    return {split: router.route_many([t.query for t in items])
+            for split, items in (("seen", ds.seen_test), ("heldout", ds.heldout_test))}
+
+
+def top1(results: dict[str, list[RouteResult]], ds: FederatedDataset) -> dict[str, float]:
+    """Top-1 per split of :func:`routes`' results (as :func:`tune_router.accuracy` rounds it)."""
+    golds = {"seen": [t.gold for t in ds.seen_test], "heldout": [t.gold for t in ds.heldout_test]}
+    return {split: round(evaluate_routes(res, golds[split])["acc"], 4) for split, res in results.items()}
+
+
+def flips(items: Sequence[TestItem], fields: Sequence[RouteResult], order: Sequence[RouteResult]) -> tuple[int, int]:
+    """Routes the fields reranker fixed and broke against retrieval order, on the same queries."""
     fixed = broke = 0
-    for item, a, b in zip(ds.seen_test, fields.route_many(queries), none.route_many(queries)):
+    for item, a, b in zip(items, fields, order):
         fixed += a.tool in item.gold and b.tool not in item.gold
         broke += b.tool in item.gold and a.tool not in item.gold
     return fixed, broke
@@ -50,17 +63,17 @@ def one_run(run: dict, cfg: dict, emb) -> list[dict]:
         glob = merge_typed([build_compendium(ev, ds.catalog, org, round_=draw, epsilon=eps, delta=cfg["delta"],
                                              rounds=1, seed=cfg["seed"], embedder=emb)
                             for org, ev in sorted(ds.orgs.items())])
-        none = Router(glob, ds.catalog, embedder=emb, reranker="none")
-        order = accuracy(none, ds)
+        order_routes = routes(Router(glob, ds.catalog, embedder=emb, reranker="none"), ds)  # reads no when_not
+        order = top1(order_routes, ds)
         fields = Router(glob, ds.catalog, embedder=emb)
         for margin in cfg["margins"]:
             with patch.object(router_module, "WHEN_NOT_MARGIN", margin):
-                acc = accuracy(fields, ds)
-                fixed, broke = flips(fields, none, ds)
+                fields_routes = routes(fields, ds)
+            fixed, broke = flips(ds.seen_test, fields_routes["seen"], order_routes["seen"])
             row = {"dataset": run["dataset"], "orgs": run["orgs"], "epsilon": run["epsilon"], "draw": draw,
-                   "when_not": sum(len(e.when_not) for e in glob.tools), "margin": margin, **acc,
-                   "fixed": fixed, "broke": broke, "order_seen": order["seen"], "order_heldout": order["heldout"],
-                   "docs_seen": docs["seen"], "docs_heldout": docs["heldout"]}
+                   "when_not": sum(len(e.when_not) for e in glob.tools), "margin": margin,
+                   **top1(fields_routes, ds), "fixed": fixed, "broke": broke, "order_seen": order["seen"],
+                   "order_heldout": order["heldout"], "docs_seen": docs["seen"], "docs_heldout": docs["heldout"]}
             log.info("%s", row)
             rows.append(row)
     return rows

@@ -8,7 +8,7 @@ from synapse_flwr.simulations.when_not import flips
 from synapse_flwr.core import experience, privacy
 from synapse_flwr.core.router import Router
 from synapse_flwr.core.schema import Compendium, Issuer, ToolEntry, WhenNot
-from synapse_flwr.data.federation import FederatedDataset, load_federated
+from synapse_flwr.data.federation import load_federated
 
 
 def test_rdp_arm_is_opacus_calibration_and_asks_more_noise_than_exact():
@@ -40,9 +40,10 @@ def test_flips_counts_routes_fixed_and_broken_against_retrieval_order():
         when_not=[WhenNot(text="weather forecast rain temperature", support=9.0, prefer=hotel.tool_id)])])
     items = [experience.TestItem(query=q, gold=(weather.tool_id,)) for q in
              ("weather forecast rain temperature", "weather forecast rain and temperature tomorrow")]
-    ds = FederatedDataset(name="t", catalog=demo.catalog, orgs={}, seen_test=items)
     fields = Router(comp, demo.catalog, embedder="tfidf")
     none = Router(comp, demo.catalog, embedder="tfidf", reranker="none")
     assert [r.tool for r in none.route_many([t.query for t in items])] == [weather.tool_id] * 2
-    fixed, broke = flips(fields, none, ds)
+    queries = [t.query for t in items]
+    fixed, broke = flips(items, fields.route_many(queries), none.route_many(queries))
     assert (fixed, broke) == (0, 2)
+    assert flips(items, none.route_many(queries), fields.route_many(queries)) == (2, 0)

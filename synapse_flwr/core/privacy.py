@@ -206,14 +206,13 @@ class Calibration:
 
 
 def _opacus():
-    """opacus' accountants, imported on first private use (opacus pulls in torch)."""
+    """opacus' RDP noise search and orders, imported on first use (opacus pulls in torch; only DP-SGD needs it)."""
     from types import SimpleNamespace
 
     from opacus.accountants import RDPAccountant
     from opacus.accountants.utils import get_noise_multiplier
 
     return SimpleNamespace(
-        RDPAccountant=RDPAccountant,
         get_noise_multiplier=get_noise_multiplier,
         alphas=[*RDPAccountant.DEFAULT_ALPHAS, *_EXTRA_ALPHAS],
     )
