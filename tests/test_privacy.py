@@ -252,14 +252,16 @@ def test_the_cost_table_in_docs_privacy_md_is_what_calibrate_gives():
     from synapse_flwr.core.builder import BuildConfig
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "privacy.md").read_text()
-    rows = re.findall(r"^\| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ~(\d+) \|$", text, re.MULTILINE)
+    rows = re.findall(r"^\| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ~(\d+) \|$", text, re.MULTILINE)
     assert len(rows) == 3
-    config = BuildConfig()
-    for eps, z, sigma, proto_sd, threshold in rows:
-        cal = calibrate(config.privacy_params(float(eps), 1e-5, 1, config.prototype_weight))
-        assert (float(z), float(sigma), float(proto_sd), int(threshold)) == (
-            round(cal.noise_multiplier, 2), round(cal.sigma, 1), round(cal.sigma / config.prototype_weight, 1),
-            round(cal.threshold))
+    # the default private build with prototypes (no phrases), and the same with phrases
+    default, phrases = (BuildConfig(phrases=p).resolved(private=True, prototypes=True) for p in (None, True))
+    for eps, z, sigma, proto_sd, sigma_phrases, threshold in rows:
+        cal = calibrate(default.privacy_params(float(eps), 1e-5, 1, default.prototype_weight))
+        with_phrases = calibrate(phrases.privacy_params(float(eps), 1e-5, 1, phrases.prototype_weight))
+        assert (float(z), float(sigma), float(proto_sd), float(sigma_phrases), int(threshold)) == (
+            round(cal.noise_multiplier, 2), round(cal.sigma, 1), round(cal.sigma / default.prototype_weight, 2),
+            round(with_phrases.sigma, 1), round(with_phrases.threshold))
 
 
 def test_a_zero_count_merged_over_many_orgs_stays_below_its_floor():

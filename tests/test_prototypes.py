@@ -101,12 +101,33 @@ def test_prototype_weight_out_of_range_is_a_clear_error():
         PrivacyParams(4.0, 1e-5, 1, 12, prototype_weight=0.5)
 
 
+def test_private_build_with_prototypes_spends_nothing_on_phrases():
+    # enough distinct supporting queries for "umbrella" to clear the threshold when phrases are released
+    events = [Event(query=f"do I need an umbrella in town {i}", tool="get_weather", success=True) for i in range(300)]
+    kw = {"epsilon": 8.0, "embedder": BagEmbedder(), "seed": 3}
+    auto = build_compendium(events, CATALOG, "acme", **kw)
+    forced = build_compendium(events, CATALOG, "acme", config=BuildConfig(phrases=True), **kw)
+    c = auto.privacy.prototype_weight
+    assert auto.privacy.clip == pytest.approx(math.sqrt(4 + 1 + c * c), abs=1e-5)
+    assert forced.privacy.clip == pytest.approx(math.sqrt(12 + 1 + c * c), abs=1e-5)
+    assert auto.privacy.sigma < forced.privacy.sigma  # the freed budget lowers every other field's noise
+    assert not any(t.when or t.when_not for t in auto.tools)
+    assert any(t.when for t in forced.tools)
+    # without privacy, or without prototypes, phrases cost nothing extra and are released
+    assert any(t.when for t in build_compendium(events, CATALOG, "acme", embedder=BagEmbedder()).tools)
+    plain = build_compendium(events, CATALOG, "acme", epsilon=8.0, seed=3)
+    assert plain.privacy.clip == pytest.approx(math.sqrt(12), abs=1e-5)
+    assert BuildConfig().resolved(private=True, prototypes=True).max_contributions == 4
+    assert BuildConfig(phrases=False).resolved(private=False, prototypes=False).max_contributions == 4
+
+
 def test_built_artifact_names_its_space_and_bound():
     comp = build_compendium(EVENTS, CATALOG, "acme", epsilon=4.0, embedder=BagEmbedder(), seed=3)
     assert comp.embedding == EmbeddingSpace(model="bag-of-words-test", dim=len(WORDS))
     assert comp.privacy.prototype_weight == BuildConfig().prototype_weight
     c = comp.privacy.prototype_weight
-    assert comp.privacy.clip == pytest.approx(math.sqrt(BuildConfig().max_contributions + 1 + c * c), abs=1e-5)
+    # private with prototypes: no phrase counters, so calls, successes, a confusion and a transition
+    assert comp.privacy.clip == pytest.approx(math.sqrt(4 + 1 + c * c), abs=1e-5)
     # privately, every catalog tool has a prototype (presence is not revealed)
     assert all(t.prototype is not None for t in comp.tools)
     exact = build_compendium(EVENTS, CATALOG, "acme", embedder=BagEmbedder())

@@ -5,9 +5,10 @@ The pipeline is deterministic given a seed and never needs a network:
 1. mask PII in every query (:func:`synapse_flwr.core.pii.mask_pii`);
 2. count, per tool, calls and successes, the distinct queries behind each
    candidate phrase (``when`` from successes, ``when_not`` from failures and
-   from events where another tool was right, with that tool as ``prefer``),
+   from events where another tool was right, with that tool as ``prefer``;
+   no phrases in a private build with prototypes, ``BuildConfig.phrases``),
    confusions and next-tool transitions (:func:`count_experience`);
-3. privatise the counts (Gaussian noise calibrated with opacus' accountant;
+3. privatise the counts (Gaussian noise calibrated on the exact Gaussian curve;
    phrases and tool pairs released only above a noised threshold), see
    :mod:`synapse_flwr.core.privacy`;
 4. assemble the typed entries from released values only: near-identical
@@ -15,7 +16,7 @@ The pipeline is deterministic given a seed and never needs a network:
    no extra privacy cost), optionally rewritten by an LLM.
 
 One event touches at most ``max_unigrams + max_bigrams + 4`` counters (calls,
-successes, its phrases, one confusion, one transition): that bound is the
+successes, its phrases if released, one confusion, one transition): that bound is the
 sensitivity the noise is calibrated to. With an embedder, an event also adds
 ``c * u`` and +1 to one tool's query prototype (:func:`release_prototypes`),
 in the same release: the sensitivity is then ``sqrt(counters + 1 + c^2)``.
@@ -27,7 +28,7 @@ import hashlib
 import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -109,6 +110,16 @@ class BuildConfig:
         prototype sum when an embedder is given (the budget split between
         counters and prototypes, see :mod:`synapse_flwr.core.prototypes`);
         chosen on the seed-7 MetaTool split.
+    phrases : bool or None
+        Release ``when`` / ``when_not`` phrases. None (the default): released
+        unless the build is private and carries query prototypes. Under
+        privacy their 8 counters per record took 35% of the release's L2
+        sensitivity for the few phrases that clear the selection threshold;
+        on the seed-7 MetaTool split the budget they free is worth +0.7 seen
+        points at epsilon 4 (+0.3 at 2, +0.1 at 8) through the prototypes, and
+        costs the embedded demo 3.0 (more of its noisy prototypes clear the
+        gate; ``docs/results/tuning/phrases``). Without privacy they cost
+        nothing.
     sequences : SequenceBounds or None
         Set when the records are call sequences (one task each, see
         :mod:`synapse_flwr.core.sequences`): one record then gives up to
@@ -124,11 +135,19 @@ class BuildConfig:
     rewrite: Rewriter | None = field(default=None, compare=False)
     events_per_record: int = 1
     prototype_weight: float = PROTOTYPE_WEIGHT
+    phrases: bool | None = None
     sequences: SequenceBounds | None = None
 
     def __post_init__(self) -> None:
         if self.sequences is not None and self.events_per_record != 1:
             raise ValueError("sequence records are released once: events_per_record must be 1 with sequences")
+
+    def resolved(self, private: bool, prototypes: bool) -> BuildConfig:
+        """This config with ``phrases`` decided: without them no record contributes a phrase counter."""
+        release = self.phrases if self.phrases is not None else not (private and prototypes)
+        if release:
+            return replace(self, phrases=True)
+        return replace(self, phrases=False, max_unigrams=0, max_bigrams=0)
 
     @property
     def record_events(self) -> int:
@@ -462,6 +481,7 @@ def build_compendium(
     """
     events = list(events)
     weight = config.prototype_weight if embedder is not None else 0.0
+    config = config.resolved(math.isfinite(epsilon), embedder is not None)
     if releases > rounds:
         raise ValueError(f"release {releases} exceeds the {rounds} releases the privacy budget covers")
     if (sequences is None) != (config.sequences is None):
