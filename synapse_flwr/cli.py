@@ -202,6 +202,59 @@ def split_orgs(
 
 
 @app.command()
+def examples(
+    dataset: Annotated[str, typer.Argument(help="A dataset folder (its catalog.json), or demo, metatool, taubench.")],
+    model: Annotated[str, typer.Option(help="litellm model that writes the requests: local/smollm2 or e.g. gpt-4o.")]
+    = "local/smollm2",
+    per_tool: Annotated[int, typer.Option(help="Requests sampled per tool (unusable ones are dropped).")] = 6,
+    seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+    out: Annotated[
+        Path | None, typer.Option(help="Where to write the table (default: examples.json beside a folder's catalog).")
+    ] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing file.")] = False,
+) -> None:
+    """Write example requests for every tool, from the catalog's names and descriptions alone.
+
+    The requests are public text (nothing private is read) that every router
+    reading the catalog adds to a tool's documentation vector, docs_only
+    included; examples.json beside a catalog is read with it. About 5 s a
+    tool with local/smollm2 on 2 CPU cores.
+    """
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    from synapse_flwr.core.catalog import EXAMPLES_FILE, load_catalog
+    from synapse_flwr.core.examples import generate_examples
+    from synapse_flwr.core.files import write_atomic
+    from synapse_flwr.data.check import catalog_file
+    from synapse_flwr.data.federation import load_dataset
+
+    if per_tool < 1:
+        raise SynapseError(f"--per-tool must be at least 1, got {per_tool}")
+    if out is None:
+        if not Path(dataset).is_dir():
+            raise SynapseError(f"{dataset!r} is not a folder: name the table to write with --out")
+        out = Path(dataset) / EXAMPLES_FILE
+    if out.exists() and not overwrite:
+        raise SynapseError(f"{out} exists; pass --overwrite to replace it")
+    catalog = load_catalog(catalog_file(Path(dataset))) if Path(dataset).is_dir() else load_dataset(dataset).catalog
+    columns = (TextColumn("examples"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True)) as bar:
+        task = bar.add_task("examples", total=len(catalog))
+        table = generate_examples(catalog, model, per_tool, seed,
+                                  progress=lambda done, _: bar.update(task, completed=done))
+    write_atomic(out, json.dumps(table, indent=1, ensure_ascii=False) + "\n")
+    empty = sum(not v for v in table.values())
+    log.info("wrote %s: %d requests for %d tools (%d tools got none)", out, sum(map(len, table.values())),
+             len(table), empty)
+
+
+@app.command()
 def merge(
     files: Annotated[list[Path], typer.Argument(help="Validated artifacts to merge.")],
     output: OutOption,

@@ -101,6 +101,15 @@ def test_alias_table_declares_a_collision(folder):
     assert _problems(folder) == []
 
 
+def test_example_table_is_checked_and_hashed(folder):
+    (folder / "examples.json").write_text('{"pay_bill": ["pay my bill"]}')
+    (problem,) = _problems(folder)
+    assert "examples.json" in problem and "'pay_bill', which is not a tool of the catalog" in problem
+    (folder / "examples.json").write_text('{"get_weather": ["umbrella today?"]}')
+    assert _problems(folder) == [] and "examples.json" in file_hashes(folder)
+    assert load_folder(folder).catalog.get("get_weather").examples == ("umbrella today?",)
+
+
 def test_mismatched_test_gold(folder):
     _jsonl(folder / "test.jsonl", [TEST[0], {"query": "pay", "gold": ["book_hotel", "pay_bill"]}])
     (problem,) = _problems(folder)

@@ -2,7 +2,7 @@
 
 Three real-world shapes are accepted per tool:
 
-* plain: ``{"name", "description", "parameters"?, "aliases"?}``
+* plain: ``{"name", "description", "parameters"?, "aliases"?, "examples"?}``
 * OpenAI function tool: ``{"type": "function", "function": {"name", "description", "parameters"}}``
 * MCP ``tools/list`` entry: ``{"name", "description", "inputSchema"}``
 
@@ -13,6 +13,11 @@ entries whose names collide (:func:`alias_key`) are an error naming both
 (:class:`ToolCollision`), unless an alias table declares one an alias of the
 other (an entry's ``aliases`` list, or the ``aliases`` mapping of
 :func:`make_catalog`: alias name -> tool name).
+
+A tool may carry example requests (public text, e.g. written by an LLM from
+the catalog, :mod:`synapse_flwr.core.examples`): an entry's ``examples``
+list, or ``examples.json`` beside the catalog (tool name -> list of
+requests), which :func:`load_catalog` reads like ``aliases.json``.
 """
 
 from __future__ import annotations
@@ -21,17 +26,20 @@ import json
 import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from synapse_flwr.core.errors import InputError
 from synapse_flwr.core.files import read_records
-from synapse_flwr.core.schema import MAX_DESCRIPTION
+from synapse_flwr.core.schema import MAX_DESCRIPTION, MAX_TEXT
 
 log = logging.getLogger(__name__)
 
 ALIASES_FILE = "aliases.json"
+EXAMPLES_FILE = "examples.json"
+#: Example requests kept per tool.
+MAX_EXAMPLES = 16
 _ID_JUNK = re.compile(r"[^a-z0-9_.\-]+")
 
 
@@ -64,6 +72,8 @@ class ToolDoc:
         JSON Schema of the arguments, if given.
     aliases : tuple of str
         Other names that resolve to this tool.
+    examples : tuple of str
+        Example requests this tool handles (public text, part of its documentation).
     """
 
     tool_id: str
@@ -71,6 +81,7 @@ class ToolDoc:
     description: str
     parameters: Mapping[str, Any] | None = None
     aliases: tuple[str, ...] = ()
+    examples: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -142,6 +153,9 @@ def parse_tool(obj: Mapping[str, Any]) -> ToolDoc:
     aliases = body.get("aliases", [])
     if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
         raise ValueError(f"{prefix}aliases: not a list of strings")
+    examples = body.get("examples", [])
+    if not isinstance(examples, list) or not all(isinstance(a, str) for a in examples):
+        raise ValueError(f"{prefix}examples: not a list of strings")
     try:
         tool_id = normalize_tool_id(name)
     except ValueError as exc:
@@ -152,7 +166,14 @@ def parse_tool(obj: Mapping[str, Any]) -> ToolDoc:
         description=" ".join(description.split())[:MAX_DESCRIPTION],
         parameters=params,
         aliases=tuple(aliases),
+        examples=clean_texts(examples),
     )
+
+
+def clean_texts(texts: Iterable[str]) -> tuple[str, ...]:
+    """Example requests as a tool keeps them: whitespace folded, blanks dropped, clipped, at most 16."""
+    folded = (" ".join(t.split())[:MAX_TEXT] for t in texts)
+    return tuple(dict.fromkeys(t for t in folded if t))[:MAX_EXAMPLES]
 
 
 class ToolCollision(ValueError):
@@ -219,6 +240,7 @@ def make_catalog(docs: Iterable[ToolDoc], aliases: Mapping[str, str] | None = No
             description=first.description or doc.description,
             parameters=first.parameters or doc.parameters,
             aliases=tuple(sorted({*first.aliases, doc.name, *doc.aliases} - {first.name})),
+            examples=clean_texts([*first.examples, *doc.examples]),
         )
     return Catalog(tuple(sorted(by_key.values(), key=lambda d: d.tool_id)))
 
@@ -243,6 +265,46 @@ def read_aliases(folder: Path) -> dict[str, str]:
     return table
 
 
+def read_examples(path: Path) -> dict[str, list[str]]:
+    """An example-request table (``examples.json``: tool name -> requests), or an empty one when absent.
+
+    Raises
+    ------
+    InputError
+        If the file is not a JSON object of string lists.
+    """
+    if not path.exists():
+        return {}
+    try:
+        table = json.loads(path.read_text(encoding="utf-8-sig"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(path, f"invalid JSON: {exc}") from None
+    if not isinstance(table, dict) or not all(
+            isinstance(v, list) and all(isinstance(x, str) for x in v) for v in table.values()):
+        raise InputError(path, 'expected a JSON object of tool name -> list of requests: {"get_weather": ["..."]}')
+    return table
+
+
+def with_examples(catalog: Catalog, table: Mapping[str, Sequence[str]], source: str | Path = EXAMPLES_FILE) -> Catalog:
+    """The catalog with example requests added from ``table`` (tool name or id -> requests).
+
+    Raises
+    ------
+    InputError
+        Naming a tool the catalog does not have (``source`` is the file named).
+    """
+    extra: dict[str, list[str]] = {}
+    for name, texts in table.items():
+        tool_id = catalog.resolve(name)
+        if tool_id is None:
+            raise InputError(source, f"examples for {name!r}, which is not a tool of the catalog")
+        extra.setdefault(tool_id, []).extend(texts)
+    if not extra:
+        return catalog
+    return Catalog(tuple(replace(d, examples=clean_texts([*d.examples, *extra.get(d.tool_id, [])]))
+                         for d in catalog.tools))
+
+
 def load_catalog(path: str | Path, aliases: Mapping[str, str] | None = None) -> Catalog:
     """Load a catalog from a JSON list or JSONL file.
 
@@ -252,7 +314,8 @@ def load_catalog(path: str | Path, aliases: Mapping[str, str] | None = None) -> 
         The catalog file.
     aliases : mapping of str to str or None
         Alias table (see :func:`make_catalog`); None reads ``aliases.json``
-        beside the catalog, if there is one.
+        beside the catalog, if there is one. ``examples.json`` beside it
+        adds example requests (:func:`with_examples`).
 
     Raises
     ------
@@ -273,7 +336,9 @@ def load_catalog(path: str | Path, aliases: Mapping[str, str] | None = None) -> 
     if not docs:
         raise InputError(path, "catalog holds no tools")
     try:
-        return make_catalog(docs, aliases)
+        catalog = make_catalog(docs, aliases)
     except ToolCollision as exc:
         where = f"entries {lines[id(exc.first)]} and {lines[id(exc.second)]}"
         raise InputError(path, f"{where}: {exc}", field="name") from None
+    table = Path(path).parent / EXAMPLES_FILE
+    return with_examples(catalog, read_examples(table), table)

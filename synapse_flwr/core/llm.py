@@ -36,6 +36,10 @@ from synapse_flwr.core.embed import package_dir
 from synapse_flwr.core.errors import SynapseError
 
 logger = logging.getLogger(__name__)
+# litellm logs every call at INFO through a handler of its own: a batch of
+# thousands of calls would drown the caller's own progress and summary.
+for _name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
 # Seconds between progress lines of a long batch of embedded-model scores.
 PROGRESS_EVERY_S = 30.0
 
@@ -186,23 +190,51 @@ def generate_local(
     temperature: float = 0.0,
     stop: list[str] | None = None,
     max_time: float | None = None,
-) -> tuple[str, int, int]:
+    n: int = 1,
+    seed: int | None = None,
+) -> tuple[list[str], int, int]:
     """Chat completion with an embedded model.
+
+    A conversation whose last message is the assistant's is continued from
+    that text (a prefill), not answered: few-shot transcripts complete as
+    they would in a plain text model.
+
+    Parameters
+    ----------
+    name : str
+        Embedded model, as in ``local/<name>``.
+    messages : list of dict
+        OpenAI-style chat messages.
+    max_tokens : int
+        New tokens per completion.
+    temperature : float
+        0 decodes greedily; above 0 samples.
+    stop : list of str or None
+        Strings that end a completion (dropped from it).
+    max_time : float or None
+        Seconds the generation may take.
+    n : int
+        Completions sampled at once (needs ``temperature > 0`` for them to differ).
+    seed : int or None
+        Seeds the sampling, so a call is repeatable.
 
     Returns
     -------
-    tuple of (str, int, int)
-        Generated text, prompt tokens, completion tokens.
+    tuple of (list of str, int, int)
+        Generated texts, prompt tokens, completion tokens (all completions).
     """
     import torch
 
     lm = load_local_model(name)
+    prefill = bool(messages) and messages[-1].get("role") == "assistant"
     if lm.tokenizer.chat_template:
         inputs = lm.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+            messages, add_generation_prompt=not prefill, continue_final_message=prefill,
+            return_tensors="pt", return_dict=True,
         )
     else:  # a base model (local/gemma3) has no chat template: a plain transcript
-        transcript = "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in messages) + "Assistant:"
+        transcript = "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in messages)
+        transcript = transcript[:-1] if prefill else transcript + "Assistant:"
         inputs = lm.tokenizer(transcript, return_tensors="pt")
     sampling: dict[str, Any] = (
         {"do_sample": True, "temperature": temperature}
@@ -211,20 +243,27 @@ def generate_local(
     )
     if stop:
         sampling.update(stop_strings=stop, tokenizer=lm.tokenizer)
+    if seed is not None:
+        torch.manual_seed(seed)
     with torch.inference_mode():
         output = lm.model.generate(
             **inputs,
             max_new_tokens=max_tokens,
             max_time=max_time,
+            num_return_sequences=n,
             pad_token_id=lm.tokenizer.eos_token_id,
             **sampling,
         )
     n_prompt = int(inputs["input_ids"].shape[1])
-    new_tokens = output[0, n_prompt:]
-    text = lm.tokenizer.decode(new_tokens, skip_special_tokens=True)
-    for s in stop or ():
-        text = text.split(s, 1)[0]  # generate() stops after the stop string; drop it
-    return text.strip(), n_prompt, int(new_tokens.shape[0])
+    texts, n_new = [], 0
+    for row in output:
+        new_tokens = row[n_prompt:]
+        n_new += int((new_tokens != lm.tokenizer.eos_token_id).sum())
+        text = lm.tokenizer.decode(new_tokens, skip_special_tokens=True)
+        for s in stop or ():
+            text = text.split(s, 1)[0]  # generate() stops after the stop string; drop it
+        texts.append(text.strip())
+    return texts, n_prompt, n_new
 
 
 class LocalLLM(CustomLLM):
@@ -235,7 +274,7 @@ class LocalLLM(CustomLLM):
         name = kwargs["model"]
         params = kwargs.get("optional_params") or {}
         timeout = kwargs.get("timeout")
-        text, n_prompt, n_completion = generate_local(
+        texts, n_prompt, n_completion = generate_local(
             name,
             kwargs["messages"],
             max_tokens=int(params.get("max_tokens") or params.get("max_completion_tokens") or 256),
@@ -243,9 +282,14 @@ class LocalLLM(CustomLLM):
             stop=[params["stop"]] if isinstance(params.get("stop"), str) else params.get("stop"),
             # litellm's timeout bounds the whole call; generate() honours it as max_time.
             max_time=float(timeout) if isinstance(timeout, int | float) else None,
+            n=int(params.get("n") or 1),
+            seed=int(params["seed"]) if params.get("seed") is not None else None,
         )
         response: litellm.ModelResponse = kwargs["model_response"]
-        response.choices[0].message.content = text
+        response.choices = [
+            litellm.Choices(index=i, finish_reason="stop", message=litellm.Message(role="assistant", content=text))
+            for i, text in enumerate(texts)
+        ]
         response.model = f"{LOCAL_PROVIDER}/{name}"
         # usage is a dynamic field of ModelResponse, invisible to type checkers.
         response.usage = litellm.Usage(  # type: ignore[attr-defined]
@@ -304,6 +348,39 @@ def complete(
         raise LLMError(f"completion with {model!r} failed: {type(exc).__name__}: {exc}") from exc
     content = response.choices[0].message.content
     return content if isinstance(content, str) else ""
+
+
+def sample(model: str, messages: list[dict[str, Any]], n: int, timeout: float = DEFAULT_TIMEOUT_S,
+           **kw: Any) -> list[str]:
+    """``n`` completions of one conversation through litellm (one request); empty replies dropped.
+
+    Parameters
+    ----------
+    model : str
+        litellm model string.
+    messages : list of dict
+        OpenAI-style chat messages (a final assistant message is a prefill
+        for embedded models, see :func:`generate_local`).
+    n : int
+        Completions asked for.
+    timeout : float
+        Seconds before the call is abandoned.
+    **kw
+        Passed to :func:`litellm.completion` (``temperature``, ``seed``, ``stop``, ...).
+
+    Raises
+    ------
+    LLMError
+        On any provider, network or timeout failure, naming the model.
+    """
+    try:
+        response = litellm.completion(model=model, messages=messages, timeout=timeout, n=n, **kw)
+    except SynapseError:
+        raise
+    except Exception as exc:
+        raise LLMError(f"sampling {n} completions with {model!r} failed: {type(exc).__name__}: {exc}") from exc
+    texts = [c.message.content for c in response.choices]
+    return [t for t in texts if isinstance(t, str) and t.strip()]
 
 
 def _split_space(prompt: str) -> tuple[str, str]:

@@ -132,6 +132,17 @@ CHANNEL_CUE = "\nA user request this tool handles:"
 # at any margin below 0.2: 7 routes broken for 2 fixed at 0, seen top-1 0.673
 # vs 0.718 without the field (simulations/when_not.py, docs/results/tuning/when_not).
 WHEN_NOT_MARGIN = 0.2
+# Weight of a tool's example requests (the normalised mean of their
+# embeddings) beside its documentation's embedding in its documentation
+# vector. Seed-7 dev split, the shipped local/smollm2 requests (6 a tool),
+# simulations/example_weight.py (docs/results/tuning/examples): MetaTool
+# docs_only held-out 0.6248 -> 0.6554 / 0.6719 / 0.6740 / 0.6665 at
+# 0.25 / 0.5 / 1 / 2, seen 0.5558 -> 0.5921 at 0.5, the private compendium's
+# seen 0.6852 -> 0.7005; the demo's hand-written documentation loses
+# 0.7636 -> 0.7364 at 0.5 and 0.7182 at 1. 0.5 is within 0.25 points of 1 on
+# every MetaTool row and costs the demo less. (A max over example cosines
+# instead of the mean cost MetaTool 9 held-out points in a lab.)
+EXAMPLE_WEIGHT = 0.5
 # Retrieval evidence, in the order the explain output lists it.
 EVIDENCE = ("description", "phrases", "scenario", "prototype")
 
@@ -509,6 +520,7 @@ class Router:
         vectors = self._embed(texts)
         self.owners = np.array(owners)
         self.kinds = np.array(kinds)
+        self._add_examples(vectors, np.flatnonzero(self.kinds == 0))
         self.vectors = vectors
         self.doc_rows = np.flatnonzero(self.kinds == 0)
         # entries are laid out tool by tool: doc, when..., when_not...
@@ -534,6 +546,19 @@ class Router:
 
     def _embed(self, texts: Sequence[str]) -> np.ndarray:
         return np.asarray(self.embedder.encode(list(texts)), dtype=np.float32)
+
+    def _add_examples(self, vectors: np.ndarray, doc_rows: np.ndarray) -> None:
+        """Move each documented tool's vector toward its example requests (in place; :data:`EXAMPLE_WEIGHT`)."""
+        docs = [self.catalog.get(t) for t in self.tool_ids]
+        owners = [i for i, d in enumerate(docs) if d is not None for _ in d.examples]
+        if not owners:
+            return
+        examples = self._embed([x for d in docs if d is not None for x in d.examples])
+        examples /= np.maximum(np.linalg.norm(examples, axis=1, keepdims=True), 1e-12)
+        for i in sorted(set(owners)):
+            mean = examples[np.asarray(owners) == i].mean(axis=0)
+            row = vectors[doc_rows[i]] + EXAMPLE_WEIGHT * mean / max(float(np.linalg.norm(mean)), 1e-12)
+            vectors[doc_rows[i]] = row / max(float(np.linalg.norm(row)), 1e-12)
 
     def set_fusion(self, fusion: Fusion) -> None:
         """Route with other fusion constants from now on (no re-indexing: for tuning)."""

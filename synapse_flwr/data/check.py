@@ -24,11 +24,14 @@ from pydantic import ValidationError
 
 from synapse_flwr.core.catalog import (
     ALIASES_FILE,
+    EXAMPLES_FILE,
     Catalog,
     ToolCollision,
     make_catalog,
     parse_tool,
     read_aliases,
+    read_examples,
+    with_examples,
 )
 from synapse_flwr.core.errors import InputError, SynapseError
 from synapse_flwr.core.experience import Event, TestItem
@@ -137,8 +140,8 @@ def org_files(folder: Path) -> dict[str, Path]:
 
 
 def file_hashes(folder: Path) -> dict[str, str]:
-    """File name -> sha256 of every data file of the folder (catalog, aliases, logs, test set)."""
-    names = [*CATALOG_FILES, ALIASES_FILE, TEST_FILE, *(p.name for p in org_files(folder).values())]
+    """File name -> sha256 of every data file of the folder (catalog, aliases, examples, logs, test set)."""
+    names = [*CATALOG_FILES, ALIASES_FILE, EXAMPLES_FILE, TEST_FILE, *(p.name for p in org_files(folder).values())]
     return {n: hashlib.sha256((folder / n).read_bytes()).hexdigest()
             for n in sorted(set(names)) if (folder / n).is_file()}
 
@@ -280,6 +283,10 @@ def check_folder(folder: str | Path, orgs: Sequence[str] | None = None, max_per_
         problems.append(_no_orgs(folder))
     if catalog is None:
         return FolderReport(folder, tuple(problems))
+    try:
+        with_examples(catalog, read_examples(folder / EXAMPLES_FILE), folder / EXAMPLES_FILE)
+    except InputError as exc:
+        problems.append(Problem(exc.path, exc.message))
     unknown_orgs = sorted(set(orgs or ()) - set(logs))
     problems += [Problem(str(folder / f"org_{o}.jsonl"), "file not found") for o in unknown_orgs]
     counts = {}

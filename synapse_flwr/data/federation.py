@@ -19,7 +19,12 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-from synapse_flwr.core.catalog import Catalog, load_catalog
+from synapse_flwr.core.catalog import (
+    Catalog,
+    load_catalog,
+    read_examples,
+    with_examples,
+)
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.experience import (
     Event,
@@ -30,6 +35,8 @@ from synapse_flwr.core.experience import (
 )
 
 log = logging.getLogger(__name__)
+#: Example requests shipped for the built-in benchmarks (``<name>.json``).
+EXAMPLES_DIR = Path(__file__).parent / "examples"
 
 
 @dataclass(frozen=True)
@@ -130,11 +137,24 @@ def metatool_dataset(seed: int, heldout_frac: float = 0.2, test_frac: float = 0.
     from synapse_flwr.data.protocol import make_splits
 
     mt = load_metatool()
+    mt = mt._replace(catalog=packaged_examples("metatool", mt.catalog))
     splits = make_splits(mt.catalog, mt.events, seed, heldout_frac=heldout_frac, test_frac=test_frac)
     info = {"load": mt.report.__dict__, "leak_filter": splits.leak.__dict__,
             "heldout_tools": list(splits.heldout_tools)}
     return FederatedDataset("metatool", mt.catalog, {"all": splits.train}, splits.seen_test,
                             splits.heldout_test, info)
+
+
+def packaged_examples(name: str, catalog: Catalog) -> Catalog:
+    """A built-in benchmark's catalog with the example requests this package ships for it, if any.
+
+    ``synapse_flwr/data/examples/<name>.json`` is written by ``synapse examples
+    <name> --out ...`` (public text from the catalog alone, see
+    :mod:`synapse_flwr.core.examples`); a dataset folder keeps its own
+    ``examples.json`` beside its catalog instead.
+    """
+    table = EXAMPLES_DIR / f"{name}.json"
+    return with_examples(catalog, read_examples(table), table)
 
 
 def own_orgs(name: str) -> int:
@@ -172,7 +192,7 @@ def load_dataset(name: str, seed: int = 42) -> FederatedDataset:
         from synapse_flwr.data.taubench import load_taubench, taubench_events
 
         catalog, train = load_taubench(split="train")
-        return FederatedDataset("taubench", catalog, {"all": taubench_events(train)})
+        return FederatedDataset("taubench", packaged_examples("taubench", catalog), {"all": taubench_events(train)})
     if Path(name).is_dir():
         return load_folder(Path(name))
     raise SynapseError(f"unknown dataset {name!r}: use 'demo', 'metatool', 'taubench' or a dataset folder")
