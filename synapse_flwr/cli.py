@@ -242,7 +242,13 @@ def examples(
         out = Path(dataset) / EXAMPLES_FILE
     if out.exists() and not overwrite:
         raise SynapseError(f"{out} exists; pass --overwrite to replace it")
-    catalog = load_catalog(catalog_file(Path(dataset))) if Path(dataset).is_dir() else load_dataset(dataset).catalog
+    if Path(dataset).is_dir():
+        path = catalog_file(Path(dataset))
+        if path is None:
+            raise SynapseError(f"{dataset} holds no catalog.json or catalog.jsonl")
+        catalog = load_catalog(path)
+    else:
+        catalog = load_dataset(dataset).catalog
     columns = (TextColumn("examples"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True)) as bar:
         task = bar.add_task("examples", total=len(catalog))

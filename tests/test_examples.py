@@ -143,9 +143,11 @@ def test_cli_examples_refuses_to_clobber_and_needs_a_target(tmp_path):
     runner = CliRunner()
     (tmp_path / "catalog.json").write_text(json.dumps([{"name": "get_weather", "description": "Forecast."}]))
     (tmp_path / "examples.json").write_text("{}")
+    (tmp_path / "empty").mkdir()
     for args, reason in (([str(tmp_path)], "exists; pass --overwrite"),
                          (["metatool"], "name the table to write with --out"),
-                         ([str(tmp_path), "--per-tool", "0", "--overwrite"], "--per-tool must be at least 1, got 0")):
+                         ([str(tmp_path), "--per-tool", "0", "--overwrite"], "--per-tool must be at least 1, got 0"),
+                         ([str(tmp_path / "empty"), "--out", str(tmp_path / "x.json")], "no catalog.json")):
         result = runner.invoke(app, ["examples", *args])
         assert isinstance(result.exception, SynapseError) and reason in str(result.exception)
     assert (tmp_path / "examples.json").read_text() == "{}"
