@@ -25,7 +25,7 @@ from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.merge import merge_typed
 from synapse_flwr.core.router import Router
 from synapse_flwr.data.federation import load_federated
-from synapse_flwr.eval.results import run_lab
+from synapse_flwr.eval.results import paired, run_lab
 
 log = logging.getLogger("accounting")
 ACCOUNTANTS = ("exact", "rdp")
@@ -74,16 +74,15 @@ def tables(rows: list[dict], cfg: dict) -> str:
             lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {a} | {rs[0]['z']:.3f} | {rs[0]['sigma']:.2f} | "
                          f"{mean(r['seen'] for r in rs):.4f} | {mean(r['heldout'] for r in rs):.4f} | "
                          f"{rs[0]['docs_seen']:.4f} | {rs[0]['docs_heldout']:.4f} |")
-        diffs = [e["seen"] - r["seen"] for e, r in zip(group["exact"], group["rdp"])]
         gains.append(f"- {key[0]} K={key[1]} epsilon {key[2]}: exact - rdp seen top-1 per draw "
-                     f"{', '.join(f'{d:+.4f}' for d in diffs)} (mean {mean(diffs):+.4f}); noise "
+                     f"{paired(group['exact'], group['rdp'])}; noise "
                      f"{group['rdp'][0]['z'] / group['exact'][0]['z'] - 1:+.1%} under RDP")
     return "\n".join([*lines, "", "Paired by draw (same noise seeds):", "", *gains]) + "\n"
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    run_lab(__doc__, "accounting.py", one_run, tables, lambda cfg: {r["dataset"] for r in cfg["runs"]})
+    """Run every federation of the config and write results.json, manifest.json and tables.md."""
+    run_lab(__doc__, "accounting.py", one_run, tables)
 
 
 if __name__ == "__main__":

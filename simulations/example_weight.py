@@ -76,8 +76,8 @@ def tables(rows: list[dict], cfg: dict) -> str:
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    run_lab(__doc__, "example_weight.py", one_run, tables, lambda cfg: {r["dataset"] for r in cfg["runs"]})
+    """Run every federation of the config and write results.json, manifest.json and tables.md."""
+    run_lab(__doc__, "example_weight.py", one_run, tables)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from synapse_flwr.core.builder import BuildConfig, build_compendium
 from synapse_flwr.core.merge import merge_typed
 from synapse_flwr.core.router import Router
 from synapse_flwr.data.federation import load_federated
-from synapse_flwr.eval.results import run_lab
+from synapse_flwr.eval.results import paired, run_lab
 
 log = logging.getLogger("phrases")
 ARMS = {"default (no phrases)": BuildConfig(), "phrases": BuildConfig(phrases=True)}
@@ -67,16 +67,14 @@ def tables(rows: list[dict], cfg: dict) -> str:
                          f"{mean(r['heldout'] for r in rs):.4f} | {rs[0]['docs_seen']:.4f} | "
                          f"{rs[0]['docs_heldout']:.4f} |")
         off, on = group.values()
-        diffs = [a["seen"] - b["seen"] for a, b in zip(off, on)]
         gains.append(f"- {key[0]} K={key[1]} epsilon {key[2]}: without - with phrases, seen top-1 per draw "
-                     f"{', '.join(f'{d:+.4f}' for d in diffs)} (mean {mean(diffs):+.4f}); held-out "
-                     f"{mean(a['heldout'] - b['heldout'] for a, b in zip(off, on)):+.4f}")
+                     f"{paired(off, on)}; held-out {paired(off, on, 'heldout')}")
     return "\n".join([*lines, "", "Paired by draw (same noise seeds):", "", *gains]) + "\n"
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    run_lab(__doc__, "phrases.py", one_run, tables, lambda cfg: {r["dataset"] for r in cfg["runs"]})
+    """Run every federation of the config and write results.json, manifest.json and tables.md."""
+    run_lab(__doc__, "phrases.py", one_run, tables)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -253,15 +253,20 @@ def read_aliases(folder: Path) -> dict[str, str]:
     InputError
         If ``aliases.json`` is not a JSON object of strings.
     """
-    path = Path(folder) / ALIASES_FILE
+    return _read_table(Path(folder) / ALIASES_FILE, lambda v: isinstance(v, str),
+                       'expected a JSON object of alias name -> tool name: {"GetWeather": "get_weather"}')
+
+
+def _read_table(path: Path, valid: Callable[[Any], bool], expected: str) -> dict:
+    """A JSON object whose every value is ``valid``, or an empty one when the file is absent."""
     if not path.exists():
         return {}
     try:
         table = json.loads(path.read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(path, f"invalid JSON: {exc}") from None
-    if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
-        raise InputError(path, 'expected a JSON object of alias name -> tool name: {"GetWeather": "get_weather"}')
+    if not isinstance(table, dict) or not all(valid(v) for v in table.values()):
+        raise InputError(path, expected)
     return table
 
 
@@ -273,16 +278,8 @@ def read_examples(path: Path) -> dict[str, list[str]]:
     InputError
         If the file is not a JSON object of string lists.
     """
-    if not path.exists():
-        return {}
-    try:
-        table = json.loads(path.read_text(encoding="utf-8-sig"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(path, f"invalid JSON: {exc}") from None
-    if not isinstance(table, dict) or not all(
-            isinstance(v, list) and all(isinstance(x, str) for x in v) for v in table.values()):
-        raise InputError(path, 'expected a JSON object of tool name -> list of requests: {"get_weather": ["..."]}')
-    return table
+    return _read_table(path, lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+                       'expected a JSON object of tool name -> list of requests: {"get_weather": ["..."]}')
 
 
 def with_examples(catalog: Catalog, table: Mapping[str, Sequence[str]], source: str | Path = EXAMPLES_FILE) -> Catalog:

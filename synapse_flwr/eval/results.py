@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -108,12 +108,18 @@ def update_summary(path: Path, values: dict[str, Any]) -> dict[str, Any]:
     return summary
 
 
+def paired(first: Sequence[dict], second: Sequence[dict], key: str = "seen") -> str:
+    """``first - second`` of ``key``, row by row (same noise draws), and their mean, for a lab's notes."""
+    diffs = [a[key] - b[key] for a, b in zip(first, second, strict=True)]
+    return f"{', '.join(f'{d:+.4f}' for d in diffs)} (mean {sum(diffs) / len(diffs):+.4f})"
+
+
 def run_lab(
     doc: str,
     script: str,
     one_run: Callable[[dict, dict, Any], list[dict]],
     tables: Callable[[list[dict], dict], str],
-    datasets: Callable[[dict], Iterable[str]],
+    datasets: Callable[[dict], Iterable[str]] | None = None,
 ) -> None:
     """A lab over its config's ``[[experiment.runs]]``: rows, then results, manifest and ``tables.md``.
 
@@ -127,8 +133,9 @@ def run_lab(
         ``(run, cfg, embedder) -> rows`` for one run of the config.
     tables : callable
         ``(rows, cfg) -> markdown``.
-    datasets : callable
-        ``cfg -> names`` of the pinned datasets the lab reads (their sha256 go in the manifest).
+    datasets : callable or None
+        ``cfg -> names`` of the pinned datasets the lab reads (their sha256 go in the manifest);
+        None: the ``dataset`` of every run.
     """
     from synapse_flwr.core.embed import get_embedder
     from synapse_flwr.data.pins import verified_hashes
@@ -138,6 +145,7 @@ def run_lab(
     emb = get_embedder(cfg["embedder"])
     rows = [row for run in cfg["runs"] for row in one_run(run, cfg, emb)]
     out = Path(cfg["output"])
-    write_results(out, {"rows": rows}, cfg, verified_hashes(sorted(set(datasets(cfg)))),
+    names = datasets(cfg) if datasets else (run["dataset"] for run in cfg["runs"])
+    write_results(out, {"rows": rows}, cfg, verified_hashes(sorted(set(names))),
                   f"python simulations/{script} {args.config}")
     write_atomic(out / "tables.md", tables(rows, cfg))
