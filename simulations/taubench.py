@@ -57,6 +57,7 @@ from synapse_flwr.core.merge import merge_typed
 from synapse_flwr.core.router import Router
 from synapse_flwr.core.schema import Compendium
 from synapse_flwr.core.sequences import SequenceBounds, SequenceRecord, record_events
+from synapse_flwr.data.federation import packaged_examples
 from synapse_flwr.data.taubench import (
     StepItem,
     Task,
@@ -431,6 +432,7 @@ def run_taubench(config: Path, exp: Any, output: Path | None = None,
         if needed not in arms:
             raise SynapseError(f"{config}: tau-bench needs the arm {needed!r} (its targets read it)")
     catalog, train = load_taubench(split="train")
+    catalog = packaged_examples("taubench", catalog)  # the example requests shipped with the package
     test = load_taubench(split="test")[1]
     runner = Runner(catalog, get_embedder(exp.embedder), exp.orgs, exp.epsilon, exp.delta, exp.k)
     t0 = time.perf_counter()
@@ -468,6 +470,7 @@ def tune(config: Path) -> Path:
     exp = ExperimentConfig.from_toml(config)
     base = TauConfig.from_toml(config)
     catalog, train = load_taubench(split="train")
+    catalog = packaged_examples("taubench", catalog)  # the example requests shipped with the package
     test = load_taubench(split="test")[1]
     runner = Runner(catalog, get_embedder(exp.embedder), exp.orgs, exp.epsilon, exp.delta, exp.k)
     seed = base.dev_seed
