@@ -128,9 +128,11 @@ CHANNEL_CUE = "\nA user request this tool handles:"
 # must match before it counts: its excess above this margin is the penalty,
 # and any excess hands the tool's score to the scenario's `prefer` tool. On the
 # embedded demo without privacy (seed 7; MetaTool logs no failures, so it has
-# no when_not) released single words ("order", "seat", "25") fired redirects
-# at any margin below 0.2: 7 routes broken for 2 fixed at 0, seen top-1 0.673
-# vs 0.718 without the field (simulations/when_not.py, docs/results/tuning/when_not).
+# no when_not) released single words ("order", "seat", "25") fired redirects:
+# 7 routes broken for 2 fixed at 0 and one still broken at 0.1 (seen top-1
+# 0.673 vs 0.718 without the field); with example requests in the
+# documentation 5 for 2 at 0 and none from 0.1. 0.2 breaks none in either
+# (simulations/when_not.py, docs/results/tuning/when_not).
 WHEN_NOT_MARGIN = 0.2
 # Weight of a tool's example requests (the normalised mean of their
 # embeddings) beside its documentation's embedding in its documentation
