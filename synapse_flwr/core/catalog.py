@@ -302,6 +302,17 @@ def with_examples(catalog: Catalog, table: Mapping[str, Sequence[str]], source: 
                          for d in catalog.tools))
 
 
+def with_examples_file(catalog: Catalog, path: Path) -> Catalog:
+    """The catalog with the example requests of the table at ``path`` (:func:`read_examples`), if there is one.
+
+    Raises
+    ------
+    InputError
+        For a malformed table, or one naming a tool the catalog does not have.
+    """
+    return with_examples(catalog, read_examples(path), path)
+
+
 def load_catalog(path: str | Path, aliases: Mapping[str, str] | None = None) -> Catalog:
     """Load a catalog from a JSON list or JSONL file.
 
@@ -337,5 +348,4 @@ def load_catalog(path: str | Path, aliases: Mapping[str, str] | None = None) -> 
     except ToolCollision as exc:
         where = f"entries {lines[id(exc.first)]} and {lines[id(exc.second)]}"
         raise InputError(path, f"{where}: {exc}", field="name") from None
-    table = Path(path).parent / EXAMPLES_FILE
-    return with_examples(catalog, read_examples(table), table)
+    return with_examples_file(catalog, Path(path).parent / EXAMPLES_FILE)

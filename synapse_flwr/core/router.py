@@ -142,8 +142,7 @@ WHEN_NOT_MARGIN = 0.2
 # 0.25 / 0.5 / 1 / 2, seen 0.5558 -> 0.5921 at 0.5, the private compendium's
 # seen 0.6852 -> 0.7005; the demo's hand-written documentation loses
 # 0.7636 -> 0.7364 at 0.5 and 0.7182 at 1. 0.5 is within 0.25 points of 1 on
-# every MetaTool row and costs the demo less. (A max over example cosines
-# instead of the mean cost MetaTool 9 held-out points in a lab.)
+# every MetaTool row and costs the demo less.
 EXAMPLE_WEIGHT = 0.5
 # Retrieval evidence, in the order the explain output lists it.
 EVIDENCE = ("description", "phrases", "scenario", "prototype")
@@ -551,14 +550,16 @@ class Router:
 
     def _add_examples(self, vectors: np.ndarray, doc_rows: np.ndarray) -> None:
         """Move each documented tool's vector toward its example requests (in place; :data:`EXAMPLE_WEIGHT`)."""
-        docs = [self.catalog.get(t) for t in self.tool_ids]
-        owners = [i for i, d in enumerate(docs) if d is not None for _ in d.examples]
-        if not owners:
+        texts = {i: doc.examples for i, t in enumerate(self.tool_ids)
+                 if (doc := self.catalog.get(t)) is not None and doc.examples}
+        if not texts:
             return
-        examples = self._embed([x for d in docs if d is not None for x in d.examples])
+        examples = self._embed([x for group in texts.values() for x in group])
         examples /= np.maximum(np.linalg.norm(examples, axis=1, keepdims=True), 1e-12)
-        for i in sorted(set(owners)):
-            mean = examples[np.asarray(owners) == i].mean(axis=0)
+        start = 0
+        for i, group in texts.items():
+            mean = examples[start:start + len(group)].mean(axis=0)
+            start += len(group)
             row = vectors[doc_rows[i]] + EXAMPLE_WEIGHT * mean / max(float(np.linalg.norm(mean)), 1e-12)
             vectors[doc_rows[i]] = row / max(float(np.linalg.norm(row)), 1e-12)
 

@@ -30,8 +30,7 @@ from synapse_flwr.core.catalog import (
     make_catalog,
     parse_tool,
     read_aliases,
-    read_examples,
-    with_examples,
+    with_examples_file,
 )
 from synapse_flwr.core.errors import InputError, SynapseError
 from synapse_flwr.core.experience import Event, TestItem
@@ -284,7 +283,7 @@ def check_folder(folder: str | Path, orgs: Sequence[str] | None = None, max_per_
     if catalog is None:
         return FolderReport(folder, tuple(problems))
     try:
-        with_examples(catalog, read_examples(folder / EXAMPLES_FILE), folder / EXAMPLES_FILE)
+        with_examples_file(catalog, folder / EXAMPLES_FILE)
     except InputError as exc:
         problems.append(Problem(exc.path, exc.message))
     unknown_orgs = sorted(set(orgs or ()) - set(logs))

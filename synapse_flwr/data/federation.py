@@ -19,12 +19,7 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-from synapse_flwr.core.catalog import (
-    Catalog,
-    load_catalog,
-    read_examples,
-    with_examples,
-)
+from synapse_flwr.core.catalog import Catalog, load_catalog, with_examples_file
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.experience import (
     Event,
@@ -153,8 +148,7 @@ def packaged_examples(name: str, catalog: Catalog) -> Catalog:
     :mod:`synapse_flwr.core.examples`); a dataset folder keeps its own
     ``examples.json`` beside its catalog instead.
     """
-    table = EXAMPLES_DIR / f"{name}.json"
-    return with_examples(catalog, read_examples(table), table)
+    return with_examples_file(catalog, EXAMPLES_DIR / f"{name}.json")
 
 
 def own_orgs(name: str) -> int:
