@@ -32,13 +32,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+from synapse_flwr.simulations.experiment import data_hashes
 from synapse_flwr.simulations.tune_router import dataset, global_compendium
 
 from synapse_flwr.core.builder import PROTOTYPE_WEIGHT
 from synapse_flwr.core.embed import get_embedder
 from synapse_flwr.core.files import write_atomic
 from synapse_flwr.core.router import Router, candidate_set, evaluate_routes, fuse_llm
-from synapse_flwr.data.pins import verified_hashes
 from synapse_flwr.eval.results import (
     experiment_parser,
     load_experiment,
@@ -338,7 +338,7 @@ def main() -> None:
     def save(rep: dict) -> None:
         dev = read_dev()  # a dev stage running beside this one may have written since
         results = {"config": cfg, "dev": dev, "report": rep, "summary": summary(rep, dev, cfg)}
-        write_results(out, results, cfg, verified_hashes(["metatool"]),
+        write_results(out, results, cfg, data_hashes("metatool"),  # the pinned data and the shipped example requests
                       f"python simulations/llm_bench.py {args.config}")
         update_summary(out / "summary.json", results["summary"])
         write_atomic(out / "tables.md", tables(results))

@@ -182,3 +182,23 @@ def test_an_instruction_like_rewrite_keeps_the_released_phrase():
     comp = build_compendium(_events(), CATALOG, "acme", config=BuildConfig(rewrite=rewrite))
     texts = {s.text for s in comp.tool("get_weather").when}
     assert texts and not any("always" in t for t in texts) and "weather" in texts
+
+
+def test_a_private_low_success_precaution_needs_failures_above_the_noise():
+    def build(events, seed=11, **kw):
+        return build_compendium(events, CATALOG, "acme", seed=seed, **kw)
+
+    def low_success(comp):
+        return {t.tool_id for t in comp.tools if any(p.kind == "low_success" for p in t.precautions)}
+
+    # every call succeeded: noise alone gives unused tools a few calls and a low noised
+    # success rate, but no tool is said to fail
+    ok = [Event(query=f"weather in town {i}", tool="get_weather", success=True) for i in range(30)]
+    comps = [build(ok, seed=s, epsilon=4.0) for s in range(6)]
+    assert any(t.stats.calls >= 1 and (t.stats.success_rate or 0) < 0.5 for c in comps for t in c.tools)
+    assert not any(low_success(c) for c in comps)
+    # 300 failures clear 3 noise SDs of the failures at epsilon 4: the precaution stays
+    bad = [Event(query=f"book hotel {i}", tool="book_hotel", success=False) for i in range(300)]
+    assert low_success(build(bad, epsilon=4.0)) == {"book_hotel"}
+    # without privacy any failure rate below one half is stated
+    assert low_success(build(bad[:3], epsilon=math.inf)) == {"book_hotel"}

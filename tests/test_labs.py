@@ -47,3 +47,15 @@ def test_flips_counts_routes_fixed_and_broken_against_retrieval_order():
     fixed, broke = flips(items, fields.route_many(queries), none.route_many(queries))
     assert (fixed, broke) == (0, 2)
     assert flips(items, none.route_many(queries), fields.route_many(queries)) == (2, 0)
+
+
+def test_ranked_requests_lists_only_catalog_requests_by_support():
+    from synapse_flwr.core.schema import Compendium, Issuer, Scenario, ToolEntry
+    from synapse_flwr.simulations.readable_requests import ranked_requests
+
+    when = [Scenario(text="rain", support=50), Scenario(text="will it rain", support=3),
+            Scenario(text="umbrella today?", support=7)]
+    comp = Compendium(kind="org", issuer=Issuer(org="a"), tools=[ToolEntry(tool_id="h"),
+                                                                  ToolEntry(tool_id="w", when=when)])
+    examples = {"w": {"will it rain", "umbrella today?", "never listed"}, "h": {"a room"}}
+    assert ranked_requests(comp, examples) == {"w": ["umbrella today?", "will it rain"]}

@@ -13,7 +13,10 @@ The pipeline is deterministic given a seed and never needs a network:
    :mod:`synapse_flwr.core.privacy`;
 4. assemble the typed entries from released values only: near-identical
    phrases grouped into scenarios, precautions derived (post-processing, so
-   no extra privacy cost), optionally rewritten by an LLM.
+   no extra privacy cost), optionally rewritten by an LLM;
+5. with an embedder, release the query prototypes and list under ``when``
+   the catalog's example requests each prototype supports
+   (:mod:`synapse_flwr.core.scenarios`; post-processing again).
 
 One event touches at most ``max_unigrams + max_bigrams + 4`` counters (calls,
 successes, its phrases if released, one confusion, one transition): that bound is the
@@ -52,6 +55,7 @@ from synapse_flwr.core.prototypes import (
     sum_prototypes,
 )
 from synapse_flwr.core.sanitize import instruction_like
+from synapse_flwr.core.scenarios import SUPPORT_SDS, supported_requests
 from synapse_flwr.core.schema import (
     MAX_ITEMS,
     MAX_SCENARIOS,
@@ -331,13 +335,17 @@ def index_release(released: ReleasedCounts) -> dict[str, ToolRelease]:
 
 
 def assemble_entry(
-    tool_id: str, description: str, rel: ToolRelease, org: str, round_: int, config: BuildConfig
+    tool_id: str, description: str, rel: ToolRelease, org: str, round_: int, config: BuildConfig,
+    noise_sd: float = 0.0,
 ) -> ToolEntry:
     """Build one tool's typed entry from its released values only.
 
     A catalog description that reads as an instruction is left out (the
     edge would reject the whole artifact for it); readers fall back to the
-    catalog's own text, as a documentation-only router does.
+    catalog's own text, as a documentation-only router does. A low success
+    rate becomes a precaution only when the released failures (calls minus
+    successes, noise SD ``sqrt(2) * noise_sd``) clear :data:`SUPPORT_SDS` of
+    their noise: a reader is not told that a tool fails on the noise alone.
     """
     orgs = [org]
     description = "" if instruction_like(description) else description
@@ -365,7 +373,9 @@ def assemble_entry(
         if w.prefer is None
     ]
     rate = stats.success_rate
-    if rate is not None and rate < LOW_SUCCESS_RATE and stats.calls >= 1.0:
+    failures = stats.calls - stats.successes
+    if rate is not None and rate < LOW_SUCCESS_RATE and stats.calls >= 1.0 \
+            and failures > SUPPORT_SDS * math.sqrt(2) * noise_sd:
         precautions.append(
             Precaution(
                 kind="low_success",
@@ -418,6 +428,37 @@ def release_prototypes(
         for i, t in enumerate(ids)
         if cal.sigma > 0 or counts[i] > 0
     }
+
+
+def with_supported_requests(
+    entries: Sequence[ToolEntry], catalog: Catalog, embedder: Embedder, org: str, round_: int
+) -> list[ToolEntry]:
+    """Entries whose ``when`` also lists the example requests their released prototype supports.
+
+    Post-processing of the prototype release (:mod:`synapse_flwr.core.scenarios`):
+    readable scenarios at no privacy cost. A request already listed (a
+    released phrase equal to it) is not listed twice.
+    """
+    docs = {d.tool_id: [x for x in d.examples if instruction_like(x) is None] for d in catalog.tools}
+    texts = [x for e in entries for x in docs.get(e.tool_id, [])]
+    if not texts:
+        return list(entries)
+    vectors = np.asarray(embedder.encode(texts), np.float64)
+    vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    out, start = [], 0
+    for entry in entries:
+        requests = docs.get(entry.tool_id, [])
+        supported = supported_requests(entry.prototype, requests, vectors[start:start + len(requests)])
+        start += len(requests)
+        listed = {s.text for s in entry.when}
+        extra = [Scenario(text=r, support=round(s, 4), orgs=[org]) for r, s in supported if r not in listed]
+        if not extra:
+            out.append(entry)
+            continue
+        when = sorted([*entry.when, *extra], key=lambda s: s.text)[:MAX_SCENARIOS]
+        provenance = Provenance(orgs=[org], rounds=[round_])
+        out.append(entry.model_copy(update={"when": when, "provenance": provenance}))
+    return out
 
 
 def derive_seed(*parts: object) -> int:
@@ -501,13 +542,14 @@ def build_compendium(
         for (a, b), count in pairs.items():
             per_tool[a].next_tools[b] = per_tool[a].next_tools.get(b, 0.0) + count
     entries = [
-        assemble_entry(doc.tool_id, doc.description, per_tool[doc.tool_id], org, round_, config)
+        assemble_entry(doc.tool_id, doc.description, per_tool[doc.tool_id], org, round_, config, cal.sigma)
         for doc in catalog.tools
     ]
     if embedder is not None:
         protos = release_prototypes(events, catalog, embedder, cal, weight,
                                     np.random.default_rng(derive_seed(seed, org, round_, "prototypes")))
         entries = [e.model_copy(update={"prototype": protos.get(e.tool_id)}) for e in entries]
+        entries = with_supported_requests(entries, catalog, embedder, org, round_)
     private = math.isfinite(epsilon)
     privacy = PrivacyBlock(
         mechanism="gaussian" if private else "none",

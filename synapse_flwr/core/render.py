@@ -11,6 +11,7 @@ instruction is never shown to a reader.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from synapse_flwr.core.phrases import normalize_text
 from synapse_flwr.core.sanitize import neutralise
@@ -25,6 +26,8 @@ from synapse_flwr.core.schema import (
 )
 
 FLAT_SEPARATOR = " | "
+#: Example requests an LLM reader is shown per tool (each adds ~15 tokens to every prompt).
+SHOWN_REQUESTS = 3
 _CONTESTED = ("about", "scenario:")
 
 
@@ -114,12 +117,28 @@ def parse_flat(tool_id: str, text: str) -> ToolEntry:
     )
 
 
-def render_typed(entry: ToolEntry, max_items: int = 8) -> str:
-    """A labelled, field-by-field view of a tool for an LLM reader."""
+def render_typed(entry: ToolEntry, max_items: int = 8, examples: Sequence[str] = ()) -> str:
+    """A labelled, field-by-field view of a tool for an LLM reader.
+
+    ``examples`` are the tool's public example requests (the catalog's). Those
+    the entry's experience supports (listed under ``when``,
+    :mod:`synapse_flwr.core.scenarios`) are shown first, by support, as
+    "requests seen in use"; the rest fill up to :data:`SHOWN_REQUESTS` as
+    "example requests". A documentation-only view shows the same number of
+    requests, so the two differ only by what experience says.
+    """
     lines = [f"tool: {entry.tool_id}"]
     if entry.description:
         lines.append(f"description: {neutralise(entry.description)}")
-    top = sorted(entry.when, key=lambda s: -s.support)[:max_items]
+    public = set(examples)
+    used = sorted((s for s in entry.when if s.text in public), key=lambda s: (-s.support, s.text))[:SHOWN_REQUESTS]
+    if used:
+        lines.append("requests seen in use: " + "; ".join(neutralise(s.text) for s in used))
+    shown = {s.text for s in used}
+    rest = [x for x in examples if x not in shown][: SHOWN_REQUESTS - len(used)]
+    if rest:
+        lines.append("example requests: " + "; ".join(neutralise(x) for x in rest))
+    top = sorted((s for s in entry.when if s.text not in public), key=lambda s: -s.support)[:max_items]
     if top:
         lines.append("use when: " + "; ".join(neutralise(s.text) for s in top))
     avoid = sorted(entry.when_not, key=lambda s: -s.support)[:max_items]

@@ -77,7 +77,12 @@ from synapse_flwr.core.prototypes import (
     signal_energy,
     space_mismatch,
 )
-from synapse_flwr.core.render import parse_flat, render_flat, render_typed
+from synapse_flwr.core.render import (
+    SHOWN_REQUESTS,
+    parse_flat,
+    render_flat,
+    render_typed,
+)
 from synapse_flwr.core.schema import Compendium, FlatCompendium, ToolEntry
 
 log = logging.getLogger(__name__)
@@ -106,12 +111,13 @@ LLM_MODES = ("auto", "channel", "list")
 # weight on your own dev split (``llm_weight``, ``synapse route --llm-weight``).
 LLM_WEIGHT = 0.5
 # Per-model weights chosen on the seed-7 MetaTool dev split, 200 queries per
-# split, federated typed (simulations/llm_bench.py, docs/results/llm/dev.json).
-# local/smollm2: no weight above 0 beat retrieval order (0.625/0.59 at 0,
-# 0.62/0.57 at 0.5, 0.625/0.545 at 1), so its scores are shown, not fused.
-# local/gemma3: 0.67/0.59 at 0.5 (retrieval 0.625/0.59, 0.675/0.565 at 2,
-# the LLM alone 0.595/0.53).
-LLM_WEIGHTS: dict[str, float] = {"local/smollm2": 0.0, "local/gemma3": 0.5}
+# split, federated typed, candidates shown with their example requests
+# (simulations/llm_bench.py, docs/results/llm/dev.json; seen/held-out top-1).
+# local/smollm2: no weight above 0 beat retrieval order (0.645/0.60 at 0,
+# 0.64/0.595 at 0.25, 0.635/0.57 at 0.5), so its scores are shown, not fused.
+# local/gemma3: 0.655/0.60 at 0.25, 0.5 and 1 (retrieval 0.645/0.60,
+# 0.61/0.565 at 2, the LLM alone 0.59/0.515); the smallest of the tied.
+LLM_WEIGHTS: dict[str, float] = {"local/smollm2": 0.0, "local/gemma3": 0.25}
 # The documentation's best tools that every candidate set keeps. Experience
 # reorders retrieval: on queries whose documented tool has no experience but
 # whose gate is open, experienced tools filled the other slots, so a reranker
@@ -296,6 +302,14 @@ def typed_entries(compendium: Compendium | FlatCompendium | None, catalog: Catal
             entry = entry.model_copy(update={"description": doc.description})
         out[doc.tool_id] = entry
     return out
+
+
+def without_requests(entry: ToolEntry, examples: Sequence[str]) -> ToolEntry:
+    """The entry without the ``when`` scenarios that are its tool's public example requests."""
+    if not examples or not entry.when:
+        return entry
+    public = set(examples)
+    return entry.model_copy(update={"when": [s for s in entry.when if s.text not in public]})
 
 
 def doc_text(entry: ToolEntry, name: str) -> str:
@@ -500,11 +514,16 @@ class Router:
             # a description is allowed to be.)
             self.entries = {t: doc_entry(t, render_flat(e)) for t, e in self.entries.items()}
         self.tool_ids = list(self.entries)
+        self.examples = {d.tool_id: d.examples for d in catalog.tools}
+        # example requests listed under `when` (their supports read off the prototype)
+        # already reach retrieval through the documentation vector (_add_examples)
+        # and the prototype: indexed as scenarios too they would count a third time
+        indexed = {t: without_requests(e, self.examples[t]) for t, e in self.entries.items()}
         self.descriptions = catalog.descriptions()
         self.fallbacks = 0
         names = {d.tool_id: d.name for d in catalog.tools}
         texts, owners, kinds = [], [], []
-        for i, (tool_id, entry) in enumerate(self.entries.items()):
+        for i, (tool_id, entry) in enumerate(indexed.items()):
             texts.append(doc_text(entry, names[tool_id]))
             owners.append(i)
             kinds.append(0)
@@ -536,11 +555,11 @@ class Router:
         # a merged count sums the (clamped) noise of every org artifact behind it
         merged = max(len(getattr(compendium, "inputs", None) or []), 1)
         self.calls_floor = zero_count_floor(privacy.sigma if privacy is not None else 0.0, merged, NOISE_SDS)
-        self.profile = PhraseProfile(self.entries, names, privacy.threshold if privacy is not None else 1.0)
+        self.profile = PhraseProfile(indexed, names, privacy.threshold if privacy is not None else 1.0)
         # exactly the phrase model a documentation-only router builds
         docs = {t: doc_entry(t, e.description) for t, e in self.entries.items()}
         self.docs_profile = PhraseProfile(docs, names, 1.0)
-        self.phrase_tools = np.array([bool(e.when) for e in self.entries.values()])
+        self.phrase_tools = np.array([bool(e.when) for e in indexed.values()])
         self.compendium = compendium
         self.prototypes = self._load_prototypes(compendium)
         self.weights = weights or (SCENARIO_WEIGHTS if self.prototypes is None else PROTOTYPE_WEIGHTS)
@@ -733,7 +752,11 @@ class Router:
         if not experience:
             docs = doc_entry(tool_id, self.descriptions[tool_id])
             entry = docs if self.render == "typed" else doc_entry(tool_id, render_flat(docs))
-        return render_typed(entry) if self.render == "typed" else f"tool: {entry.tool_id}\n{entry.description}"
+        examples = self.examples.get(tool_id, ())
+        if self.render == "typed":
+            return render_typed(entry, examples=examples)
+        shown = f"\nexample requests: {'; '.join(examples[:SHOWN_REQUESTS])}" if examples else ""
+        return f"tool: {entry.tool_id}\n{entry.description}{shown}"
 
     def experience_read(self, prototype: np.ndarray, cand: Sequence[int]) -> set[int]:
         """The candidates whose experience the LLM reads for one query.

@@ -76,9 +76,12 @@ class Scenario(_Strict):
     Parameters
     ----------
     text : str
-        A representative phrase (never a raw user query).
+        A representative phrase, or one of the catalog's public example
+        requests (never a raw user query).
     support : float
-        Noised number of distinct supporting queries.
+        Noised number of distinct supporting queries; for an example request,
+        the similarity-weighted number read off the tool's released prototype
+        (:mod:`synapse_flwr.core.scenarios`).
     variants : list of str
         Other released phrases grouped with this one.
     orgs : list of str
