@@ -114,10 +114,10 @@ LLM_WEIGHT = 0.5
 # split, federated typed, candidates shown with their example requests
 # (simulations/llm_bench.py, docs/results/llm/dev.json; seen/held-out top-1).
 # local/smollm2: no weight above 0 beat retrieval order (0.645/0.60 at 0,
-# 0.64/0.595 at 0.25, 0.635/0.57 at 0.5), so its scores are shown, not fused.
-# local/gemma3: 0.655/0.60 at 0.25, 0.5 and 1 (retrieval 0.645/0.60,
-# 0.61/0.565 at 2, the LLM alone 0.59/0.515); the smallest of the tied.
-LLM_WEIGHTS: dict[str, float] = {"local/smollm2": 0.0, "local/gemma3": 0.25}
+# 0.64/0.595 at 0.25, 0.645/0.57 at 0.5), so its scores are shown, not fused.
+# local/gemma3: 0.66/0.60 at 1 (retrieval 0.645/0.60, 0.655/0.60 at 0.25
+# and 0.5, 0.635/0.565 at 2, the LLM alone 0.605/0.515).
+LLM_WEIGHTS: dict[str, float] = {"local/smollm2": 0.0, "local/gemma3": 1.0}
 # The documentation's best tools that every candidate set keeps. Experience
 # reorders retrieval: on queries whose documented tool has no experience but
 # whose gate is open, experienced tools filled the other slots, so a reranker
