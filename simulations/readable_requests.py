@@ -81,9 +81,9 @@ def tables(rows: list[dict], cfg: dict) -> str:
         return format(mean(values), fmt) if values else "-"
 
     lines = [f"# Readable requests under privacy (seed {cfg['seed']}; private ranking vs the exact one)", "",
-             "| dataset | orgs | epsilon | draws | tools with examples | tools listed (exact) | tools listed "
-             "(private) | requests listed | top request agrees | chance | top-3 overlap | org gzip bytes "
-             "(without requests) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             ("| dataset | orgs | epsilon | draws | tools with examples | tools listed (exact) | tools listed "
+              "(private) | requests listed | top request agrees | chance | top-3 overlap | org gzip bytes "
+              "(without requests) |"), "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key in dict.fromkeys((r["dataset"], r["orgs"], r["epsilon"]) for r in rows):
         rs = [r for r in rows if (r["dataset"], r["orgs"], r["epsilon"]) == key]
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {len(rs)} | {rs[0]['tools_with_examples']} | "

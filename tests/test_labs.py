@@ -1,13 +1,14 @@
-"""The accounting and when_not labs: what their committed tables stand on."""
+"""The accounting, when_not and readable-requests labs: what their committed tables stand on."""
 
 from __future__ import annotations
 
 from synapse_flwr.simulations.accounting import rdp_multiplier, tables
+from synapse_flwr.simulations.readable_requests import ranked_requests
 from synapse_flwr.simulations.when_not import flips
 
 from synapse_flwr.core import experience, privacy
 from synapse_flwr.core.router import Router
-from synapse_flwr.core.schema import Compendium, Issuer, ToolEntry, WhenNot
+from synapse_flwr.core.schema import Compendium, Issuer, Scenario, ToolEntry, WhenNot
 from synapse_flwr.data.federation import load_federated
 
 
@@ -50,9 +51,6 @@ def test_flips_counts_routes_fixed_and_broken_against_retrieval_order():
 
 
 def test_ranked_requests_lists_only_catalog_requests_by_support():
-    from synapse_flwr.core.schema import Compendium, Issuer, Scenario, ToolEntry
-    from synapse_flwr.simulations.readable_requests import ranked_requests
-
     when = [Scenario(text="rain", support=50), Scenario(text="will it rain", support=3),
             Scenario(text="umbrella today?", support=7)]
     comp = Compendium(kind="org", issuer=Issuer(org="a"), tools=[ToolEntry(tool_id="h"),
