@@ -20,6 +20,8 @@ from statistics import mean
 
 from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.merge import merge_typed
+from synapse_flwr.core.router import without_requests
+from synapse_flwr.core.scenarios import split_when
 from synapse_flwr.core.schema import Compendium
 from synapse_flwr.core.wire import encode
 from synapse_flwr.data.federation import load_federated
@@ -32,16 +34,10 @@ def ranked_requests(comp: Compendium, examples: dict[str, set[str]]) -> dict[str
     """Per tool, the example requests its ``when`` lists, highest support first."""
     out = {}
     for t in comp.tools:
-        listed = sorted((s for s in t.when if s.text in examples[t.tool_id]), key=lambda s: (-s.support, s.text))
+        listed = sorted(split_when(t.when, examples[t.tool_id])[0], key=lambda s: (-s.support, s.text))
         if listed:
             out[t.tool_id] = [s.text for s in listed]
     return out
-
-
-def without_requests(comp: Compendium, examples: dict[str, set[str]]) -> Compendium:
-    """The artifact as it was before requests were listed (for its size)."""
-    return comp.model_copy(update={"tools": [t.model_copy(update={"when": [
-        s for s in t.when if s.text not in examples[t.tool_id]]}) for t in comp.tools]})
 
 
 def one_run(run: dict, cfg: dict, emb) -> list[dict]:
@@ -68,7 +64,8 @@ def one_run(run: dict, cfg: dict, emb) -> list[dict]:
                "top3_overlap": mean(len(set(private[t][:3]) & set(exact[t][:3])) / min(3, len(exact[t]))
                                     for t in both) if both else None,
                "org_gzip": mean(len(encode(c)) for c in orgs),
-               "org_gzip_without": mean(len(encode(without_requests(c, examples))) for c in orgs)}
+               "org_gzip_without": mean(len(encode(c.model_copy(update={"tools": [
+                   without_requests(t, examples[t.tool_id]) for t in c.tools]}))) for c in orgs)}
         log.info("%s", row)
         rows.append(row)
     return rows

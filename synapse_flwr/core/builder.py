@@ -443,6 +443,7 @@ def with_supported_requests(
     texts = [x for e in entries for x in docs.get(e.tool_id, [])]
     if not texts:
         return list(entries)
+    # float64, not embed.l2_normalize's float32: supports are sums over many queries
     vectors = np.asarray(embedder.encode(texts), np.float64)
     vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
     out, start = [], 0

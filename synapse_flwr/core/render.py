@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from synapse_flwr.core.phrases import normalize_text
 from synapse_flwr.core.sanitize import neutralise
+from synapse_flwr.core.scenarios import split_when
 from synapse_flwr.core.schema import (
     MAX_TEXT,
     Precaution,
@@ -130,15 +131,15 @@ def render_typed(entry: ToolEntry, max_items: int = 8, examples: Sequence[str] =
     lines = [f"tool: {entry.tool_id}"]
     if entry.description:
         lines.append(f"description: {neutralise(entry.description)}")
-    public = set(examples)
-    used = sorted((s for s in entry.when if s.text in public), key=lambda s: (-s.support, s.text))[:SHOWN_REQUESTS]
+    requests, phrases = split_when(entry.when, examples)
+    used = sorted(requests, key=lambda s: (-s.support, s.text))[:SHOWN_REQUESTS]
     if used:
         lines.append("requests seen in use: " + "; ".join(neutralise(s.text) for s in used))
     shown = {s.text for s in used}
     rest = [x for x in examples if x not in shown][: SHOWN_REQUESTS - len(used)]
     if rest:
         lines.append("example requests: " + "; ".join(neutralise(x) for x in rest))
-    top = sorted((s for s in entry.when if s.text not in public), key=lambda s: -s.support)[:max_items]
+    top = sorted(phrases, key=lambda s: -s.support)[:max_items]
     if top:
         lines.append("use when: " + "; ".join(neutralise(s.text) for s in top))
     avoid = sorted(entry.when_not, key=lambda s: -s.support)[:max_items]

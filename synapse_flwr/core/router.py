@@ -68,7 +68,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from synapse_flwr.core.catalog import Catalog
-from synapse_flwr.core.embed import Embedder, get_embedder
+from synapse_flwr.core.embed import Embedder, get_embedder, l2_normalize
 from synapse_flwr.core.phrases import candidate_phrases
 from synapse_flwr.core.privacy import zero_count_floor
 from synapse_flwr.core.prototypes import (
@@ -83,6 +83,7 @@ from synapse_flwr.core.render import (
     render_flat,
     render_typed,
 )
+from synapse_flwr.core.scenarios import split_when
 from synapse_flwr.core.schema import Compendium, FlatCompendium, ToolEntry
 
 log = logging.getLogger(__name__)
@@ -308,8 +309,7 @@ def without_requests(entry: ToolEntry, examples: Sequence[str]) -> ToolEntry:
     """The entry without the ``when`` scenarios that are its tool's public example requests."""
     if not examples or not entry.when:
         return entry
-    public = set(examples)
-    return entry.model_copy(update={"when": [s for s in entry.when if s.text not in public]})
+    return entry.model_copy(update={"when": split_when(entry.when, examples)[1]})
 
 
 def doc_text(entry: ToolEntry, name: str) -> str:
@@ -573,8 +573,7 @@ class Router:
                  if (doc := self.catalog.get(t)) is not None and doc.examples}
         if not texts:
             return
-        examples = self._embed([x for group in texts.values() for x in group])
-        examples /= np.maximum(np.linalg.norm(examples, axis=1, keepdims=True), 1e-12)
+        examples = l2_normalize(self._embed([x for group in texts.values() for x in group]))
         start = 0
         for i, group in texts.items():
             mean = examples[start:start + len(group)].mean(axis=0)

@@ -18,17 +18,26 @@ whose prototype count clears the noise itself.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from synapse_flwr.core.prototypes import above_noise, decode_prototype
-from synapse_flwr.core.schema import Prototype
+from synapse_flwr.core.schema import Prototype, Scenario
 
 #: Noise SDs a request's support must clear (and the prototype's count too).
 SUPPORT_SDS = 3.0
 #: Requests kept per tool in one organisation's artifact (wire size; the shipped tables hold 6).
 MAX_SUPPORTED = 6
+
+
+def split_when(when: Iterable[Scenario], examples: Iterable[str]) -> tuple[list[Scenario], list[Scenario]]:
+    """A ``when`` list as (the tool's public example requests it lists, its other scenarios), in order."""
+    public = set(examples)
+    requests, others = [], []
+    for s in when:
+        (requests if s.text in public else others).append(s)
+    return requests, others
 
 
 def request_supports(proto: Prototype, vectors: np.ndarray) -> np.ndarray:
