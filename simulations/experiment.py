@@ -58,7 +58,7 @@ SPLITS = ("seen", "heldout")
 # Evaluations are cached under a hash of the code that routes, so a router
 # change re-scores every arm while the (slow) Flower runs stay cached; a
 # change to the builder or the merge needs ``--fresh``.
-ROUTING_MODULES = ("core.router", "core.render", "core.embed", "eval.baselines", "flower.fedavg_dp")
+ROUTING_MODULES = ("core.router", "core.votes", "core.render", "core.embed", "eval.baselines", "flower.fedavg_dp")
 
 
 def routing_code() -> str:
@@ -369,8 +369,12 @@ class Experiment:
             "epsilon": epsilon, "delta": self.cfg.delta, "alpha": self.cfg.alpha, "seed": seed, "inject": rate,
             "output-dir": str(out_dir), "evaluate": False, "replay": replay, "embedder": self.space_name})
 
-    def org_artifacts(self, seed: int, rate: float, epsilon: float) -> dict[str, Compendium]:
-        """Each org's final-round artifact, rebuilt through its ClientApp's own release path."""
+    def org_artifacts(self, seed: int, rate: float, epsilon: float, run: dict) -> dict[str, Compendium]:
+        """Each org's final-round artifact, rebuilt through its ClientApp's own release path.
+
+        Each round starts from the global ``run`` merged the round before, as
+        the ClientApp did (its fusion votes are cast against it).
+        """
         from synapse_flwr.flower.client_app import OrgData, org_release
 
         ds = self.dataset(seed, rate)
@@ -379,8 +383,9 @@ class Experiment:
         def final(org: str, events: list) -> Compendium:
             state = ReleaseState(fingerprint="")
             for round_ in range(1, cfg.num_rounds + 1):
+                incoming = self.global_of(run, round_ - 1) if round_ > 1 else None
                 artifact, state, _ = org_release(OrgData(org, ds.catalog, events), cfg, state, round_, [],
-                                                 self.space)
+                                                 self.space, incoming)
             return artifact
 
         return self._memo(("orgs", seed, rate, epsilon), lambda: {
@@ -403,7 +408,7 @@ class Experiment:
 
         def compute() -> dict:
             merged = set(self.global_of(run).inputs)
-            rebuilt = {content_hash(a) for a in self.org_artifacts(seed, rate, epsilon).values()}
+            rebuilt = {content_hash(a) for a in self.org_artifacts(seed, rate, epsilon, run).values()}
             injection = self.dataset(seed, rate).info.get("injection")
             return {"verified": rebuilt == merged, "orgs": len(rebuilt),
                     "merged_only": sorted(merged - rebuilt), "rebuilt_only": sorted(rebuilt - merged),
@@ -466,7 +471,7 @@ class Experiment:
             if not check["verified"]:
                 raise SynapseError(f"seed {seed}: the rebuilt org artifacts differ from those Flower merged")
             per_org = [self.evaluate(art, seed, label=f"local-{org}")
-                       for org, art in sorted(self.org_artifacts(seed, 0.0, math.inf).items())]
+                       for org, art in sorted(self.org_artifacts(seed, 0.0, math.inf, fed).items())]
             out["local_only"] = {split: {"acc": statistics.mean(m[split]["acc"] for m in per_org),
                                          "r5": statistics.mean(m[split]["r5"] for m in per_org),
                                          "n": per_org[0][split]["n"],

@@ -379,8 +379,9 @@ LLMWeightOption = Annotated[
 CountPriorOption = Annotated[
     float | None,
     typer.Option(help="Weight of log(1 + calls) of each tool in the compendium, a prior that your traffic follows "
-                 "the federation's mix of tools (default 0.5, chosen on MetaTool's dev split). Set 0 when your "
-                 "traffic's mix differs, e.g. a test set balanced over tools (docs/results/tuning/label_shift)."),
+                 "the federation's mix of tools (default: the one the federation's fusion votes chose, else 0.5, "
+                 "chosen on MetaTool's dev split). Set 0 when your traffic's mix differs, e.g. a test set balanced "
+                 "over tools (docs/results/tuning/label_shift)."),
 ]
 
 
@@ -540,8 +541,10 @@ def experiment(
 
 
 def _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_weight, count_prior):
+    from dataclasses import replace
+
     from synapse_flwr.core.catalog import load_catalog
-    from synapse_flwr.core.router import Fusion, Router
+    from synapse_flwr.core.router import Router, voted_fusion
     from synapse_flwr.core.wire import load_artifact
 
     cat = load_catalog(catalog)
@@ -552,7 +555,7 @@ def _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_
         except ArtifactError as exc:
             raise SynapseError(f"{compendium} is not a valid artifact: {exc}") from None
     try:
-        fusion = Fusion() if count_prior is None else Fusion(prior=count_prior)
+        fusion = None if count_prior is None else replace(voted_fusion(comp), prior=count_prior)
         return Router(comp, cat, embedder=embedder, reranker=reranker, k=k, render=render, model=model,
                       llm_weight=llm_weight, fusion=fusion)
     except ValueError as exc:

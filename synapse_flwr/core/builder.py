@@ -79,6 +79,7 @@ from synapse_flwr.core.sequences import (
     release_sequences,
     sequence_counts,
 )
+from synapse_flwr.core.votes import vote_sensitivity
 
 # Counters an event touches besides its phrases: calls, successes, one
 # confusion, one next-tool transition.
@@ -130,6 +131,10 @@ class BuildConfig:
         ``max_tools`` events and prototypes, plus start and transition counts
         clipped to L2 norm ``sqrt(max_counters)``, of weight ``weight``; pass the records to
         :func:`build_compendium` as ``sequences``.
+    vote_share : float
+        Share of each record's budget kept for its fusion vote in a later
+        round (:data:`synapse_flwr.core.votes.VOTE_SHARE` when the run votes,
+        else 0); the release gets the rest.
     """
 
     max_unigrams: int = 5
@@ -141,6 +146,7 @@ class BuildConfig:
     prototype_weight: float = PROTOTYPE_WEIGHT
     phrases: bool | None = None
     sequences: SequenceBounds | None = None
+    vote_share: float = 0.0
 
     def __post_init__(self) -> None:
         if self.sequences is not None and self.events_per_record != 1:
@@ -173,6 +179,7 @@ class BuildConfig:
             # vectors to ONE tool's prototype: squared norm E^2 (1 + c^2), not E (1 + c^2)
             prototype_weight=weight, prototypes_per_record=self.record_events if seq else self.events_per_record**2,
             sequence_counters=seq.max_counters if seq else 0, sequence_weight=seq.weight if seq else 0.0,
+            vote_share=self.vote_share,
         )
 
 
@@ -462,6 +469,22 @@ def with_supported_requests(
     return out
 
 
+def vote_noise(epsilon: float, delta: float, rounds: int, releases: int, config: BuildConfig,
+               embedder: Embedder | None) -> tuple[float, float | None]:
+    """Noise SD of one org's fusion vote sums, and the epsilon of a record's releases with its vote.
+
+    The budget is the one :func:`build_compendium` calibrates with the same
+    arguments (``config.vote_share`` of it kept for the vote,
+    :mod:`synapse_flwr.core.votes`). Without privacy: ``(0.0, None)``.
+    """
+    if not math.isfinite(epsilon):
+        return 0.0, None
+    weight = config.prototype_weight if embedder is not None else 0.0
+    params = config.resolved(True, embedder is not None).privacy_params(epsilon, delta, rounds, weight)
+    cal = calibrate(params)
+    return cal.vote_multiplier * vote_sensitivity(), epsilon_spent(params, cal, releases, voted=True)
+
+
 def derive_seed(*parts: object) -> int:
     """A stable 63-bit seed from any parts (e.g. run seed, org, round)."""
     digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
@@ -565,6 +588,7 @@ def build_compendium(
         text_policy="pii-masked+dp-partition-selection" if private else "pii-masked",
         prototype_weight=weight,
         sequence_weight=config.sequences.weight if config.sequences else 0.0,
+        vote_share=config.vote_share if private else 0.0,
     )
     return Compendium(
         kind="org",

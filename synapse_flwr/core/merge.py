@@ -117,6 +117,7 @@ from synapse_flwr.core.schema import (
     ToolStats,
     WhenNot,
 )
+from synapse_flwr.core.votes import sum_votes
 from synapse_flwr.core.wire import content_hash
 
 GLOBAL_ORG = "global"
@@ -222,6 +223,7 @@ def merge_privacy(blocks: Sequence[PrivacyBlock]) -> PrivacyBlock:
         text_policy="pii-masked+dp-partition-selection",
         prototype_weight=max(b.prototype_weight for b in blocks),
         sequence_weight=min(b.sequence_weight for b in blocks),
+        vote_share=max(b.vote_share for b in blocks),
     )
 
 
@@ -808,6 +810,7 @@ def _merge_unique(hashed: list[tuple[str, Compendium]], config: MergeConfig, pol
         policy=policy,
         inputs=leaf_hashes(hashed),
         embedding=space,
+        votes=sum_votes([c.votes for c in inputs]),
     )
 
 

@@ -112,6 +112,11 @@ class PrivacyParams:
         ``w``: the weight of those counters in the release, so they add
         ``w^2 * sequence_counters`` to the squared L2 sensitivity and, divided
         by ``w``, carry noise ``sigma / w``; 0 or ``1 <= w <= 100``.
+    vote_share : float, default 0.0
+        Share of the budget (of the squared GDP ``mu``) kept for one more
+        release per record, the fusion vote (:mod:`synapse_flwr.core.votes`):
+        the counters and prototypes get ``1 - vote_share`` of it. 0 (no vote)
+        or ``0 < vote_share <= 0.5``.
 
     Raises
     ------
@@ -129,6 +134,7 @@ class PrivacyParams:
     prototypes_per_record: int = 1
     sequence_counters: int = 0
     sequence_weight: float = 0.0
+    vote_share: float = 0.0
 
     def __post_init__(self) -> None:
         if math.isnan(self.epsilon) or self.epsilon <= 0:
@@ -166,6 +172,8 @@ class PrivacyParams:
                 f"sequence_weight must be 1 <= sequence_weight <= 100 with sequence counters and 0 without, "
                 f"got {w!r} for {self.sequence_counters} counters"
             )
+        if not 0 <= self.vote_share <= 0.5:  # also rejects NaN
+            raise ValueError(f"vote_share must be 0 (no fusion vote) or in (0, 0.5], got {self.vote_share!r}")
 
     @property
     def l2_sensitivity(self) -> float:
@@ -196,6 +204,8 @@ class Calibration:
         Delta at which the Gaussian releases are accounted.
     delta_selection : float
         Delta spent by partition selection over all planned rounds.
+    vote_multiplier : float
+        Noise SD per unit of L2 sensitivity of the fusion vote (0 without one).
     """
 
     noise_multiplier: float
@@ -203,6 +213,7 @@ class Calibration:
     threshold: float
     delta_accounting: float
     delta_selection: float
+    vote_multiplier: float = 0.0
 
 
 def _opacus():
@@ -382,18 +393,22 @@ def calibrate(params: PrivacyParams) -> Calibration:
     if not params.private:
         return Calibration(0.0, 0.0, float(params.min_support), delta_accounting, delta_selection)
     try:
-        z = gaussian_noise_multiplier(params.epsilon, delta_accounting, params.rounds)
+        z_all = gaussian_noise_multiplier(params.epsilon, delta_accounting, params.rounds)
     except ValueError as exc:
         raise ValueError(f"cannot calibrate noise for {params}: {exc}") from exc
+    # GDP composes in squares: the releases keep (1 - share) mu^2, the vote share * mu^2
+    share = params.vote_share
+    z = z_all / math.sqrt(1 - share)
+    vote_z = z_all / math.sqrt(share * params.rounds) if share else 0.0
     sigma = z * params.l2_sensitivity
     per_key_delta = delta_selection / (params.rounds * params.max_contributions)
     # Phi^-1(1 - p) as -Phi^-1(p): exact for a tiny p, where 1 - p rounds to 1
     threshold = 1.0 - sigma * NormalDist().inv_cdf(per_key_delta)
     logger.debug("calibrated %s: z=%.4f sigma=%.4f tau=%.4f", params, z, sigma, threshold)
-    return Calibration(z, sigma, threshold, delta_accounting, delta_selection)
+    return Calibration(z, sigma, threshold, delta_accounting, delta_selection, vote_z)
 
 
-def epsilon_spent(params: PrivacyParams, cal: Calibration, rounds_done: int) -> float:
+def epsilon_spent(params: PrivacyParams, cal: Calibration, rounds_done: int, voted: bool = False) -> float:
     """Exact epsilon of the Gaussian releases made so far (:func:`gaussian_epsilon`).
 
     Parameters
@@ -406,6 +421,9 @@ def epsilon_spent(params: PrivacyParams, cal: Calibration, rounds_done: int) -> 
         Releases made so far, ``>= 0``. More than ``params.rounds`` is reported
         honestly but logged as a warning: partition selection then exceeds its
         delta budget.
+    voted : bool, default False
+        Whether the record's fusion vote was released too (composed with the
+        releases at ``cal.vote_multiplier``).
 
     Returns
     -------
@@ -431,7 +449,12 @@ def epsilon_spent(params: PrivacyParams, cal: Calibration, rounds_done: int) -> 
             rounds_done,
             params.rounds,
         )
-    return gaussian_epsilon(cal.noise_multiplier, rounds_done, cal.delta_accounting)
+    if not voted:
+        return gaussian_epsilon(cal.noise_multiplier, rounds_done, cal.delta_accounting)
+    if cal.vote_multiplier <= 0:
+        raise ValueError("a fusion vote was released but the budget reserved no share for one (vote_share 0)")
+    mu_squared = rounds_done / cal.noise_multiplier**2 + 1 / cal.vote_multiplier**2
+    return gaussian_epsilon(1 / math.sqrt(mu_squared), 1, cal.delta_accounting)
 
 
 def noise_counts(counts: np.ndarray, sigma: float, rng: np.random.Generator) -> np.ndarray:

@@ -24,7 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from synapse_flwr.core.experience import Event
 from synapse_flwr.core.merge import merge_typed
-from synapse_flwr.core.schema import Compendium, Issuer
+from synapse_flwr.core.schema import Compendium, FusionVotes, Issuer
+from synapse_flwr.core.votes import sum_votes
 
 
 class ReleaseState(BaseModel):
@@ -41,6 +42,9 @@ class ReleaseState(BaseModel):
         Releases made so far (rounds with new records).
     artifact : Compendium or None
         The combined release, re-sent as long as nothing new arrives.
+    voted : list of str
+        Keys of the records whose fusion vote was released, sorted
+        (:mod:`synapse_flwr.core.votes`: one vote per record).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -49,6 +53,7 @@ class ReleaseState(BaseModel):
     released: list[str] = Field(default_factory=list)
     windows: int = Field(default=0, ge=0)
     artifact: Compendium | None = None
+    voted: list[str] = Field(default_factory=list)
 
 
 def record_keys(events: Sequence[Event]) -> list[str]:
@@ -65,16 +70,18 @@ def record_keys(events: Sequence[Event]) -> list[str]:
 def combine(previous: Compendium, window: Compendium) -> Compendium:
     """One organisation's combined release: its earlier release and a new window.
 
-    Counts, supports and prototype sums add up (the typed merge's field-wise
-    sums); the result is the organisation's artifact with the window's issuer
-    privacy block and embedding space (every window is calibrated alike, in
+    Counts, supports, prototype sums and fusion votes add up (the typed
+    merge's field-wise sums); the result is the organisation's artifact with
+    the window's issuer, the looser privacy block and the window's embedding space (every window is calibrated alike, in
     the federation's one space). The merge's conflict
     log is dropped: disagreements between one organisation's own windows are
     not disagreements between organisations.
     """
     merged = merge_typed([previous, window])
-    return Compendium(kind="org", issuer=window.issuer, privacy=window.privacy, tools=merged.tools,
-                      embedding=window.embedding)
+    # a record that voted spent its vote share too: the loosest of the two blocks
+    privacy = max(previous.privacy, window.privacy, key=lambda p: p.epsilon or 0.0)
+    return Compendium(kind="org", issuer=window.issuer, privacy=privacy, tools=merged.tools,
+                      embedding=window.embedding, votes=merged.votes)
 
 
 def release_round(
@@ -114,5 +121,21 @@ def release_round(
         released=sorted(released | {k for k, _ in fresh}),
         windows=state.windows + 1,
         artifact=artifact,
+        voted=state.voted,
     )
     return artifact, new_state, len(fresh)
+
+
+def with_votes(
+    artifact: Compendium, state: ReleaseState, votes: FusionVotes | None, keys: Sequence[str], epsilon: float | None
+) -> tuple[Compendium, ReleaseState]:
+    """The artifact and state after the records ``keys`` cast their fusion votes (released as ``votes``).
+
+    The votes add to those the artifact carries; ``epsilon`` (a record's
+    releases and its vote, None without privacy) becomes the artifact's
+    spent epsilon; the keys are recorded so that no record votes twice.
+    """
+    privacy = artifact.privacy if epsilon is None else artifact.privacy.model_copy(update={"epsilon": round(epsilon, 6)})
+    voted = artifact.model_copy(update={"votes": sum_votes([artifact.votes, votes]), "privacy": privacy})
+    new_state = state.model_copy(update={"voted": sorted(set(state.voted) | set(keys)), "artifact": voted})
+    return voted, new_state

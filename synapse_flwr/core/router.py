@@ -62,7 +62,7 @@ import itertools
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import scipy.sparse as sp
@@ -85,6 +85,7 @@ from synapse_flwr.core.render import (
 )
 from synapse_flwr.core.scenarios import split_when
 from synapse_flwr.core.schema import Compendium, FlatCompendium, ToolEntry
+from synapse_flwr.core.votes import chosen_setting
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +211,14 @@ class Fusion:
             raise ValueError(f"fusion gate_alpha must be in (0, 1], got {self.gate_alpha!r}")
         if not -1 <= self.margin < 1:
             raise ValueError(f"fusion margin must be in [-1, 1), got {self.margin!r}")
+
+
+def voted_fusion(compendium: Compendium | FlatCompendium | None) -> Fusion:
+    """The default :class:`Fusion` with the prototype weight and prior the federation's votes chose, if any."""
+    setting = chosen_setting(getattr(compendium, "votes", None))
+    if setting is None:
+        return Fusion()
+    return replace(Fusion(), prototype=setting.prototype, prior=setting.prior)
 
 
 RENDERS = ("typed", "flat")
@@ -463,8 +472,10 @@ class Router:
         Weights of (dense documentation, lexical profile, extra scenario
         similarity) in the retrieval score; None: :data:`PROTOTYPE_WEIGHTS`
         when the compendium's prototypes are used, else :data:`SCENARIO_WEIGHTS`.
-    fusion : Fusion
-        How phrases and prototypes add to the documentation score.
+    fusion : Fusion or None
+        How phrases and prototypes add to the documentation score. None: the
+        defaults, with the prototype weight and count prior the compendium's
+        fusion votes chose (:mod:`synapse_flwr.core.votes`) when it has any.
     """
 
     def __init__(
@@ -477,7 +488,7 @@ class Router:
         render: str = "typed",
         model: str = "local/smollm2",
         weights: tuple[float, float, float] | None = None,
-        fusion: Fusion = Fusion(),
+        fusion: Fusion | None = None,
         llm_mode: str = "auto",
         llm_weight: float | None = None,
         docs_candidates: int = DOCS_CANDIDATES,
@@ -504,7 +515,7 @@ class Router:
         self.llm_mode = llm_mode if llm_mode != "auto" else ("channel" if model.startswith("local/") else "list")
         self.llm_weight = llm_weight_for(model) if llm_weight is None else llm_weight
         self.docs_candidates = docs_candidates
-        self.fusion = fusion
+        self.fusion = fusion or voted_fusion(compendium)
         self.entries = typed_entries(compendium, catalog)
         if render == "flat":
             # The ablation of the typed fields (the paper's flat arm): the router

@@ -344,6 +344,9 @@ class PrivacyBlock(_Strict):
         (:mod:`synapse_flwr.core.sequences`): the released ``starts`` and
         ``next_tools`` counts carry noise ``sigma / w``; 0 when the records
         are events.
+    vote_share : float
+        Share of the budget kept for each record's fusion vote
+        (:mod:`synapse_flwr.core.votes`); 0 when the run does not vote.
     """
 
     mechanism: Literal["gaussian", "none"] = "none"
@@ -358,6 +361,7 @@ class PrivacyBlock(_Strict):
     text_policy: Literal["pii-masked+dp-partition-selection", "pii-masked"] = "pii-masked"
     prototype_weight: Annotated[float, Field(ge=0.0, le=100.0, allow_inf_nan=False)] = 0.0
     sequence_weight: Annotated[float, Field(ge=0.0, le=100.0, allow_inf_nan=False)] = 0.0
+    vote_share: Annotated[float, Field(ge=0.0, le=0.5, allow_inf_nan=False)] = 0.0
 
 
 class Claim(_Strict):
@@ -425,6 +429,54 @@ class DroppedConflicts(_Strict):
     count: Annotated[int, Field(ge=1, le=10**12)]
 
 
+class FusionSetting(_Strict):
+    """One way a router may add experience to the documentation (see ``router.Fusion``).
+
+    Parameters
+    ----------
+    prototype : float
+        Weight of the prototype evidence (0: documentation only).
+    prior : float
+        Weight of the count prior ``log(1 + n)``.
+    """
+
+    prototype: Annotated[float, Field(ge=0.0, le=100.0, allow_inf_nan=False)]
+    prior: Annotated[float, Field(ge=0.0, le=10.0, allow_inf_nan=False)]
+
+
+Vote = Annotated[float, Field(ge=-MAX_COUNT, le=MAX_COUNT, allow_inf_nan=False)]
+
+
+class FusionVotes(_Strict):
+    """Noised leave-one-out votes for how a router should fuse experience (:mod:`synapse_flwr.core.votes`).
+
+    Parameters
+    ----------
+    settings : list of FusionSetting
+        The settings voted on, in the order a tie is broken (least experience first).
+    correct : list of float
+        Per setting, the noised number of the voters' records it routes right
+        when the record's own contribution is taken out of the global; noise
+        may make one negative.
+    records : float
+        Noised number of records that voted (released with the sums, same
+        noise; may be negative).
+    sd : float
+        Standard deviation of the noise on each sum and on ``records``.
+    """
+
+    settings: list[FusionSetting] = Field(min_length=1, max_length=MAX_ITEMS)
+    correct: list[Vote] = Field(min_length=1, max_length=MAX_ITEMS)
+    records: Vote = 0.0
+    sd: Count = 0.0
+
+    @model_validator(mode="after")
+    def _one_sum_per_setting(self) -> FusionVotes:
+        if len(self.correct) != len(self.settings):
+            raise ValueError(f"{len(self.correct)} vote sums for {len(self.settings)} settings")
+        return self
+
+
 class Compendium(_Strict):
     """A typed tool-routing compendium: one org's artifact or the global merge.
 
@@ -451,6 +503,9 @@ class Compendium(_Strict):
         Content hashes of the artifacts merged into a global (sorted).
     embedding : EmbeddingSpace or None
         The space of every tool's prototype; required when any tool has one.
+    votes : FusionVotes or None
+        Leave-one-out votes for the router's fusion setting (rounds after the
+        first; None before any).
     """
 
     schema_version: Literal["1.0"] = SCHEMA_VERSION
@@ -467,6 +522,7 @@ class Compendium(_Strict):
         default_factory=list, max_length=MAX_INPUTS
     )
     embedding: EmbeddingSpace | None = None
+    votes: FusionVotes | None = None
 
     @model_validator(mode="after")
     def _tools_sorted_unique(self) -> Compendium:

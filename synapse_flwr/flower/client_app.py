@@ -21,21 +21,33 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from synapse_flwr.core.builder import BuildConfig, build_compendium
+from synapse_flwr.core.builder import (
+    BuildConfig,
+    build_compendium,
+    derive_seed,
+    vote_noise,
+)
 from synapse_flwr.core.catalog import Catalog, load_catalog
 from synapse_flwr.core.delta import encode_delta, make_delta, sha256_hex
 from synapse_flwr.core.embed import Embedder, get_embedder
 from synapse_flwr.core.errors import InputError
-from synapse_flwr.core.experience import Event, load_experience
+from synapse_flwr.core.experience import Event, event_label, load_experience
 from synapse_flwr.core.files import write_atomic
-from synapse_flwr.core.release import ReleaseState, record_keys, release_round
+from synapse_flwr.core.release import (
+    ReleaseState,
+    record_keys,
+    release_round,
+    with_votes,
+)
 from synapse_flwr.core.replay import replay_events
 from synapse_flwr.core.router import Router
-from synapse_flwr.core.schema import SCHEMA_VERSION, Compendium
+from synapse_flwr.core.schema import SCHEMA_VERSION, Compendium, FusionVotes
 from synapse_flwr.core.signing import ARTIFACT, GLOBAL
+from synapse_flwr.core.votes import VOTE_SHARE, loo_correct, release_votes
 from synapse_flwr.core.wire import Artifact, decode, encode, unwrap
 from synapse_flwr.data.check import DataError
 from synapse_flwr.data.federation import load_dataset, load_partition
@@ -101,7 +113,7 @@ def fingerprint(cfg: RunConfig, org: str, catalog: Catalog) -> str:
     """
     rounds = cfg.num_rounds if cfg.replay else None
     parts = [org, cfg.dataset, cfg.seed, cfg.epsilon, cfg.delta, rounds, cfg.replay, cfg.embedder,
-             cfg.alpha, cfg.inject, repr(BuildConfig()), SCHEMA_VERSION, *catalog.ids]
+             cfg.alpha, cfg.inject, repr(build_config(cfg)), SCHEMA_VERSION, *catalog.ids]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
 
 
@@ -126,6 +138,11 @@ def load_state(path: Path, fingerprint_: str) -> ReleaseState:
     return state
 
 
+def build_config(cfg: RunConfig) -> BuildConfig:
+    """The builder's config for this run: part of each record's budget kept for its fusion vote when the run votes."""
+    return BuildConfig(vote_share=VOTE_SHARE if cfg.votes else 0.0)
+
+
 def org_release(
     data: OrgData,
     cfg: RunConfig,
@@ -133,23 +150,51 @@ def org_release(
     server_round: int,
     replayed: list[Event],
     embedder: Embedder | None,
+    incoming: Artifact | None = None,
 ) -> tuple[Compendium, ReleaseState, int]:
     """This round's artifact: each record released once, the cached release re-sent.
 
     Replayed outcomes are released under keys of their own round, but count as
     their record: with replay on, the budget covers one release per round.
+    When the run votes and ``incoming`` (the global this round started from)
+    carries prototypes, the records released in earlier rounds that have not
+    voted cast their fusion votes against it (:func:`cast_votes`).
     """
-    keyed = list(zip(record_keys(data.events), data.events))
+    keys = record_keys(data.events)
+    keyed = list(zip(keys, data.events))
     keyed += [(f"{k}/replay{server_round}", e) for k, e in zip(record_keys(replayed), replayed)]
     rounds = cfg.num_rounds if cfg.replay else 1
+    config = build_config(cfg)
+    releases = min(state.windows + 1, rounds)
 
     def build(events: list[Event]) -> Compendium:
         return build_compendium(
             events, data.catalog, data.org, round_=server_round, epsilon=cfg.epsilon, delta=cfg.delta,
-            rounds=rounds, releases=min(state.windows + 1, rounds), seed=cfg.seed, embedder=embedder,
+            rounds=rounds, releases=releases, seed=cfg.seed, embedder=embedder, config=config,
         )
 
-    return release_round(keyed, state, build, server_round)
+    before = state
+    artifact, state, released = release_round(keyed, state, build, server_round)
+    if cfg.votes and embedder is not None and isinstance(incoming, Compendium) and incoming.embedding:
+        done, voted = set(before.released), set(before.voted)
+        voters = [(k, e) for k, e in zip(keys, data.events) if k in done and k not in voted]
+        if voters:
+            sd, epsilon = vote_noise(cfg.epsilon, cfg.delta, rounds, releases, config, embedder)
+            votes = cast_votes([e for _, e in voters], data.catalog, incoming, embedder, sd,
+                               np.random.default_rng(derive_seed(cfg.seed, data.org, server_round, "votes")))
+            artifact, state = with_votes(artifact, state, votes, [k for k, _ in voters], epsilon)
+    return artifact, state, released
+
+
+def cast_votes(events: list[Event], catalog: Catalog, incoming: Compendium, embedder: Embedder, sd: float,
+               rng: np.random.Generator) -> FusionVotes | None:
+    """The released fusion votes of ``events`` (those with a label) against the global ``incoming``."""
+    labelled = [(e.query, label) for e in events if (label := event_label(e, catalog)) is not None]
+    if not labelled:
+        return None
+    router = Router(incoming, catalog, embedder=embedder, reranker="none")
+    queries, labels = zip(*labelled)
+    return release_votes(loo_correct(router, queries, labels), sd, rng)
 
 
 def reply_payload(cfg: RunConfig, org: str, wire: bytes, held: str | None, sent_path: Path) -> tuple[str, bytes]:
@@ -236,7 +281,7 @@ def train(msg: Message, context: Context) -> Message:
         # would double the record's contribution to that release (its calibration assumes one)
         done = set(state.released)
         replayed = replay_events([e for k, e in zip(record_keys(data.events), data.events) if k in done], router)
-    artifact, new_state, released = org_release(data, cfg, state, server_round, replayed, embedder)
+    artifact, new_state, released = org_release(data, cfg, state, server_round, replayed, embedder, incoming)
     if new_state is not state:
         write_atomic(path, new_state.model_dump_json())  # before replying: a restart never re-releases
     if cfg.fail_round == server_round and data.org in cfg.fail_orgs.split(","):

@@ -107,6 +107,8 @@ KEYS: tuple[Key, ...] = (
     Key("replay", bool, False, "feedback loop: replay own traffic with the global, outcomes become experience"),
     Key("embedder", str, "minilm", "the federation's embedding space (query prototypes, replay, evaluation): "
         + " | ".join(SPACES) + " (none: no prototypes)", _one_of(SPACES)),
+    Key("fusion-votes", bool, True, "after round 1 each org votes, under DP, for how much the router trusts "
+        "experience (5% of the budget; needs 2+ rounds and an embedder)"),
     Key("evaluate", bool, True, "server-side evaluation of each round's global on the dataset's test queries"),
     Key("inject", float, 0.0, "share of each org's events corrupted (robustness experiments)", _between(0.0, 1.0)),
     Key("sign", bool, True, "sign every artifact and global and verify them against keys-file (false turns it off)"),
@@ -138,6 +140,7 @@ class RunConfig:
     round_timeout: float
     replay: bool
     embedder: str
+    fusion_votes: bool
     evaluate: bool
     inject: float
     sign: bool
@@ -167,6 +170,11 @@ class RunConfig:
     def private(self) -> bool:
         """Whether the artifacts carry a DP guarantee (finite epsilon)."""
         return math.isfinite(self.epsilon)
+
+    @property
+    def votes(self) -> bool:
+        """Whether orgs cast fusion votes: asked for, a later round to cast them in, prototypes to vote on."""
+        return self.fusion_votes and self.num_rounds >= 2 and self.embedder != "none"
 
 
 def check_overrides(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -152,6 +152,8 @@ def make_evaluator(cfg: RunConfig) -> Callable[[bytes], dict] | None:
         # privately every tool carries a prototype; these are the ones above the noise the router reads
         used = int((router.prototypes[1] > 0).sum()) if router.prototypes is not None else 0
         out["prototype_used_share"] = used / max(len(ds.catalog), 1)
+        # what the router made of the federation's fusion votes (the defaults before any)
+        out["fusion_prototype"], out["fusion_prior"] = router.fusion.prototype, router.fusion.prior
         return out
 
     return evaluate
@@ -161,6 +163,7 @@ SUMMARY_COLUMNS = (
     ("round", "round", "{}"), ("accepted", "accepted", "{}"), ("rejected", "rejected", "{}"),
     ("epsilon", "epsilon", "{:.3f}"), ("bytes/client", "bytes_per_client", "{:,}"),
     ("prototypes", "prototype_share", "{:.0%}"), ("above noise", "prototype_used_share", "{:.0%}"),
+    ("fusion w", "fusion_prototype", "{:g}"), ("prior", "fusion_prior", "{:g}"),
     ("seen", "seen_acc", "{:.3f}"),
     ("held-out", "heldout_acc", "{:.3f}"), ("docs seen", "docs_seen_acc", "{:.3f}"),
     ("docs held-out", "docs_heldout_acc", "{:.3f}"),

@@ -1,0 +1,192 @@
+"""Fusion votes: leave-one-out votes under DP choose how much the router trusts experience."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from test_prototypes import CATALOG, BagEmbedder
+
+from synapse_flwr.core.builder import BuildConfig, build_compendium, vote_noise
+from synapse_flwr.core.experience import Event
+from synapse_flwr.core.merge import merge_typed
+from synapse_flwr.core.privacy import (
+    PrivacyParams,
+    calibrate,
+    epsilon_spent,
+    gaussian_epsilon,
+)
+from synapse_flwr.core.prototypes import decode_prototype, encode_prototype
+from synapse_flwr.core.release import ReleaseState
+from synapse_flwr.core.router import Fusion, Router
+from synapse_flwr.core.schema import FusionSetting, FusionVotes
+from synapse_flwr.core.votes import (
+    SETTINGS,
+    VOTE_SDS,
+    VOTE_SHARE,
+    chosen_setting,
+    loo_correct,
+    release_votes,
+    sum_votes,
+)
+from synapse_flwr.flower.client_app import OrgData, org_release
+from synapse_flwr.flower.config import RunConfig
+
+EMB = BagEmbedder()
+# the hotel's records read like weather queries ("city", "rain"), so its prototype pulls them
+# away from the weather documentation; the lone visa record has no other of its tool to lean on
+LONE = Event(query="snow umbrella night", tool="visa_rules", success=True)
+EVENTS = [
+    *(Event(query=f"umbrella rain city {c}", tool="get_weather", success=True) for c in "abcdef"),
+    *(Event(query=f"room night city rain {c}", tool="book_hotel", success=True) for c in "abcdef"),
+    LONE,
+    Event(query="stay hotel room", tool="book_hotel", success=True),
+]
+
+
+def _votes(correct: list[float], settings=SETTINGS, records: float = 10.0) -> FusionVotes:
+    return FusionVotes(settings=list(settings), correct=correct, records=records, sd=1.0)
+
+
+def test_the_vote_share_splits_one_budget_between_the_releases_and_the_vote():
+    whole = calibrate(PrivacyParams(epsilon=4.0, delta=1e-5, rounds=1, max_contributions=3))
+    split = PrivacyParams(epsilon=4.0, delta=1e-5, rounds=1, max_contributions=3, vote_share=VOTE_SHARE)
+    cal = calibrate(split)
+    # GDP composes in squares: the release keeps 1 - share of mu^2, the vote the rest
+    assert cal.noise_multiplier == pytest.approx(whole.noise_multiplier / math.sqrt(1 - VOTE_SHARE))
+    assert 1 / cal.noise_multiplier**2 + 1 / cal.vote_multiplier**2 == pytest.approx(1 / whole.noise_multiplier**2)
+    assert epsilon_spent(split, cal, 1) < 4.0
+    assert epsilon_spent(split, cal, 1, voted=True) == pytest.approx(4.0, abs=1e-6)
+    assert epsilon_spent(split, cal, 1, voted=True) <= 4.0 + 1e-9
+    # no share, no vote: an honest error rather than a silent overspend
+    with pytest.raises(ValueError, match="no share"):
+        epsilon_spent(split.__class__(epsilon=4.0, delta=1e-5, rounds=1, max_contributions=3), whole, 1, voted=True)
+    with pytest.raises(ValueError, match=r"vote_share must be 0 .* in \(0, 0.5\], got 0.7"):
+        PrivacyParams(epsilon=4.0, delta=1e-5, rounds=1, max_contributions=3, vote_share=0.7)
+
+
+def test_vote_noise_is_the_vote_multiplier_times_the_sensitivity():
+    config = BuildConfig(vote_share=VOTE_SHARE)
+    sd, eps = vote_noise(4.0, 1e-5, 1, 1, config, EMB)
+    cal = calibrate(config.resolved(True, True).privacy_params(4.0, 1e-5, 1, config.prototype_weight))
+    assert sd == pytest.approx(cal.vote_multiplier * math.sqrt(len(SETTINGS) + 1))
+    assert eps == pytest.approx(4.0, abs=1e-6)
+    assert gaussian_epsilon(cal.vote_multiplier, 1, cal.delta_accounting) < 1.5  # the vote alone is a small part
+    assert vote_noise(math.inf, 1e-5, 1, 1, config, EMB) == (0.0, None)
+
+
+def _without(compendium, tool: str, query: str):
+    """The compendium with one record's unit vector and count taken out of its tool's prototype."""
+    u = np.asarray(EMB.encode([query])[0], np.float64)
+    tools = []
+    for e in compendium.tools:
+        if e.tool_id == tool:
+            p = e.prototype
+            e = e.model_copy(update={"prototype": encode_prototype(decode_prototype(p) - u, p.count - 1,
+                                                                   p.sum_sd, p.count_sd)})
+        tools.append(e)
+    return compendium.model_copy(update={"tools": tools})
+
+
+def test_leave_one_out_routes_each_record_as_a_router_without_it_would():
+    glob = merge_typed([build_compendium(EVENTS, CATALOG, "acme", embedder=EMB)])  # exact: no noise
+    router = Router(glob, CATALOG, embedder=EMB, reranker="none")
+    got = loo_correct(router, [e.query for e in EVENTS], [e.tool for e in EVENTS])
+    assert got.shape == (len(EVENTS), len(SETTINGS))
+    for i, event in enumerate(EVENTS):
+        brute = Router(_without(glob, event.tool, event.query), CATALOG, embedder=EMB, reranker="none")
+        for j, s in enumerate(SETTINGS):
+            brute.set_fusion(Fusion(prototype=s.prototype, prior=s.prior))
+            assert got[i, j] == (brute.route(event.query).tool == event.tool), (event.query, s)
+    # setting 0 reads no experience: exactly the documentation's routes
+    docs = Router(None, CATALOG, embedder=EMB, reranker="none")
+    assert list(got[:, 0]) == [docs.route(e.query).tool == e.tool for e in EVENTS]
+    # leaving out matters: in sample the lone visa record's prototype is itself and wins its route
+    strongest = SETTINGS.index(FusionSetting(prototype=8.0, prior=0.0))
+    router.set_fusion(Fusion(prototype=8.0, prior=0.0))
+    assert router.route(LONE.query).tool == "visa_rules"
+    assert not got[EVENTS.index(LONE), strongest]
+
+
+def test_released_votes_are_noised_sums_and_merge_exactly_in_any_order():
+    correct = np.array([[True, False] * 4 + [True]] * 7)
+    exact = release_votes(correct, 0.0, np.random.default_rng(0))
+    assert exact.records == 7 and exact.correct == [7.0, 0.0] * 4 + [7.0] and exact.sd == 0
+    assert release_votes(correct[:0], 1.0, np.random.default_rng(0)) is None
+    noised = [release_votes(correct, 3.0, np.random.default_rng(s)) for s in range(3)]
+    assert noised[0].correct != exact.correct and noised[0].sd == 3.0
+    merged = [sum_votes(p) for p in itertools.permutations(noised)]
+    assert all(m == merged[0] for m in merged)
+    assert merged[0].correct[0] == pytest.approx(sum(v.correct[0] for v in noised))
+    assert merged[0].sd == pytest.approx(3.0 * math.sqrt(3))
+    # votes on another list of settings are left out, whatever the order
+    other = _votes([1e6, 0.0], settings=[FusionSetting(prototype=0, prior=0), FusionSetting(prototype=99, prior=0)])
+    assert sum_votes([other, *noised]) == sum_votes([*noised, other]) == merged[0]
+    assert sum_votes([None, None]) is None
+
+
+def test_more_experience_is_followed_only_where_its_votes_beat_the_noise():
+    n = len(SETTINGS)
+    exact = [5.0] * (n - 1) + [6.0]
+    assert chosen_setting(_votes([5.0] * n)) == SETTINGS[0]  # a tie goes to less experience
+    assert chosen_setting(_votes(exact).model_copy(update={"sd": 0.0})) == SETTINGS[-1]
+    # sd 1: the difference of two sums has SD sqrt(2), so a lead over documentation only must exceed
+    # VOTE_SDS * sqrt(2)
+    assert chosen_setting(_votes(exact)) == SETTINGS[0]
+    lead = [5.0] * (n - 1) + [5.0 + VOTE_SDS * math.sqrt(2) + 0.01]
+    assert chosen_setting(_votes(lead)) == SETTINGS[-1]
+    # past the noise floor of documentation only, the best setting, however close the runner-up
+    middle = [5.0, 9.0, *[5.0] * (n - 3), 9.5]
+    assert chosen_setting(_votes(middle)) == SETTINGS[-1]
+    assert chosen_setting(_votes(lead), sds=0.0) == SETTINGS[-1]
+    assert chosen_setting(_votes([1.0] * n, records=-2.0)) is None  # noise-only: no votes to follow
+    assert chosen_setting(None) is None
+
+
+def test_a_router_follows_the_votes_and_routes_as_documentation_when_they_choose_it():
+    glob = merge_typed([build_compendium(EVENTS, CATALOG, "acme", embedder=EMB)])
+    queries = [e.query for e in EVENTS] + ["rain in the city", "a room for the night"]
+    docs = Router(None, CATALOG, embedder=EMB, reranker="none")
+    for_docs = glob.model_copy(update={"votes": _votes([9.0] + [1.0] * (len(SETTINGS) - 1))})
+    router = Router(for_docs, CATALOG, embedder=EMB, reranker="none")
+    assert (router.fusion.prototype, router.fusion.prior) == (0.0, 0.0)
+    assert [r.tool for r in router.route_many(queries)] == [r.tool for r in docs.route_many(queries)]
+    assert Router(glob, CATALOG, embedder=EMB).fusion == Fusion()  # no votes: the defaults
+    pinned = Router(for_docs, CATALOG, embedder=EMB, fusion=Fusion(prior=0.2))  # an explicit fusion wins
+    assert pinned.fusion == Fusion(prior=0.2)
+
+
+def test_each_record_votes_once_after_its_release_and_spends_the_whole_budget():
+    cfg = RunConfig.from_mapping({"epsilon": 4.0, "num-rounds": 3})
+    data = OrgData("acme", CATALOG, EVENTS)
+    art1, state, _ = org_release(data, cfg, ReleaseState(fingerprint="f"), 1, [], EMB)
+    assert art1.votes is None and art1.privacy.epsilon < 4.0 and art1.privacy.vote_share == VOTE_SHARE
+    glob1 = merge_typed([art1])
+    art2, state, released = org_release(data, cfg, state, 2, [], EMB, glob1)
+    assert released == 0 and len(state.voted) == len(EVENTS) and state.artifact == art2
+    assert art2.votes is not None and art2.votes.sd > 0
+    assert abs(art2.votes.records - len(EVENTS)) < 6 * art2.votes.sd
+    assert art2.privacy.epsilon == pytest.approx(4.0, abs=1e-6) and art2.tools == art1.tools
+    # round 3: nobody votes again; the cached release (with its votes) is re-sent
+    art3, state3, _ = org_release(data, cfg, state, 3, [], EMB, merge_typed([art2]))
+    assert art3.votes == art2.votes and state3.voted == state.voted
+    # new records vote in the round after their release, adding to the votes already cast
+    more = OrgData("acme", CATALOG, [*EVENTS, Event(query="rain umbrella", tool="get_weather", success=True)])
+    art4, state4, released = org_release(more, cfg, state3, 4, [], EMB, merge_typed([art3]))
+    assert released == 1 and art4.votes == art2.votes and len(state4.voted) == len(EVENTS)
+    art5, state5, _ = org_release(more, cfg, state4, 5, [], EMB, merge_typed([art4]))
+    assert len(state5.voted) == len(EVENTS) + 1 and art5.votes.records != art4.votes.records
+
+
+def test_a_run_votes_only_with_a_later_round_and_prototypes():
+    assert RunConfig.from_mapping({}).votes
+    assert not RunConfig.from_mapping({"num-rounds": 1}).votes
+    assert not RunConfig.from_mapping({"embedder": "none"}).votes
+    assert not RunConfig.from_mapping({"fusion-votes": False}).votes
+    cfg = RunConfig.from_mapping({"epsilon": 4.0, "num-rounds": 3, "fusion-votes": False})
+    data = OrgData("acme", CATALOG, EVENTS)
+    art1, state, _ = org_release(data, cfg, ReleaseState(fingerprint="f"), 1, [], EMB)
+    art2, _, _ = org_release(data, cfg, state, 2, [], EMB, merge_typed([art1]))
+    assert art2.votes is None and art1.privacy.vote_share == 0 and art1.privacy.epsilon == pytest.approx(4.0, abs=1e-6)
