@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.files import write_atomic
@@ -392,10 +394,25 @@ class Experiment:
             org: final(org, events) for org, events in ds.orgs.items()})
 
     def centralized(self, seed: int, rate: float = 0.0) -> Compendium:
-        """All experience of the federation (same partition, same injected set) pooled in one place."""
+        """All experience of the federation (same partition, same injected set) pooled in one place.
+
+        When the federation votes, the pooled records vote too (exactly, leaving themselves out), so
+        its router chooses its fusion as the federated ones do.
+        """
+        from synapse_flwr.flower.client_app import cast_votes
+
         ds = self.dataset(seed, rate)
-        return self._memo(("central", seed, rate), lambda: build_compendium(
-            ds.all_events, ds.catalog, "central", round_=self.cfg.rounds, seed=seed, embedder=self.space))
+        votes = self.run_config(seed, TYPED, math.inf, rate, False, self.cache_dir).votes and self.space is not None
+
+        def pooled() -> Compendium:
+            comp = build_compendium(ds.all_events, ds.catalog, "central", round_=self.cfg.rounds, seed=seed,
+                                    embedder=self.space)
+            if not votes:
+                return comp
+            cast = cast_votes(ds.all_events, ds.catalog, comp, self.space, 0.0, np.random.default_rng(seed))
+            return comp.model_copy(update={"votes": cast})
+
+        return self._memo(("central", seed, rate), pooled)
 
     def verify_inputs(self, seed: int, rate: float, epsilon: float, run: dict) -> dict:
         """Check that the Flower clients merged exactly the artifacts this process rebuilds.
@@ -601,8 +618,6 @@ class Experiment:
     def _paraphrases(self, ds: FederatedDataset, splits: dict) -> dict:
         """Diagnostic, nothing is dropped: training queries whose embedding is within
         cosine ``t`` of some test query (paraphrases the shingle filter keeps)."""
-        import numpy as np
-
         train = self.embedder.encode([e.query for e in ds.all_events])
         test = self.embedder.encode([i.query for items in splits.values() for i in items])
         best = np.zeros(len(train))
@@ -686,8 +701,10 @@ def no_harm(results: dict) -> dict[str, dict[str, float]]:
     """Federated arms minus docs_only, per split: the no-harm check every dataset reports."""
     arms = results["arms"]
     docs = arms.get("docs_only", {})
+    # splits in one order, whether an arm's metrics came fresh or from the (sorted) cache
     return {arm: {split: round(m["acc_mean"] - docs[split]["acc_mean"], 4)
-                  for split, m in arms[arm].items() if split in docs and "acc_mean" in m}
+                  for split, m in sorted(arms[arm].items(), key=lambda sm: (sm[0] != "seen", sm[0]))
+                  if split in docs and "acc_mean" in m}
             for arm in ("federated", "federated_private") if arm in arms and docs}
 
 

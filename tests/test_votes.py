@@ -190,3 +190,26 @@ def test_a_run_votes_only_with_a_later_round_and_prototypes():
     art1, state, _ = org_release(data, cfg, ReleaseState(fingerprint="f"), 1, [], EMB)
     art2, _, _ = org_release(data, cfg, state, 2, [], EMB, merge_typed([art1]))
     assert art2.votes is None and art1.privacy.vote_share == 0 and art1.privacy.epsilon == pytest.approx(4.0, abs=1e-6)
+
+
+def test_votes_beyond_what_the_release_allows_are_refused_at_the_edge():
+    from pydantic import ValidationError
+
+    from synapse_flwr.core.schema import Compendium
+
+    cfg = RunConfig.from_mapping({"epsilon": 4.0, "num-rounds": 3})
+    data = OrgData("acme", CATALOG, EVENTS)
+    art1, state, _ = org_release(data, cfg, ReleaseState(fingerprint="f"), 1, [], EMB)
+    honest, _, _ = org_release(data, cfg, state, 2, [], EMB, merge_typed([art1]))
+    assert Compendium.model_validate(honest.model_dump()) == honest
+    v = honest.votes
+    stuffed = v.model_copy(update={"records": 1e6, "correct": [1e6] * len(SETTINGS)})
+    with pytest.raises(ValidationError, match="votes from 1e\\+06 records, but the prototypes count"):
+        Compendium.model_validate(honest.model_copy(update={"votes": stuffed}).model_dump())
+    skewed = v.model_copy(update={"correct": [*v.correct[:-1], v.records + 10 * v.sd * math.sqrt(2)]})
+    with pytest.raises(ValidationError, match=r"right routes under \(prototype 8, prior 0.5\)"):
+        Compendium.model_validate(honest.model_copy(update={"votes": skewed}).model_dump())
+    no_prototypes = honest.model_copy(update={"tools": [t.model_copy(update={"prototype": None}) for t in honest.tools]})
+    with pytest.raises(ValidationError, match="votes from"):
+        Compendium.model_validate(no_prototypes.model_copy(update={"votes": v.model_copy(
+            update={"records": 20 * v.sd, "correct": [0.0] * len(SETTINGS)})}).model_dump())

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 from collections import Counter
 from typing import Annotated, Literal
 
@@ -43,6 +44,7 @@ MAX_DESCRIPTION = 2_000
 MAX_COUNT = 1e12
 MAX_DIM = 4096  # width of a prototype embedding space
 MAX_SCALE = 1e6  # int8 step of a prototype vector (bounds every coordinate by 127 * MAX_SCALE)
+VOTE_NOISE_SDS = 6.0  # fusion votes further than this from what the release allows are refused
 
 ToolId = Annotated[
     str, StringConstraints(min_length=1, max_length=128, pattern=r"^[a-z0-9][a-z0-9_.\-]*$")
@@ -505,7 +507,9 @@ class Compendium(_Strict):
         The space of every tool's prototype; required when any tool has one.
     votes : FusionVotes or None
         Leave-one-out votes for the router's fusion setting (rounds after the
-        first; None before any).
+        first; None before any). Refused when they count more voters than the
+        prototypes count released records, or a setting more right routes
+        than voters, beyond :data:`VOTE_NOISE_SDS` noise SDs.
     """
 
     schema_version: Literal["1.0"] = SCHEMA_VERSION
@@ -554,6 +558,26 @@ class Compendium(_Strict):
                     f"tool {t.tool_id!r}: prototype has {t.prototype.dim} dimensions, "
                     f"the embedding space {self.embedding.model!r} has {self.embedding.dim}"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _votes_plausible(self) -> Compendium:
+        # Each voter is a released, labelled record: the votes cannot outnumber the released prototype
+        # counts, nor a setting's right routes the voters (beyond VOTE_NOISE_SDS noise SDs), so one
+        # organisation's votes weigh at most what its release does.
+        v = self.votes
+        if v is None:
+            return self
+        protos = [t.prototype for t in self.tools if t.prototype is not None]
+        counts = sum(p.count for p in protos)
+        spread = VOTE_NOISE_SDS * math.sqrt(v.sd**2 + sum(p.count_sd**2 for p in protos))
+        if v.records > counts + spread:
+            raise ValueError(f"votes from {v.records:g} records, but the prototypes count {counts:g} released records")
+        low, high = -VOTE_NOISE_SDS * v.sd, v.records + VOTE_NOISE_SDS * math.sqrt(2) * v.sd
+        for setting, correct in zip(v.settings, v.correct):
+            if not low <= correct <= high:
+                raise ValueError(f"votes: {correct:g} right routes under (prototype {setting.prototype:g}, prior "
+                                 f"{setting.prior:g}) from {v.records:g} voters is outside [{low:g}, {high:g}]")
         return self
 
     def tool(self, tool_id: str) -> ToolEntry | None:
