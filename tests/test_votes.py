@@ -31,7 +31,7 @@ from synapse_flwr.core.votes import (
     release_votes,
     sum_votes,
 )
-from synapse_flwr.flower.client_app import OrgData, org_release
+from synapse_flwr.flower.client_app import OrgData, fingerprint, org_release
 from synapse_flwr.flower.config import RunConfig
 
 EMB = BagEmbedder()
@@ -213,3 +213,20 @@ def test_votes_beyond_what_the_release_allows_are_refused_at_the_edge():
     with pytest.raises(ValidationError, match="votes from"):
         Compendium.model_validate(no_prototypes.model_copy(update={"votes": v.model_copy(
             update={"records": 20 * v.sd, "correct": [0.0] * len(SETTINGS)})}).model_dump())
+
+
+def test_a_one_round_run_resumed_with_more_rounds_neither_re_releases_nor_votes_without_a_share():
+    single = RunConfig.from_mapping({"epsilon": 4.0, "num-rounds": 1})
+    resumed = RunConfig.from_mapping({"epsilon": 4.0, "num-rounds": 3})
+    assert fingerprint(single, "acme", CATALOG) == fingerprint(resumed, "acme", CATALOG)
+    data = OrgData("acme", CATALOG, EVENTS)
+    art1, state, _ = org_release(data, single, ReleaseState(fingerprint="f"), 1, [], EMB)
+    assert art1.privacy.vote_share == 0 and len(state.no_vote) == len(EVENTS)
+    art2, state2, released = org_release(data, resumed, state, 2, [], EMB, merge_typed([art1]))
+    assert released == 0 and art2.votes is None and not state2.voted  # no share kept: no vote
+    # records that arrive in the resumed run are released with the share and vote a round later
+    more = OrgData("acme", CATALOG, [*EVENTS, Event(query="rain umbrella", tool="get_weather", success=True)])
+    art3, state3, released = org_release(more, resumed, state2, 3, [], EMB, merge_typed([art2]))
+    assert released == 1 and len(state3.no_vote) == len(EVENTS)
+    art4, state4, _ = org_release(more, resumed, state3, 4, [], EMB, merge_typed([art3]))
+    assert len(state4.voted) == 1 and art4.votes is not None

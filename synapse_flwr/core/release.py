@@ -45,6 +45,10 @@ class ReleaseState(BaseModel):
     voted : list of str
         Keys of the records whose fusion vote was released, sorted
         (:mod:`synapse_flwr.core.votes`: one vote per record).
+    no_vote : list of str
+        Keys of the records released privately without a share of their
+        budget kept for a vote (a run planned for one round, resumed with
+        more), sorted: they never vote.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -54,6 +58,7 @@ class ReleaseState(BaseModel):
     windows: int = Field(default=0, ge=0)
     artifact: Compendium | None = None
     voted: list[str] = Field(default_factory=list)
+    no_vote: list[str] = Field(default_factory=list)
 
 
 def record_keys(events: Sequence[Event]) -> list[str]:
@@ -122,6 +127,7 @@ def release_round(
         windows=state.windows + 1,
         artifact=artifact,
         voted=state.voted,
+        no_vote=state.no_vote,
     )
     return artifact, new_state, len(fresh)
 

@@ -110,10 +110,12 @@ def fingerprint(cfg: RunConfig, org: str, catalog: Catalog) -> str:
     the calibration (one release per round): without replay a record is released
     once whatever the rounds, so a run resumed with more rounds keeps its cache
     and releases only what is new, instead of releasing every record again.
+    Nor is the budget share kept for fusion votes (which needs 2+ rounds):
+    records released without it are marked and never vote.
     """
     rounds = cfg.num_rounds if cfg.replay else None
     parts = [org, cfg.dataset, cfg.seed, cfg.epsilon, cfg.delta, rounds, cfg.replay, cfg.embedder,
-             cfg.alpha, cfg.inject, repr(build_config(cfg)), SCHEMA_VERSION, *catalog.ids]
+             cfg.alpha, cfg.inject, repr(BuildConfig()), SCHEMA_VERSION, *catalog.ids]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
 
 
@@ -175,9 +177,12 @@ def org_release(
 
     before = state
     artifact, state, released = release_round(keyed, state, build, server_round)
+    if released and cfg.private and not config.vote_share:
+        fresh = set(state.released) - set(before.released)
+        state = state.model_copy(update={"no_vote": sorted(set(state.no_vote) | fresh)})
     if cfg.votes and embedder is not None and isinstance(incoming, Compendium) and incoming.embedding:
-        done, voted = set(before.released), set(before.voted)
-        voters = [(k, e) for k, e in zip(keys, data.events) if k in done and k not in voted]
+        done, skip = set(before.released), set(before.voted) | set(before.no_vote)
+        voters = [(k, e) for k, e in zip(keys, data.events) if k in done and k not in skip]
         if voters:
             sd, epsilon = vote_noise(cfg.epsilon, cfg.delta, rounds, releases, config, embedder)
             votes = cast_votes([e for _, e in voters], data.catalog, incoming, embedder, sd,
