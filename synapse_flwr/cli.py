@@ -345,6 +345,8 @@ def inspect(
         console.print(table)
         return
     console.print(f"tools: {len(art.tools)}, conflicts: {len(art.conflicts)}")
+    if art.votes is not None:
+        console.print(_votes_line(art.votes))
     table = Table("tool", "when", "when_not", "precautions", "calls", "success", "orgs", "top scenario")
     ranked = sorted(art.tools, key=lambda t: (-t.stats.calls, t.tool_id))[:limit]
     for t in ranked:
@@ -367,6 +369,18 @@ def inspect(
             claims = "; ".join(f"{cl.view} {cl.support:g} ({','.join(cl.orgs)})" for cl in c.claims)
             ctable.add_row(c.tool_id, c.field, c.subject, claims, c.resolution)
         console.print(ctable)
+
+
+def _votes_line(votes) -> str:
+    """One line on a compendium's fusion votes: voters, right routes per setting, the setting a router follows."""
+    from synapse_flwr.core.votes import chosen_setting
+
+    chosen = chosen_setting(votes)
+    share = ", ".join(f"({s.prototype:g}, {s.prior:g}) {c / max(votes.records, 1):.1%}"
+                      for s, c in zip(votes.settings, votes.correct))
+    follow = "no votes to follow" if chosen is None else f"routes with ({chosen.prototype:g}, {chosen.prior:g})"
+    return (f"fusion votes: {votes.records:,.0f} voters (noise SD {votes.sd:.1f}); right routes by (prototype, "
+            f"prior): {share}; a router {follow}")
 
 
 LLMWeightOption = Annotated[

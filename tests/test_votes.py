@@ -230,3 +230,19 @@ def test_a_one_round_run_resumed_with_more_rounds_neither_re_releases_nor_votes_
     assert released == 1 and len(state3.no_vote) == len(EVENTS)
     art4, state4, _ = org_release(more, resumed, state3, 4, [], EMB, merge_typed([art3]))
     assert len(state4.voted) == 1 and art4.votes is not None
+
+
+def test_inspect_reports_the_votes_and_the_setting_a_router_follows(tmp_path):
+    from typer.testing import CliRunner
+
+    from synapse_flwr.cli import app
+    from synapse_flwr.core.wire import save_artifact
+
+    glob = merge_typed([build_compendium(EVENTS, CATALOG, "acme", embedder=EMB)])
+    path = tmp_path / "global.json"
+    save_artifact(path, glob.model_copy(update={"votes": _votes([9.0] + [1.0] * (len(SETTINGS) - 1))}))
+    res = CliRunner().invoke(app, ["inspect", str(path)], env={"COLUMNS": "400"})
+    assert res.exit_code == 0, res.output
+    assert "fusion votes: 10 voters (noise SD 1.0)" in res.output
+    assert "(0, 0) 90.0%" in res.output and "(8, 0.5) 10.0%" in res.output
+    assert "a router routes with (0, 0)" in res.output
