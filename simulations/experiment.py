@@ -402,12 +402,12 @@ class Experiment:
         from synapse_flwr.flower.client_app import cast_votes
 
         ds = self.dataset(seed, rate)
-        votes = self.run_config(seed, TYPED, math.inf, rate, False, self.cache_dir).votes and self.space is not None
+        voting = self.run_config(seed, TYPED, math.inf, rate, False, self.cache_dir).votes and self.space is not None
 
         def pooled() -> Compendium:
             comp = build_compendium(ds.all_events, ds.catalog, "central", round_=self.cfg.rounds, seed=seed,
                                     embedder=self.space)
-            if not votes:
+            if not voting:
                 return comp
             cast = cast_votes(ds.all_events, ds.catalog, comp, self.space, 0.0, np.random.default_rng(seed))
             return comp.model_copy(update={"votes": cast})

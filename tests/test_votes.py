@@ -62,7 +62,7 @@ def test_the_vote_share_splits_one_budget_between_the_releases_and_the_vote():
     assert epsilon_spent(split, cal, 1, voted=True) <= 4.0 + 1e-9
     # no share, no vote: an honest error rather than a silent overspend
     with pytest.raises(ValueError, match="no share"):
-        epsilon_spent(split.__class__(epsilon=4.0, delta=1e-5, rounds=1, max_contributions=3), whole, 1, voted=True)
+        epsilon_spent(PrivacyParams(epsilon=4.0, delta=1e-5, rounds=1, max_contributions=3), whole, 1, voted=True)
     with pytest.raises(ValueError, match=r"vote_share must be 0 .* in \(0, 0.5\], got 0.7"):
         PrivacyParams(epsilon=4.0, delta=1e-5, rounds=1, max_contributions=3, vote_share=0.7)
 

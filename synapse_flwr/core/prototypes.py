@@ -190,6 +190,37 @@ def signal_energy(p: Prototype) -> tuple[float, float]:
     return float(x @ x) - x.size * p.sum_sd**2, math.sqrt(2 * x.size) * p.sum_sd**2
 
 
+def stacked_prototypes(protos: Sequence[Prototype | None], dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The sums ``(n, dim)``, noise SDs and counts of ``protos`` as arrays (zeros for a missing one)."""
+    sums = np.stack([decode_prototype(p) if p is not None else np.zeros(dim) for p in protos])
+    sds = np.array([p.sum_sd if p is not None else 0.0 for p in protos])
+    counts = np.array([p.count if p is not None else 0.0 for p in protos])
+    return sums, sds, counts
+
+
+def shrunk_directions(sums: np.ndarray, sds: np.ndarray, shrink: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of noised sums: its direction and noise shrinkage, as a router reads a prototype.
+
+    The direction is the sum over the noise-corrected norm of the true sum
+    (:func:`signal_energy`, ``A``); the shrinkage is ``A^2 / (A^2 + shrink * sd^2)``.
+    A row with no signal left above its noise gets a zero direction and shrinkage 0.
+
+    Parameters
+    ----------
+    sums : numpy.ndarray
+        ``(n, dim)`` float64 sums in units of queries.
+    sds : numpy.ndarray
+        ``(n,)`` noise SD per coordinate of each sum.
+    shrink : float
+        ``k`` of the shrinkage.
+    """
+    signal = np.einsum("ij,ij->i", sums, sums) - sums.shape[1] * sds**2
+    alive = signal > 0
+    safe = np.where(alive, signal, 1.0)
+    dirs = np.where(alive[:, None], sums / np.sqrt(safe)[:, None], 0.0)
+    return dirs, np.where(alive, safe / (safe + shrink * sds**2), 0.0)
+
+
 def noise_pvalue(p: Prototype) -> float:
     """The probability that noise alone gives a sum at least as long as ``p``'s.
 

@@ -72,10 +72,10 @@ from synapse_flwr.core.embed import Embedder, get_embedder, l2_normalize
 from synapse_flwr.core.phrases import candidate_phrases
 from synapse_flwr.core.privacy import zero_count_floor
 from synapse_flwr.core.prototypes import (
-    decode_prototype,
     readable,
-    signal_energy,
+    shrunk_directions,
     space_mismatch,
+    stacked_prototypes,
 )
 from synapse_flwr.core.render import (
     SHOWN_REQUESTS,
@@ -610,18 +610,13 @@ class Router:
         if reason:
             log.warning("ignoring the compendium's query prototypes: %s", reason)
             return None
-        dirs = np.zeros((len(self.tool_ids), compendium.embedding.dim), np.float32)
-        gain = np.zeros(len(self.tool_ids), np.float32)
-        prior = np.zeros(len(self.tool_ids), np.float32)
-        read = readable([e.prototype for e in self.entries.values()], self.fusion.gate_alpha)
-        for i, entry in enumerate(self.entries.values()):
-            if not read[i]:
-                continue
-            signal, _ = signal_energy(entry.prototype)
-            dirs[i] = decode_prototype(entry.prototype) / math.sqrt(signal)
-            gain[i] = signal / (signal + self.fusion.shrink * entry.prototype.sum_sd**2)
-            prior[i] = self.fusion.prior * math.log1p(entry.prototype.count)
-        return dirs, gain, prior
+        protos = [e.prototype for e in self.entries.values()]
+        read = np.array(readable(protos, self.fusion.gate_alpha))
+        sums, sds, counts = stacked_prototypes(protos, compendium.embedding.dim)
+        dirs, gain = shrunk_directions(sums, sds, self.fusion.shrink)
+        prior = self.fusion.prior * np.log1p(counts)
+        return ((dirs * read[:, None]).astype(np.float32), (gain * read).astype(np.float32),
+                (prior * read).astype(np.float32))
 
     # ------------------------------------------------------------- retrieval
     def scenario_scores(self, q: np.ndarray) -> np.ndarray:

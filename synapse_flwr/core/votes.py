@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from synapse_flwr.core.prototypes import decode_prototype
+from synapse_flwr.core.prototypes import shrunk_directions, stacked_prototypes
 from synapse_flwr.core.schema import FusionSetting, FusionVotes
 
 if TYPE_CHECKING:
@@ -65,9 +65,9 @@ VOTE_SHARE = 0.05
 VOTE_SDS = 2.0
 
 
-def vote_sensitivity(settings: int = len(SETTINGS)) -> float:
-    """L2 norm of one record's vote: its count and one 0/1 per setting."""
-    return math.sqrt(settings + 1)
+def vote_sensitivity() -> float:
+    """L2 norm of one record's vote: its count and one 0/1 per setting of :data:`SETTINGS`."""
+    return math.sqrt(len(SETTINGS) + 1)
 
 
 def loo_correct(router: Router, queries: Sequence[str], labels: Sequence[str]) -> np.ndarray:
@@ -94,19 +94,13 @@ def loo_correct(router: Router, queries: Sequence[str], labels: Sequence[str]) -
         return np.repeat((desc.argmax(1) == y)[:, None], len(SETTINGS), axis=1)
     dirs, gain, _ = router.prototypes
     used = gain > 0
-    protos = [e.prototype for e in router.entries.values()]
-    sums = np.stack([decode_prototype(p) if p is not None else np.zeros(dirs.shape[1]) for p in protos])
-    sd = np.array([p.sum_sd if p is not None else 0.0 for p in protos])
-    counts = np.array([p.count if p is not None else 0.0 for p in protos])
-    margin, shrink = router.fusion.margin, router.fusion.shrink
+    sums, sds, counts = stacked_prototypes([e.prototype for e in router.entries.values()], dirs.shape[1])
+    margin = router.fusion.margin
     cosine = np.maximum(q @ dirs.T - margin, 0.0) * gain
-    # the record's own tool, with the record taken out of its sum and count
-    rest = sums[y] - q
-    signal = np.einsum("ij,ij->i", rest, rest) - sums.shape[1] * sd[y] ** 2
-    kept = used[y] & (signal > 0)
-    safe = np.where(kept, signal, 1.0)
-    own = np.where(kept, np.maximum(np.einsum("ij,ij->i", q, rest) / np.sqrt(safe) - margin, 0.0)
-                   * safe / (safe + shrink * sd[y] ** 2), 0.0)
+    # the record's own tool, read as the router would read it without the record
+    own_dirs, own_gain = shrunk_directions(sums[y] - q, sds[y], router.fusion.shrink)
+    kept = used[y] & (own_gain > 0)
+    own = np.maximum(np.einsum("ij,ij->i", q, own_dirs) - margin, 0.0) * own_gain * kept
     gate = used[np.argmax(desc, axis=1)][:, None]
     prior_rows = np.log1p(counts) * used
     own_prior = np.log1p(np.maximum(counts[y] - 1.0, 0.0)) * kept
@@ -139,9 +133,12 @@ def sum_votes(votes: Sequence[FusionVotes | None]) -> FusionVotes | None:
     given = [v for v in votes if v is not None]
     if not given:
         return None
-    key = Counter(tuple((s.prototype, s.prior) for s in v.settings) for v in given)
-    best = min(key, key=lambda k: (-key[k], k))
-    same = [v for v in given if tuple((s.prototype, s.prior) for s in v.settings) == best]
+    def grid(v: FusionVotes) -> tuple[tuple[float, float], ...]:
+        return tuple((s.prototype, s.prior) for s in v.settings)
+
+    lists = Counter(map(grid, given))
+    best = min(lists, key=lambda k: (-lists[k], k))
+    same = [v for v in given if grid(v) == best]
     return FusionVotes(
         settings=same[0].settings,
         correct=[round(math.fsum(v.correct[j] for v in same), 4) for j in range(len(best))],
