@@ -159,7 +159,14 @@ class ExperimentConfig:
 
     @classmethod
     def from_toml(cls, path: Path) -> ExperimentConfig:
-        """Read and check a config; every mistake is a :class:`SynapseError` naming the key."""
+        """Read and check a config; every mistake is a :class:`SynapseError` naming the key.
+
+        A dataset folder stands for the one-line config ``dataset = "<folder>"``.
+        """
+        if path.is_dir():
+            cfg = cls(dataset=str(path))
+            cfg.check(path)
+            return cfg
         try:
             raw = tomllib.loads(path.read_text(encoding="utf-8"))
         except OSError as exc:

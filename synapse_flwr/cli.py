@@ -510,7 +510,8 @@ def deploy_local(
 
 @app.command()
 def experiment(
-    config: Annotated[Path, typer.Argument(help="Experiment TOML with an [experiment] table (see configs/).")],
+    config: Annotated[Path, typer.Argument(
+        help="Experiment TOML with an [experiment] table (see configs/), or a dataset folder.")],
     fresh: Annotated[bool, typer.Option(help="Ignore and delete the cache; recompute every unit.")] = False,
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Results folder (default: the config's 'output').")
@@ -521,7 +522,8 @@ def experiment(
     CONFIG is a TOML file with an "experiment" table; for a dataset folder of
     your own one line is enough: dataset = "/path/to/folder" (every other key
     has a default: 3 seeds, the folder's organisations, epsilon 4, every arm;
-    docs/experiments.md lists them). Every unit of work (a Flower simulation,
+    docs/experiments.md lists them), and the folder itself may stand for that
+    line: synapse experiment /path/to/folder. Every unit of work (a Flower simulation,
     a build, an evaluation) is cached under the config's 'cache' folder: an
     interrupted run resumes where it stopped. Writes results.json, tables.md,
     manifest.json and PNG figures, and ends with a summary in the log.

@@ -221,6 +221,17 @@ def test_a_config_naming_only_its_dataset_loads_and_takes_its_title_from_it(tmp_
     assert (cfg.output, cfg.cache) == ("docs/results/tools92", "runs/experiments/tools92")
 
 
+def test_a_dataset_folder_stands_for_its_one_line_config(tmp_path):
+    folder = tmp_path / "tools92"
+    folder.mkdir()
+    for org in "ab":
+        (folder / f"org_{org}.jsonl").write_text("")
+    path = tmp_path / "exp.toml"
+    path.write_text(f'[experiment]\ndataset = "{folder}"\n')
+    assert ExperimentConfig.from_toml(folder) == ExperimentConfig.from_toml(path)
+    assert ExperimentConfig.from_toml(folder).orgs == 2
+
+
 def test_orgs_default_to_the_dataset_s_own(tmp_path):
     from synapse_flwr.simulations.experiment import DEFAULT_ORGS
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from test_prototypes import CATALOG, BagEmbedder
 
+from synapse_flwr.core import votes
 from synapse_flwr.core.builder import BuildConfig, build_compendium, vote_noise
 from synapse_flwr.core.experience import Event
 from synapse_flwr.core.merge import merge_typed
@@ -108,6 +109,16 @@ def test_leave_one_out_routes_each_record_as_a_router_without_it_would():
     router.set_fusion(Fusion(prototype=8.0, prior=0.0))
     assert router.route(LONE.query).tool == "visa_rules"
     assert not got[EVENTS.index(LONE), strongest]
+
+
+def test_leave_one_out_in_chunks_is_the_same_as_at_once(monkeypatch):
+    glob = merge_typed([build_compendium(EVENTS, CATALOG, "acme", embedder=EMB)])
+    router = Router(glob, CATALOG, embedder=EMB, reranker="none")
+    args = (router, [e.query for e in EVENTS], [e.tool for e in EVENTS])
+    whole = loo_correct(*args)
+    monkeypatch.setattr(votes, "LOO_CHUNK", 3)
+    assert len(EVENTS) > 3 and np.array_equal(loo_correct(*args), whole)
+    assert loo_correct(router, [], []).shape == (0, len(SETTINGS))
 
 
 def test_released_votes_are_noised_sums_and_merge_exactly_in_any_order():

@@ -63,6 +63,8 @@ SETTINGS: tuple[FusionSetting, ...] = (
 # reported MetaTool seed (456), not chosen on it.
 VOTE_SHARE = 0.05
 VOTE_SDS = 2.0
+#: Records routed at once when voting.
+LOO_CHUNK = 1024
 
 
 def vote_sensitivity() -> float:
@@ -86,10 +88,18 @@ def loo_correct(router: Router, queries: Sequence[str], labels: Sequence[str]) -
     numpy.ndarray
         ``(len(queries), len(SETTINGS))`` booleans.
     """
-    q = router._embed(list(queries))
-    desc = router.evidence(list(queries), q)["description"]
     row = {t: i for i, t in enumerate(router.tool_ids)}
     y = np.array([row[label] for label in labels], dtype=int)
+    queries = list(queries)
+    # in chunks: a few (records x tools) arrays per chunk, whatever the org's log size
+    return np.concatenate([_loo_chunk(router, queries[i:i + LOO_CHUNK], y[i:i + LOO_CHUNK])
+                           for i in range(0, len(y), LOO_CHUNK)] or [np.zeros((0, len(SETTINGS)), bool)])
+
+
+def _loo_chunk(router: Router, queries: list[str], y: np.ndarray) -> np.ndarray:
+    """:func:`loo_correct` for one chunk of records, ``y`` their labels' rows."""
+    q = router._embed(queries)
+    desc = router.evidence(queries, q)["description"]
     if router.prototypes is None:  # no readable prototype: every setting routes as the documentation does
         return np.repeat((desc.argmax(1) == y)[:, None], len(SETTINGS), axis=1)
     dirs, gain, _ = router.prototypes
