@@ -491,6 +491,38 @@ def derive_seed(*parts: object) -> int:
     return int.from_bytes(digest[:8], "big") >> 1
 
 
+def add_sequences(per_tool: dict[str, ToolRelease], sequences: Sequence[SequenceRecord], bounds: SequenceBounds,
+                  tool_ids: Sequence[str], sigma: float, rng: np.random.Generator) -> None:
+    """Release the records' start and transition counts into ``per_tool`` (in place), noised at ``sigma``."""
+    starts, pairs = release_sequences(*sequence_counts(sequences, bounds), tool_ids, sigma, bounds.weight, rng,
+                                      bounds.floor_sds)
+    for tool, count in starts.items():
+        per_tool[tool].starts = count
+    for (a, b), count in pairs.items():
+        per_tool[a].next_tools[b] = per_tool[a].next_tools.get(b, 0.0) + count
+
+
+def privacy_block(params: PrivacyParams, cal: Calibration, config: BuildConfig, releases: int,
+                  weight: float) -> PrivacyBlock:
+    """The artifact's privacy block: the mechanism, its calibration and the budget spent after ``releases``."""
+    private = math.isfinite(params.epsilon)
+    return PrivacyBlock(
+        mechanism="gaussian" if private else "none",
+        clip=round(params.l2_sensitivity, 6),
+        sigma=round(cal.sigma, 6),
+        noise_multiplier=round(cal.noise_multiplier, 6),
+        epsilon=round(epsilon_spent(params, cal, releases), 6) if private else None,
+        epsilon_target=params.epsilon if private else None,
+        delta=params.delta if private else 0.0,
+        rounds_planned=params.rounds,
+        threshold=round(cal.threshold, 6),
+        text_policy="pii-masked+dp-partition-selection" if private else "pii-masked",
+        prototype_weight=weight,
+        sequence_weight=config.sequences.weight if config.sequences else 0.0,
+        vote_share=config.vote_share if private else 0.0,
+    )
+
+
 def build_compendium(
     events: Iterable[Event],
     catalog: Catalog,
@@ -557,14 +589,8 @@ def build_compendium(
     released = privatise_counts(count_experience(events, config), catalog.ids, cal, rng)
     per_tool = index_release(released)
     if sequences is not None and config.sequences is not None:
-        starts, pairs = release_sequences(*sequence_counts(sequences, config.sequences), catalog.ids, cal.sigma,
-                                          config.sequences.weight,
-                                          np.random.default_rng(derive_seed(seed, org, round_, "sequences")),
-                                          config.sequences.floor_sds)
-        for tool, count in starts.items():
-            per_tool[tool].starts = count
-        for (a, b), count in pairs.items():
-            per_tool[a].next_tools[b] = per_tool[a].next_tools.get(b, 0.0) + count
+        add_sequences(per_tool, sequences, config.sequences, catalog.ids, cal.sigma,
+                      np.random.default_rng(derive_seed(seed, org, round_, "sequences")))
     entries = [
         assemble_entry(doc.tool_id, doc.description, per_tool[doc.tool_id], org, round_, config, cal.sigma)
         for doc in catalog.tools
@@ -574,26 +600,10 @@ def build_compendium(
                                     np.random.default_rng(derive_seed(seed, org, round_, "prototypes")))
         entries = [e.model_copy(update={"prototype": protos.get(e.tool_id)}) for e in entries]
         entries = with_supported_requests(entries, catalog, embedder, org, round_)
-    private = math.isfinite(epsilon)
-    privacy = PrivacyBlock(
-        mechanism="gaussian" if private else "none",
-        clip=round(params.l2_sensitivity, 6),
-        sigma=round(cal.sigma, 6),
-        noise_multiplier=round(cal.noise_multiplier, 6),
-        epsilon=round(epsilon_spent(params, cal, releases), 6) if private else None,
-        epsilon_target=epsilon if private else None,
-        delta=delta if private else 0.0,
-        rounds_planned=rounds,
-        threshold=round(cal.threshold, 6),
-        text_policy="pii-masked+dp-partition-selection" if private else "pii-masked",
-        prototype_weight=weight,
-        sequence_weight=config.sequences.weight if config.sequences else 0.0,
-        vote_share=config.vote_share if private else 0.0,
-    )
     return Compendium(
         kind="org",
         issuer=Issuer(org=org, round=round_),
-        privacy=privacy,
+        privacy=privacy_block(params, cal, config, releases, weight),
         tools=sorted(entries, key=lambda e: e.tool_id),
         embedding=space_of(embedder) if embedder is not None else None,
     )

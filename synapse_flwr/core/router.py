@@ -438,6 +438,25 @@ class PhraseProfile:
         return out
 
 
+def check_router_args(reranker: str, k: int, render: str, model: str, llm_mode: str, llm_weight: float | None,
+                      docs_candidates: int) -> None:
+    """Reject a router configuration that cannot work, naming the argument and its choices."""
+    if llm_mode not in LLM_MODES:
+        raise ValueError(f"unknown llm_mode {llm_mode!r}; choose one of {', '.join(LLM_MODES)}")
+    if llm_mode == "channel" and not model.startswith("local/"):
+        raise ValueError(f"llm_mode 'channel' needs an embedded local/ model, not {model!r}")
+    if llm_weight is not None and not llm_weight >= 0:
+        raise ValueError(f"llm_weight must be >= 0, got {llm_weight}")
+    if reranker not in RERANKERS:
+        raise ValueError(f"unknown reranker {reranker!r}; choose one of {', '.join(RERANKERS)}")
+    if render not in RENDERS:
+        raise ValueError(f"unknown render {render!r}; choose one of {', '.join(RENDERS)}")
+    if k < 1:
+        raise ValueError("k must be at least 1")
+    if docs_candidates < 0:
+        raise ValueError(f"docs_candidates must be >= 0, got {docs_candidates}")
+
+
 class Router:
     """Route queries to tools with a (global) compendium.
 
@@ -493,22 +512,7 @@ class Router:
         llm_weight: float | None = None,
         docs_candidates: int = DOCS_CANDIDATES,
     ) -> None:
-        if llm_mode not in LLM_MODES:
-            raise ValueError(f"unknown llm_mode {llm_mode!r}; choose one of {', '.join(LLM_MODES)}")
-        if llm_mode == "channel" and not model.startswith("local/"):
-            raise ValueError(f"llm_mode 'channel' needs an embedded local/ model, not {model!r}")
-        if llm_weight is not None and not llm_weight >= 0:
-            raise ValueError(f"llm_weight must be >= 0, got {llm_weight}")
-        if reranker not in RERANKERS:
-            raise ValueError(f"unknown reranker {reranker!r}; choose one of {', '.join(RERANKERS)}")
-        if render not in RENDERS:
-            raise ValueError(f"unknown render {render!r}; choose one of {', '.join(RENDERS)}")
-        if k < 1:
-            raise ValueError("k must be at least 1")
-        if docs_candidates < 0:
-            raise ValueError(f"docs_candidates must be >= 0, got {docs_candidates}")
-        import faiss
-
+        check_router_args(reranker, k, render, model, llm_mode, llm_weight, docs_candidates)
         self.catalog = catalog
         self.embedder = get_embedder(embedder) if isinstance(embedder, str) else embedder
         self.reranker, self.k, self.render, self.model = reranker, k, render, model
@@ -533,6 +537,24 @@ class Router:
         self.descriptions = catalog.descriptions()
         self.fallbacks = 0
         names = {d.tool_id: d.name for d in catalog.tools}
+        self._index(indexed, names)
+        privacy = getattr(compendium, "privacy", None)
+        # a merged count sums the (clamped) noise of every org artifact behind it
+        merged = max(len(getattr(compendium, "inputs", None) or []), 1)
+        self.calls_floor = zero_count_floor(privacy.sigma if privacy is not None else 0.0, merged, NOISE_SDS)
+        self.profile = PhraseProfile(indexed, names, privacy.threshold if privacy is not None else 1.0)
+        # exactly the phrase model a documentation-only router builds
+        docs = {t: doc_entry(t, e.description) for t, e in self.entries.items()}
+        self.docs_profile = PhraseProfile(docs, names, 1.0)
+        self.phrase_tools = np.array([bool(e.when) for e in indexed.values()])
+        self.compendium = compendium
+        self.prototypes = self._load_prototypes(compendium)
+        self.weights = weights or (SCENARIO_WEIGHTS if self.prototypes is None else PROTOTYPE_WEIGHTS)
+
+    def _index(self, indexed: dict[str, ToolEntry], names: dict[str, str]) -> None:
+        """Embed every tool's documentation and scenarios into the flat indexes retrieval searches."""
+        import faiss
+
         texts, owners, kinds = [], [], []
         for i, (tool_id, entry) in enumerate(indexed.items()):
             texts.append(doc_text(entry, names[tool_id]))
@@ -562,18 +584,6 @@ class Router:
         self.scenario_index = faiss.IndexFlatIP(vectors.shape[1])
         self.scenario_index.add(vectors[self.kinds == 1])
         self.scenario_owner = self.owners[self.kinds == 1]
-        privacy = getattr(compendium, "privacy", None)
-        # a merged count sums the (clamped) noise of every org artifact behind it
-        merged = max(len(getattr(compendium, "inputs", None) or []), 1)
-        self.calls_floor = zero_count_floor(privacy.sigma if privacy is not None else 0.0, merged, NOISE_SDS)
-        self.profile = PhraseProfile(indexed, names, privacy.threshold if privacy is not None else 1.0)
-        # exactly the phrase model a documentation-only router builds
-        docs = {t: doc_entry(t, e.description) for t, e in self.entries.items()}
-        self.docs_profile = PhraseProfile(docs, names, 1.0)
-        self.phrase_tools = np.array([bool(e.when) for e in indexed.values()])
-        self.compendium = compendium
-        self.prototypes = self._load_prototypes(compendium)
-        self.weights = weights or (SCENARIO_WEIGHTS if self.prototypes is None else PROTOTYPE_WEIGHTS)
 
     def _embed(self, texts: Sequence[str]) -> np.ndarray:
         return np.asarray(self.embedder.encode(list(texts)), dtype=np.float32)

@@ -92,6 +92,69 @@ def _extra_docs(path: Path) -> tuple[list[ToolDoc], int]:
     return docs, len(manifests)
 
 
+def _catalogs(root: Path, with_extra_tools: bool) -> tuple[Catalog, Catalog, int, int]:
+    """The labelled tools, the catalog to route over, the extra tools added and the manifests skipped.
+
+    The catalog is the labelled tools plus, with ``with_extra_tools``, the
+    manifests that are not one of them.
+    """
+    des_path = root / "plugin_des.json"
+    des = read_json(des_path)
+    if not isinstance(des, dict):
+        raise InputError(des_path, "expected a JSON object of tool name -> description")
+    base = make_catalog(
+        parse_tool({"name": name, "description": text}) for name, text in des.items()
+    )
+    catalog, extra, skipped = base, 0, 0
+    if with_extra_tools:
+        docs, n_manifests = _extra_docs(root / "plugin_info.json")
+        # Manifests of a labelled tool (or repeated ones) are skipped, so the
+        # labelled spelling and its one-line description stay.
+        fresh: dict[str, ToolDoc] = {}
+        for doc in docs:
+            if base.resolve(doc.tool_id) is None:
+                fresh.setdefault(alias_key(doc.tool_id), doc)
+        catalog = make_catalog([*base.tools, *fresh.values()])
+        extra, skipped = len(fresh), n_manifests - len(fresh)
+    return base, catalog, extra, skipped
+
+
+def _labelled_events(
+    csv_path: Path, base: Catalog
+) -> tuple[int, list[Event], int, Counter[str], set[str]]:
+    """Rows read, one event per usable row, garbage queries, labels outside ``base`` and alias labels seen."""
+    try:
+        text = csv_path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(csv_path, f"file not found; {HOW_TO_GET}") from None
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    if not {"Query", "Tool"} <= set(reader.fieldnames or ()):
+        raise InputError(
+            csv_path, f"expected columns Query,Tool, found {reader.fieldnames}", line=1
+        )
+    events: list[Event] = []
+    rows = garbage = 0
+    unknown: Counter[str] = Counter()
+    alias_labels: set[str] = set()
+    for row in reader:
+        rows += 1
+        query, label = row.get("Query"), row.get("Tool") or ""
+        tool_id = base.resolve(label) if label.strip() else None
+        if tool_id is None:
+            unknown[label] += 1
+            continue
+        if not is_text(query):
+            garbage += 1
+            continue
+        if base.get(tool_id).name != label:
+            alias_labels.add(label)
+        try:
+            events.append(Event(query=query, tool=tool_id, success=True, gold=tool_id))
+        except ValidationError:
+            garbage += 1
+    return rows, events, garbage, unknown, alias_labels
+
+
 def load_metatool(
     directory: str | Path | None = None, with_extra_tools: bool = False, check: bool = True
 ) -> MetaTool:
@@ -123,55 +186,8 @@ def load_metatool(
             ["plugin_info.json"] if with_extra_tools else []
         )
         verify(root.parent, [f"metatool/{f}" for f in files])
-    des_path = root / "plugin_des.json"
-    des = read_json(des_path)
-    if not isinstance(des, dict):
-        raise InputError(des_path, "expected a JSON object of tool name -> description")
-    base = make_catalog(
-        parse_tool({"name": name, "description": text}) for name, text in des.items()
-    )
-    catalog, extra, skipped = base, 0, 0
-    if with_extra_tools:
-        docs, n_manifests = _extra_docs(root / "plugin_info.json")
-        # Manifests of a labelled tool (or repeated ones) are skipped, so the
-        # labelled spelling and its one-line description stay.
-        fresh: dict[str, ToolDoc] = {}
-        for doc in docs:
-            if base.resolve(doc.tool_id) is None:
-                fresh.setdefault(alias_key(doc.tool_id), doc)
-        catalog = make_catalog([*base.tools, *fresh.values()])
-        extra, skipped = len(fresh), n_manifests - len(fresh)
-
-    csv_path = root / "all_clean_data.csv"
-    try:
-        text = csv_path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(csv_path, f"file not found; {HOW_TO_GET}") from None
-    reader = csv.DictReader(io.StringIO(text, newline=""))
-    if not {"Query", "Tool"} <= set(reader.fieldnames or ()):
-        raise InputError(
-            csv_path, f"expected columns Query,Tool, found {reader.fieldnames}", line=1
-        )
-    events: list[Event] = []
-    rows = garbage = 0
-    unknown: Counter[str] = Counter()
-    alias_labels: set[str] = set()
-    for row in reader:
-        rows += 1
-        query, label = row.get("Query"), row.get("Tool") or ""
-        tool_id = base.resolve(label) if label.strip() else None
-        if tool_id is None:
-            unknown[label] += 1
-            continue
-        if not is_text(query):
-            garbage += 1
-            continue
-        if base.get(tool_id).name != label:
-            alias_labels.add(label)
-        try:
-            events.append(Event(query=query, tool=tool_id, success=True, gold=tool_id))
-        except ValidationError:
-            garbage += 1
+    base, catalog, extra, skipped = _catalogs(root, with_extra_tools)
+    rows, events, garbage, unknown, alias_labels = _labelled_events(root / "all_clean_data.csv", base)
     if unknown:
         log.warning(
             "metatool: %d rows with labels outside the catalog dropped: %s",

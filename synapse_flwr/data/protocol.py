@@ -278,6 +278,47 @@ def _test_items(events: Iterable[tuple[Event, str]]) -> list[TestItem]:
     return [TestItem(query=q, gold=tuple(g)) for q, g in by_key.values()]
 
 
+def _by_label(events: Sequence[Event], catalog: Catalog) -> tuple[dict[str, list[Event]], list[Event]]:
+    """Events grouped by their label's tool id, and the events without a label, in order."""
+    by_tool: dict[str, list[Event]] = defaultdict(list)
+    unlabelled: list[Event] = []
+    for event in events:
+        tool_id = event_label(event, catalog)
+        if tool_id is None:
+            unlabelled.append(event)
+        else:
+            by_tool[tool_id].append(event)
+    return by_tool, unlabelled
+
+
+def _divide(
+    by_tool: dict[str, list[Event]], heldout: set[str], rng: np.random.Generator, test_per_tool: int | None,
+    test_frac: float,
+) -> tuple[list[Event], list[tuple[Event, str]], list[tuple[Event, str]]]:
+    """Training events and (event, tool) test pairs of seen and held-out tools (see :func:`make_splits`).
+
+    Tools are visited in sorted order and each draws one permutation of its
+    events from ``rng``, so equal seeds give equal splits.
+    """
+    seen_pairs: list[tuple[Event, str]] = []
+    heldout_pairs: list[tuple[Event, str]] = []
+    train: list[Event] = []
+    for tool_id in sorted(by_tool):
+        group = by_tool[tool_id]
+        order = rng.permutation(len(group))
+        if tool_id in heldout:
+            take = len(group) if test_per_tool is None else min(test_per_tool, len(group))
+            heldout_pairs.extend((group[i], tool_id) for i in order[:take])
+            continue
+        n = len(group)
+        n_test = 0 if test_frac == 0 or n < 2 else min(n - 1, max(1, round(test_frac * n)))
+        if test_per_tool is not None:
+            n_test = min(n_test, test_per_tool)
+        seen_pairs.extend((group[i], tool_id) for i in order[:n_test])
+        train.extend(group[i] for i in sorted(order[n_test:]))
+    return train, seen_pairs, heldout_pairs
+
+
 def make_splits(
     catalog: Catalog,
     events: Sequence[Event],
@@ -321,14 +362,7 @@ def make_splits(
     if not 0 <= heldout_frac < 1 or not 0 <= test_frac < 1:
         raise ValueError("heldout_frac and test_frac must be in [0, 1)")
     rng = np.random.default_rng(seed)
-    by_tool: dict[str, list[Event]] = defaultdict(list)
-    unlabelled: list[Event] = []
-    for event in events:
-        tool_id = event_label(event, catalog)
-        if tool_id is None:
-            unlabelled.append(event)
-        else:
-            by_tool[tool_id].append(event)
+    by_tool, unlabelled = _by_label(events, catalog)
     tools = sorted(by_tool)
     n_heldout = round(heldout_frac * len(tools))
     heldout = (
@@ -338,23 +372,7 @@ def make_splits(
     )
     heldout_set = set(heldout)
 
-    seen_pairs: list[tuple[Event, str]] = []
-    heldout_pairs: list[tuple[Event, str]] = []
-    train: list[Event] = []
-    for tool_id in tools:
-        group = by_tool[tool_id]
-        order = rng.permutation(len(group))
-        if tool_id in heldout_set:
-            take = len(group) if test_per_tool is None else min(test_per_tool, len(group))
-            heldout_pairs.extend((group[i], tool_id) for i in order[:take])
-            continue
-        n = len(group)
-        n_test = 0 if test_frac == 0 or n < 2 else min(n - 1, max(1, round(test_frac * n)))
-        if test_per_tool is not None:
-            n_test = min(n_test, test_per_tool)
-        seen_pairs.extend((group[i], tool_id) for i in order[:n_test])
-        train.extend(group[i] for i in sorted(order[n_test:]))
-
+    train, seen_pairs, heldout_pairs = _divide(by_tool, heldout_set, rng, test_per_tool, test_frac)
     # Unlabelled events still count as experience; the leak filter drops the
     # ones whose tools are unknown.
     pool = [
