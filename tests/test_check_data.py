@@ -77,6 +77,25 @@ def test_bad_field(folder):
     assert any("org_b.jsonl:1: field 'success'" in p for p in _problems(folder))
 
 
+def test_fields_outside_the_format_are_ignored_and_named_once_per_file(folder, caplog):
+    """A converted benchmark's own fields (an id, a category) do not stop a run; a misspelt one is named."""
+    _jsonl(folder / "org_a.jsonl", [{**e, "id": i, "glod": e["tool"]} for i, e in enumerate(EVENTS[:6])])
+    _jsonl(folder / "test.jsonl", [{**t, "category": "travel"} for t in TEST])
+    with caplog.at_level("WARNING"):
+        report = require_valid(folder)
+        data = load_folder(folder)
+    assert report.orgs == {"a": 6, "b": 6} and report.test == 2
+    assert [e.query for e in data.orgs["a"]] == [e["query"] for e in EVENTS[:6]]
+    assert all(e.gold is None for e in data.orgs["a"])  # the misspelt gold is not read as gold
+    warned = [r.getMessage() for r in caplog.records if "ignored fields" in r.getMessage()]
+    assert any("org_a.jsonl" in w and "'glod' (6 records), 'id' (6 records)" in w for w in warned)
+    assert any("test.jsonl" in w and "'category' (2 records)" in w for w in warned)
+    assert not any("org_b.jsonl" in w for w in warned)
+    # a field the format requires is still required
+    _jsonl(folder / "org_b.jsonl", [{"query": "x", "tool": "book_hotel", "succes": True}])
+    assert any("org_b.jsonl:1: field 'success'" in p for p in _problems(folder))
+
+
 def test_unknown_tool_in_log_suggests_the_close_one(folder):
     _jsonl(folder / "org_a.jsonl", [EVENTS[0], {"query": "q", "tool": "get_wether", "success": True}])
     (problem,) = _problems(folder)

@@ -411,10 +411,12 @@ def test_missing_required_field(tmp_path, catalog, missing):
     assert err.field == missing and "required" in err.message.lower()
 
 
-def test_extra_event_field_rejected(tmp_path, catalog):
+def test_extra_event_field_ignored_and_named(tmp_path, catalog, caplog):
     event = {"query": "q", "tool": "get_weather", "success": True, "latency_ms": 12}
-    err = raises_input_error(load_experience, write_jsonl_file(tmp_path / "e.jsonl", [event]), catalog)
-    assert err.field == "latency_ms" and err.line == 1
+    with caplog.at_level("WARNING"):
+        events = load_experience(write_jsonl_file(tmp_path / "e.jsonl", [event, event]), catalog)
+    assert [(e.query, e.tool, e.success) for e in events] == [("q", "get_weather", True)] * 2
+    assert "'latency_ms' (2 records)" in caplog.text
 
 
 def test_bad_json_line_in_experience(tmp_path, catalog):
@@ -464,7 +466,6 @@ def test_testset_gold_as_string_or_list(tmp_path, catalog):
         ({"query": "q", "gold": 5}, "gold"),
         ({"query": "", "gold": "get_weather"}, "query"),
         ({"query": "q", "gold": "teleport"}, "gold"),
-        ({"query": "q", "gold": "get_weather", "extra": 1}, "extra"),
     ],
 )
 def test_testset_errors(tmp_path, catalog, record, field):

@@ -11,10 +11,14 @@ optional. A labelled dataset is just events with ``success: true``.
 
 A test set is JSONL with ``query`` and ``gold`` (one tool id or a list of
 acceptable ids).
+
+Fields outside these are ignored (and named once per file in the log).
 """
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated
@@ -27,6 +31,8 @@ from synapse_flwr.core.files import read_records
 
 Query = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=4000)]
 Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=256)]
+
+log = logging.getLogger(__name__)
 
 
 class Event(BaseModel):
@@ -103,6 +109,24 @@ class TestItem(BaseModel):
     gold: tuple[Name, ...] = Field(min_length=1)
 
 
+def known_fields(obj: dict, model: type[BaseModel]) -> tuple[dict, list[str]]:
+    """A record's fields that ``model`` (:class:`Event` or :class:`TestItem`) knows, and the others' names.
+
+    Logs and test sets converted from other benchmarks often carry fields of
+    their own (an id, a category); they are ignored rather than refused, and
+    the readers name them once per file so a misspelt field is still seen.
+    """
+    known = model.model_fields
+    return {k: v for k, v in obj.items() if k in known}, sorted(k for k in obj if k not in known)
+
+
+def warn_ignored(path: Path, ignored: Counter[str]) -> None:
+    """Log, once per file, the fields outside the format its records carried (with the records' counts)."""
+    if ignored:
+        names = ", ".join(f"'{k}' ({n} records)" for k, n in sorted(ignored.items()))
+        log.warning("%s: ignored fields outside the format (docs/formats.md): %s", path, names)
+
+
 def _first_error(exc: ValidationError) -> tuple[str, str]:
     err = exc.errors()[0]
     return ".".join(str(p) for p in err["loc"]) or "(record)", err["msg"]
@@ -151,14 +175,17 @@ def load_experience(path: str | Path, catalog: Catalog | None = None) -> list[Ev
         Naming file, line and field of the first bad event.
     """
     path = Path(path)
-    events = []
-    for line, obj in read_records(path):
+    events, ignored = [], Counter[str]()
+    for line, raw in read_records(path):
+        obj, extra = known_fields(raw, Event)
+        ignored.update(extra)
         try:
             event = Event.model_validate(obj)
         except ValidationError as exc:
             field_name, message = _first_error(exc)
             raise InputError(path, message, line=line, field=field_name) from None
         events.append(resolve_event(event, catalog, path, line))
+    warn_ignored(path, ignored)
     return events
 
 
@@ -171,8 +198,10 @@ def load_testset(path: str | Path, catalog: Catalog | None = None) -> list[TestI
         Naming file, line and field of the first bad item.
     """
     path = Path(path)
-    items = []
-    for line, obj in read_records(path):
+    items, ignored = [], Counter[str]()
+    for line, raw in read_records(path):
+        obj, extra = known_fields(raw, TestItem)
+        ignored.update(extra)
         gold = obj.get("gold")
         if isinstance(gold, str):
             obj = {**obj, "gold": [gold]}
@@ -184,6 +213,7 @@ def load_testset(path: str | Path, catalog: Catalog | None = None) -> list[TestI
         resolve = _resolver(catalog, path, line)
         gold_ids = tuple(dict.fromkeys(resolve(g, "gold") for g in item.gold))
         items.append(item.model_copy(update={"gold": gold_ids}))
+    warn_ignored(path, ignored)
     return items
 
 

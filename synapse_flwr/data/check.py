@@ -16,6 +16,7 @@ import difflib
 import hashlib
 import json
 import logging
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,7 @@ from synapse_flwr.core.catalog import (
     with_examples_file,
 )
 from synapse_flwr.core.errors import InputError, SynapseError
-from synapse_flwr.core.experience import Event, TestItem
+from synapse_flwr.core.experience import Event, TestItem, known_fields, warn_ignored
 from synapse_flwr.core.files import read_records
 
 log = logging.getLogger(__name__)
@@ -210,7 +211,8 @@ def _unknown(path: Path, line: int, field_name: str, name: str, catalog: Catalog
 
 
 def _record_problems(path: Path, obj: dict, line: int, catalog: Catalog, test: bool) -> list[Problem]:
-    """Problems of one event (``test=False``) or test item (``test=True``)."""
+    """Problems of one event (``test=False``) or test item (``test=True``); fields outside the format are ignored."""
+    obj, _ = known_fields(obj, TestItem if test else Event)
     if test and isinstance(obj.get("gold"), str):
         obj = {**obj, "gold": [obj["gold"]]}
     try:
@@ -227,8 +229,10 @@ def _record_problems(path: Path, obj: dict, line: int, catalog: Catalog, test: b
 
 
 def _check_records(path: Path, catalog: Catalog, test: bool, max_problems: int) -> tuple[int, list[Problem]]:
-    records, problems = 0, []
+    records, problems, ignored = 0, [], Counter[str]()
     for line, obj, problem in _scan(path):
+        if obj is not None:
+            ignored.update(known_fields(obj, TestItem if test else Event)[1])
         found = [problem] if problem else _record_problems(path, obj, line, catalog, test)
         records += obj is not None and not found
         problems += found
@@ -237,6 +241,7 @@ def _check_records(path: Path, catalog: Catalog, test: bool, max_problems: int) 
             break
     if not records and not problems:
         problems.append(Problem(str(path), "holds no records"))
+    warn_ignored(path, ignored)
     return records, problems
 
 
