@@ -96,6 +96,17 @@ def test_fields_outside_the_format_are_ignored_and_named_once_per_file(folder, c
     assert any("org_b.jsonl:1: field 'success'" in p for p in _problems(folder))
 
 
+def test_a_tool_taught_only_by_a_failed_call_s_gold_is_seen_not_held_out(folder):
+    """Held-out means no record teaches the tool; a failed call naming it as gold adds to its prototype."""
+    test = [*TEST, {"query": "convert 10 euros", "gold": "convert_currency"}]
+    _jsonl(folder / "test.jsonl", test)
+    assert [i.gold for i in load_folder(folder).heldout_test] == [("convert_currency",)]
+    failed = {"query": "euros to yen", "tool": "book_hotel", "success": False, "gold": "convert_currency"}
+    _jsonl(folder / "org_b.jsonl", [*EVENTS[6:], failed])
+    data = load_folder(folder)
+    assert not data.heldout_test and len(data.seen_test) == 3
+
+
 def test_unknown_tool_in_log_suggests_the_close_one(folder):
     _jsonl(folder / "org_a.jsonl", [EVENTS[0], {"query": "q", "tool": "get_wether", "success": True}])
     (problem,) = _problems(folder)

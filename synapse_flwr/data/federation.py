@@ -109,7 +109,9 @@ def load_folder(path: Path, name: str | None = None, org: str | None = None) -> 
         orgs[o], leak = leak_filter(load_experience(p, catalog), [i.query for i in items], catalog=catalog)
         leaks.append(leak)
     leak = LeakReport(*(sum(getattr(r, f) for r in leaks) for f in ("total", "exact", "near", "garbage", "kept")))
-    experienced = {event_label(e) for evs in orgs.values() for e in evs if e.success}
+    # a tool has experience when any record teaches it, a failed call naming it as gold included
+    # (such a record adds to its prototype): only tools no record teaches are held out
+    experienced = {label for evs in orgs.values() for e in evs if (label := event_label(e)) is not None}
     seen = [i for i in items if set(i.gold) & experienced]
     heldout = [i for i in items if not set(i.gold) & experienced]
     info = {"leak_filter": leak.__dict__, "orgs_as_given": True, "data_files": report.hashes}
