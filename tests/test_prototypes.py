@@ -27,6 +27,7 @@ from synapse_flwr.core.prototypes import (
     space_of,
     sum_prototypes,
 )
+from synapse_flwr.core.release import combine
 from synapse_flwr.core.router import Fusion, Router, explain_route
 from synapse_flwr.core.schema import Compendium, EmbeddingSpace, Issuer, ToolEntry
 from synapse_flwr.core.wire import canonical_json
@@ -185,6 +186,17 @@ def test_disagreeing_prototypes_are_a_prototype_conflict():
     assert [c.tool_id for c in clash] == ["get_weather"]
     assert not [c for c in merge_typed([a, build_compendium(weather[:10], CATALOG, "c", embedder=BagEmbedder())]).conflicts
                 if c.field == "prototype"]
+
+
+def test_one_org_s_own_windows_whose_prototypes_disagree_combine_without_a_conflict():
+    """A replaying org's new window may point away from its earlier release: not a disagreement between orgs."""
+    weather = [Event(query=f"umbrella rain {i}", tool="get_weather", success=True) for i in range(20)]
+    wrong = [Event(query=f"hotel room night {i}", tool="get_weather", success=True) for i in range(20)]
+    first = build_compendium(weather, CATALOG, "a", embedder=BagEmbedder())
+    window = build_compendium(wrong, CATALOG, "a", round_=2, embedder=BagEmbedder())
+    assert not [c for c in merge_typed([first, window]).conflicts if c.field == "prototype"]
+    both = combine(first, window)
+    assert both.tool("get_weather").prototype.count == 40
 
 
 def _router(comp):

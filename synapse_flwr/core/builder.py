@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from synapse_flwr.core.budget import fit_wire_budget
 from synapse_flwr.core.catalog import Catalog
 from synapse_flwr.core.embed import Embedder
 from synapse_flwr.core.experience import Event, event_label
@@ -600,10 +601,10 @@ def build_compendium(
                                     np.random.default_rng(derive_seed(seed, org, round_, "prototypes")))
         entries = [e.model_copy(update={"prototype": protos.get(e.tool_id)}) for e in entries]
         entries = with_supported_requests(entries, catalog, embedder, org, round_)
-    return Compendium(
+    return fit_wire_budget(Compendium(
         kind="org",
         issuer=Issuer(org=org, round=round_),
         privacy=privacy_block(params, cal, config, releases, weight),
         tools=sorted(entries, key=lambda e: e.tool_id),
         embedding=space_of(embedder) if embedder is not None else None,
-    )
+    ))

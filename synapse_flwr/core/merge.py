@@ -71,6 +71,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from synapse_flwr.core.budget import fit_wire_budget
 from synapse_flwr.core.influence import (
     clip_tool_influence,
     lone_dissenters,
@@ -501,7 +502,8 @@ def prototype_conflict(
 ) -> Conflict | None:
     """Log orgs whose prototypes of one tool disagree (low cosine, both above noise)."""
     rated = sorted(((org, p) for org, p in org_protos if above_noise(p, config.prototype_sds)), key=lambda x: x[0])
-    apart = _apart_pairs(rated, config.prototype_cosine)
+    # pairs within one org (its own release windows, combined) are not a disagreement between orgs
+    apart = [(a, b, cos) for a, b, cos in _apart_pairs(rated, config.prototype_cosine) if a != b]
     if not apart:
         return None
     orgs = sorted({o for a, b, _ in apart for o in (a, b)})[:MAX_CLAIMS]
@@ -800,7 +802,7 @@ def _merge_unique(hashed: list[tuple[str, Compendium]], config: MergeConfig, pol
     for k in found:
         conflicts[_conflict_key(k)] = k
     logged, dropped = bounded_log(conflicts, inputs)
-    return Compendium(
+    return fit_wire_budget(Compendium(
         kind="global",
         issuer=Issuer(org=GLOBAL_ORG, round=max(c.issuer.round for c in inputs)),
         privacy=merge_privacy([c.privacy for c in inputs]),
@@ -811,7 +813,7 @@ def _merge_unique(hashed: list[tuple[str, Compendium]], config: MergeConfig, pol
         inputs=leaf_hashes(hashed),
         embedding=space,
         votes=sum_votes([c.votes for c in inputs]),
-    )
+    ))
 
 
 # --------------------------------------------------------------- support-weighted

@@ -341,7 +341,11 @@ def json_values(raw: bytes) -> int:
 def over_budget(raw: bytes, obj: Any) -> list[str]:
     """Bytes or JSON values beyond what the artifact's own number of tools allows (see MAX_TOOL_BYTES)."""
     items = obj.get("tools", obj.get("texts")) if isinstance(obj, dict) else None
-    tools = len(items) if isinstance(items, (list, dict)) else 0
+    return budget_problems(raw, len(items) if isinstance(items, (list, dict)) else 0)
+
+
+def budget_problems(raw: bytes, tools: int) -> list[str]:
+    """Bytes or JSON values of ``raw`` beyond the budget of an artifact of ``tools`` tools."""
     limits = (("bytes", len(raw), HEADER_BYTES + tools * MAX_TOOL_BYTES),
               ("JSON values", json_values(raw), HEADER_VALUES + tools * MAX_TOOL_VALUES))
     return [f"(wire): {n} {what} for {tools} tools exceeds the budget of {limit} "
