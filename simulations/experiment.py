@@ -962,7 +962,11 @@ def run_experiment(config: Path, fresh: bool = False, output: Path | None = None
         require_valid(Path(cfg.dataset))  # every file, line and tool id, before any Flower run
     out_dir = Path(output or cfg.output)
     exp = Experiment(cfg, fresh, progress)
-    if not any(d.examples for d in exp.dataset(cfg.seeds[0]).catalog.tools):
+    first = exp.dataset(cfg.seeds[0])
+    if not exp.splits(first):  # before any Flower run: nothing could be scored
+        raise SynapseError(f"{cfg.dataset}: no test queries to score the arms on; add a test.jsonl "
+                           "(docs/formats.md: a query and its gold tool per line)")
+    if not any(d.examples for d in first.catalog.tools):
         log.info("the catalog carries no example requests; `synapse examples %s` writes them from the catalog "
                  "alone (docs/formats.md; on MetaTool's dev split docs_only gains 3.6 seen and 4.7 held-out "
                  "points)", cfg.dataset)

@@ -232,6 +232,23 @@ def test_a_dataset_folder_stands_for_its_one_line_config(tmp_path):
     assert ExperimentConfig.from_toml(folder).orgs == 2
 
 
+def test_a_folder_without_test_queries_is_refused_before_any_flower_run(tmp_path):
+    import shutil
+
+    from synapse_flwr.core.errors import SynapseError
+    from synapse_flwr.data.federation import demo_dir
+    from synapse_flwr.simulations.experiment import run_experiment
+
+    folder = tmp_path / "bench"
+    shutil.copytree(demo_dir(), folder)
+    (folder / "test.jsonl").unlink()
+    config = tmp_path / "exp.toml"
+    config.write_text(f'[experiment]\ndataset = "{folder}"\ncache = "{tmp_path / "cache"}"\n')
+    with pytest.raises(SynapseError, match="no test queries"):
+        run_experiment(config, output=tmp_path / "out")
+    assert not (tmp_path / "cache" / "flower").exists()
+
+
 def test_orgs_default_to_the_dataset_s_own(tmp_path):
     from synapse_flwr.simulations.experiment import DEFAULT_ORGS
 
