@@ -235,9 +235,10 @@ def test_a_dataset_folder_stands_for_its_one_line_config(tmp_path):
 def test_a_folder_without_test_queries_is_refused_before_any_flower_run(tmp_path):
     import shutil
 
+    from synapse_flwr.simulations.experiment import run_experiment
+
     from synapse_flwr.core.errors import SynapseError
     from synapse_flwr.data.federation import demo_dir
-    from synapse_flwr.simulations.experiment import run_experiment
 
     folder = tmp_path / "bench"
     shutil.copytree(demo_dir(), folder)
