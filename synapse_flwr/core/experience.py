@@ -29,7 +29,8 @@ from synapse_flwr.core.catalog import Catalog, normalize_tool_id
 from synapse_flwr.core.errors import InputError
 from synapse_flwr.core.files import read_records
 
-Query = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=4000)]
+MAX_QUERY = 4000
+Query = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_QUERY)]
 Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=256)]
 
 log = logging.getLogger(__name__)
@@ -110,21 +111,34 @@ class TestItem(BaseModel):
 
 
 def known_fields(obj: dict, model: type[BaseModel]) -> tuple[dict, list[str]]:
-    """A record's fields that ``model`` (:class:`Event` or :class:`TestItem`) knows, and the others' names.
+    """A record as ``model`` (:class:`Event` or :class:`TestItem`) reads it, and what was left out.
 
     Logs and test sets converted from other benchmarks often carry fields of
-    their own (an id, a category); they are ignored rather than refused, and
-    the readers name them once per file so a misspelt field is still seen.
+    their own (an id, a category), and agent logs may hold requests longer
+    than :data:`MAX_QUERY` characters; the fields are ignored and a longer
+    query is cut (an embedder reads its first few hundred tokens only)
+    rather than the folder refused. The notes (``'<field>'`` per ignored
+    field, ``"query cut"``) let readers name them once per file
+    (:func:`warn_ignored`), so a misspelt field is still seen.
     """
     known = model.model_fields
-    return {k: v for k, v in obj.items() if k in known}, sorted(k for k in obj if k not in known)
+    out = {k: v for k, v in obj.items() if k in known}
+    notes = sorted(f"'{k}'" for k in obj if k not in known)
+    query = out.get("query")
+    if isinstance(query, str) and len(query.strip()) > MAX_QUERY:
+        out["query"] = query.strip()[:MAX_QUERY]
+        notes.append("query cut")
+    return out, notes
 
 
-def warn_ignored(path: Path, ignored: Counter[str]) -> None:
-    """Log, once per file, the fields outside the format its records carried (with the records' counts)."""
-    if ignored:
-        names = ", ".join(f"'{k}' ({n} records)" for k, n in sorted(ignored.items()))
-        log.warning("%s: ignored fields outside the format (docs/formats.md): %s", path, names)
+def warn_ignored(path: Path, notes: Counter[str]) -> None:
+    """Log, once per file, what :func:`known_fields` left out of its records (with the records' counts)."""
+    cut = notes.get("query cut", 0)
+    fields = ", ".join(f"{k} ({n} records)" for k, n in sorted(notes.items()) if k != "query cut")
+    if fields:
+        log.warning("%s: ignored fields outside the format (docs/formats.md): %s", path, fields)
+    if cut:
+        log.warning("%s: %d queries longer than %d characters cut to that length", path, cut, MAX_QUERY)
 
 
 def _first_error(exc: ValidationError) -> tuple[str, str]:
