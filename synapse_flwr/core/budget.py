@@ -93,7 +93,7 @@ def fit_wire_budget(artifact: Compendium) -> Compendium:
     if fits(artifact):
         return artifact
     before = len(canonical_json(artifact))
-    steps = [("conflicts per tool and field", lambda a, n: cap_conflicts(a, n), _halvings(MAX_CONFLICTS_PER_FIELD)),
+    steps = [("conflicts per tool and field", cap_conflicts, _halvings(MAX_CONFLICTS_PER_FIELD)),
              ("precautions per tool", lambda a, n: cap_lists(a, ("precautions",), n), _halvings(MAX_ITEMS)),
              ("when / when_not scenarios per tool", lambda a, n: cap_lists(a, ("when_not", "when"), n),
               _halvings(MAX_SCENARIOS))]

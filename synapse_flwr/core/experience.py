@@ -12,7 +12,8 @@ optional. A labelled dataset is just events with ``success: true``.
 A test set is JSONL with ``query`` and ``gold`` (one tool id or a list of
 acceptable ids).
 
-Fields outside these are ignored (and named once per file in the log).
+Fields outside these are ignored, and a query longer than :data:`MAX_QUERY`
+characters is cut to it (both named once per file in the log).
 """
 
 from __future__ import annotations
