@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Sequence
 
 from synapse_flwr.core.schema import (
     MAX_CONFLICTS_PER_FIELD,
     MAX_ITEMS,
     MAX_SCENARIOS,
     Compendium,
+    Conflict,
     DroppedConflicts,
     ToolEntry,
 )
@@ -45,23 +47,40 @@ def fits(artifact: Compendium) -> bool:
     return not budget_problems(canonical_json(artifact), len(artifact.tools))
 
 
+def conflict_key(c: Conflict) -> tuple:
+    """A conflict's identity and order in a log: tool, field, subject, then its whole content."""
+    return (c.tool_id, c.field, c.subject, c.model_dump_json())
+
+
+def bounded_log(
+    conflicts: dict[tuple, Conflict], inputs: Sequence[Compendium], cap: int = MAX_CONFLICTS_PER_FIELD
+) -> tuple[list[Conflict], list[DroppedConflicts]]:
+    """At most ``cap`` conflicts per tool and field (keyed by :func:`conflict_key`), the best-supported kept.
+
+    The rest are counted, plus the largest count any input already dropped for
+    that tool and field (a global merged again keeps its count, not twice).
+    Order-independent: the choice depends only on the set of conflicts.
+    """
+    by_field: dict[tuple[str, str], list[tuple]] = defaultdict(list)
+    for key, c in conflicts.items():
+        by_field[c.tool_id, c.field].append(key)
+    carried: dict[tuple[str, str], int] = defaultdict(int)
+    for c in inputs:
+        for d in c.conflicts_dropped:
+            carried[d.tool_id, d.field] = max(carried[d.tool_id, d.field], d.count)
+    kept: list[tuple] = []
+    for where, keys in by_field.items():
+        keys.sort(key=lambda k: (-max(cl.support for cl in conflicts[k].claims), k))
+        kept += keys[:cap]
+        carried[where] += max(0, len(keys) - cap)
+    dropped = [DroppedConflicts(tool_id=t, field=f, count=n) for (t, f), n in sorted(carried.items()) if n > 0]
+    return [conflicts[k] for k in sorted(kept)], dropped
+
+
 def cap_conflicts(artifact: Compendium, cap: int) -> Compendium:
-    """At most ``cap`` conflicts per tool and field, the best-supported kept; the rest counted as dropped."""
-    by_field: dict[tuple[str, str], list] = defaultdict(list)
-    for c in artifact.conflicts:
-        by_field[c.tool_id, c.field].append(c)
-    dropped = {(d.tool_id, d.field): d.count for d in artifact.conflicts_dropped}
-    kept = []
-    for where, group in by_field.items():
-        group.sort(key=lambda c: (-max(cl.support for cl in c.claims), c.model_dump_json()))
-        kept += group[:cap]
-        dropped[where] = dropped.get(where, 0) + max(0, len(group) - cap)
-    kept_ids = {id(c) for c in kept}
-    return artifact.model_copy(update={
-        "conflicts": [c for c in artifact.conflicts if id(c) in kept_ids],
-        "conflicts_dropped": [DroppedConflicts(tool_id=t, field=f, count=n)
-                              for (t, f), n in sorted(dropped.items()) if n > 0],
-    })
+    """At most ``cap`` conflicts per tool and field, as the merge bounds its log; the rest counted as dropped."""
+    logged, dropped = bounded_log({conflict_key(c): c for c in artifact.conflicts}, [artifact], cap)
+    return artifact.model_copy(update={"conflicts": logged, "conflicts_dropped": dropped})
 
 
 def _best(items: list, cap: int) -> list:

@@ -111,6 +111,10 @@ class TestItem(BaseModel):
     gold: tuple[Name, ...] = Field(min_length=1)
 
 
+#: The note :func:`known_fields` gives a record whose query it cut.
+QUERY_CUT = "query cut"
+
+
 def known_fields(obj: dict, model: type[BaseModel]) -> tuple[dict, list[str]]:
     """A record as ``model`` (:class:`Event` or :class:`TestItem`) reads it, and what was left out.
 
@@ -118,8 +122,9 @@ def known_fields(obj: dict, model: type[BaseModel]) -> tuple[dict, list[str]]:
     their own (an id, a category), and agent logs may hold requests longer
     than :data:`MAX_QUERY` characters; the fields are ignored and a longer
     query is cut (an embedder reads its first few hundred tokens only)
-    rather than the folder refused. The notes (``'<field>'`` per ignored
-    field, ``"query cut"``) let readers name them once per file
+    rather than the folder refused. A test item's single ``gold`` id becomes
+    a list of one. The notes (``'<field>'`` per ignored field,
+    :data:`QUERY_CUT`) let readers name them once per file
     (:func:`warn_ignored`), so a misspelt field is still seen.
     """
     known = model.model_fields
@@ -128,18 +133,20 @@ def known_fields(obj: dict, model: type[BaseModel]) -> tuple[dict, list[str]]:
     query = out.get("query")
     if isinstance(query, str) and len(query.strip()) > MAX_QUERY:
         out["query"] = query.strip()[:MAX_QUERY]
-        notes.append("query cut")
+        notes.append(QUERY_CUT)
+    if model is TestItem and isinstance(out.get("gold"), str):
+        out["gold"] = [out["gold"]]
     return out, notes
 
 
 def warn_ignored(path: Path, notes: Counter[str]) -> None:
     """Log, once per file, what :func:`known_fields` left out of its records (with the records' counts)."""
-    cut = notes.get("query cut", 0)
-    fields = ", ".join(f"{k} ({n} records)" for k, n in sorted(notes.items()) if k != "query cut")
+    fields = ", ".join(f"{k} ({n} records)" for k, n in sorted(notes.items()) if k != QUERY_CUT)
     if fields:
         log.warning("%s: ignored fields outside the format (docs/formats.md): %s", path, fields)
-    if cut:
-        log.warning("%s: %d queries longer than %d characters cut to that length", path, cut, MAX_QUERY)
+    if notes[QUERY_CUT]:
+        log.warning("%s: %d queries longer than %d characters cut to that length", path, notes[QUERY_CUT],
+                    MAX_QUERY)
 
 
 def _first_error(exc: ValidationError) -> tuple[str, str]:
@@ -217,9 +224,6 @@ def load_testset(path: str | Path, catalog: Catalog | None = None) -> list[TestI
     for line, raw in read_records(path):
         obj, extra = known_fields(raw, TestItem)
         ignored.update(extra)
-        gold = obj.get("gold")
-        if isinstance(gold, str):
-            obj = {**obj, "gold": [gold]}
         try:
             item = TestItem.model_validate(obj)
         except ValidationError as exc:

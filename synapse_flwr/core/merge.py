@@ -71,7 +71,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from synapse_flwr.core.budget import fit_wire_budget
+from synapse_flwr.core.budget import bounded_log, conflict_key, fit_wire_budget
 from synapse_flwr.core.influence import (
     clip_tool_influence,
     lone_dissenters,
@@ -93,7 +93,6 @@ from synapse_flwr.core.render import (
 )
 from synapse_flwr.core.schema import (
     MAX_CLAIMS,
-    MAX_CONFLICTS_PER_FIELD,
     MAX_INPUTS,
     MAX_ITEMS,
     MAX_ORGS,
@@ -104,7 +103,6 @@ from synapse_flwr.core.schema import (
     Claim,
     Compendium,
     Conflict,
-    DroppedConflicts,
     EmbeddingSpace,
     FlatCompendium,
     Issuer,
@@ -707,35 +705,6 @@ def resolve_cross_tool_claims(
     return out, conflicts
 
 
-def _conflict_key(c: Conflict) -> tuple:
-    return (c.tool_id, c.field, c.subject, c.model_dump_json())
-
-
-def bounded_log(
-    conflicts: dict[tuple, Conflict], inputs: Sequence[Compendium]
-) -> tuple[list[Conflict], list[DroppedConflicts]]:
-    """At most :data:`MAX_CONFLICTS_PER_FIELD` conflicts per tool and field, the best-supported kept.
-
-    The rest are counted, plus the largest count any input already dropped for
-    that tool and field (a global merged again keeps its count, not twice).
-    Order-independent: the choice depends only on the set of conflicts.
-    """
-    by_field: dict[tuple[str, str], list[tuple]] = defaultdict(list)
-    for key, c in conflicts.items():
-        by_field[c.tool_id, c.field].append(key)
-    carried: dict[tuple[str, str], int] = defaultdict(int)
-    for c in inputs:
-        for d in c.conflicts_dropped:
-            carried[d.tool_id, d.field] = max(carried[d.tool_id, d.field], d.count)
-    kept: list[tuple] = []
-    for where, keys in by_field.items():
-        keys.sort(key=lambda k: (-max(cl.support for cl in conflicts[k].claims), k))
-        kept += keys[:MAX_CONFLICTS_PER_FIELD]
-        carried[where] += max(0, len(keys) - MAX_CONFLICTS_PER_FIELD)
-    dropped = [DroppedConflicts(tool_id=t, field=f, count=n) for (t, f), n in sorted(carried.items()) if n > 0]
-    return [conflicts[k] for k in sorted(kept)], dropped
-
-
 def check_merge_size(inputs: Sequence[tuple[str, Compendium]]) -> None:
     """Refuse, before any work, a merge whose result the schema would not accept.
 
@@ -792,15 +761,15 @@ def _merge_unique(hashed: list[tuple[str, Compendium]], config: MergeConfig, pol
     conflicts: dict[tuple, Conflict] = {}
     for c in inputs:
         for k in c.conflicts:
-            conflicts[_conflict_key(k)] = k
+            conflicts[conflict_key(k)] = k
     for tool_id in sorted(per_tool):
         entry, found = merge_tool(tool_id, per_tool[tool_id], config, policy)
         tools.append(entry)
         for k in found:
-            conflicts[_conflict_key(k)] = k
+            conflicts[conflict_key(k)] = k
     tools, found = resolve_cross_tool_claims(tools, policy, config.min_dissent, config.by_orgs)
     for k in found:
-        conflicts[_conflict_key(k)] = k
+        conflicts[conflict_key(k)] = k
     logged, dropped = bounded_log(conflicts, inputs)
     return fit_wire_budget(Compendium(
         kind="global",
@@ -892,7 +861,7 @@ def merge_robust(compendia: Iterable[Compendium], config: MergeConfig = MergeCon
                                  config.prototype_sds)
     capped, lone = drop_pooled_dissenter(capped, config, ROBUST)
     merged = merge_typed(capped, replace(config, by_orgs=True), policy=ROBUST)
-    conflicts = sorted([*merged.conflicts, *lone], key=_conflict_key)
+    conflicts = sorted([*merged.conflicts, *lone], key=conflict_key)
     return merged.model_copy(update={"inputs": leaf_hashes(inputs), "conflicts": conflicts})
 
 

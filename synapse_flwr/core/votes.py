@@ -91,20 +91,24 @@ def loo_correct(router: Router, queries: Sequence[str], labels: Sequence[str]) -
     row = {t: i for i, t in enumerate(router.tool_ids)}
     y = np.array([row[label] for label in labels], dtype=int)
     queries = list(queries)
+    stacked = (stacked_prototypes([e.prototype for e in router.entries.values()], router.prototypes[0].shape[1])
+               if router.prototypes is not None else None)
     # in chunks: a few (records x tools) arrays per chunk, whatever the org's log size
-    return np.concatenate([_loo_chunk(router, queries[i:i + LOO_CHUNK], y[i:i + LOO_CHUNK])
+    return np.concatenate([_loo_chunk(router, queries[i:i + LOO_CHUNK], y[i:i + LOO_CHUNK], stacked)
                            for i in range(0, len(y), LOO_CHUNK)] or [np.zeros((0, len(SETTINGS)), bool)])
 
 
-def _loo_chunk(router: Router, queries: list[str], y: np.ndarray) -> np.ndarray:
-    """:func:`loo_correct` for one chunk of records, ``y`` their labels' rows."""
+def _loo_chunk(router: Router, queries: list[str], y: np.ndarray,
+               stacked: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> np.ndarray:
+    """:func:`loo_correct` for one chunk of records, ``y`` their labels' rows, ``stacked`` the global's
+    prototype sums, noise SDs and counts (None without a readable prototype)."""
     q = router._embed(queries)
     desc = router.evidence(queries, q)["description"]
-    if router.prototypes is None:  # no readable prototype: every setting routes as the documentation does
+    if stacked is None:  # no readable prototype: every setting routes as the documentation does
         return np.repeat((desc.argmax(1) == y)[:, None], len(SETTINGS), axis=1)
     dirs, gain, _ = router.prototypes
     used = gain > 0
-    sums, sds, counts = stacked_prototypes([e.prototype for e in router.entries.values()], dirs.shape[1])
+    sums, sds, counts = stacked
     margin = router.fusion.margin
     cosine = np.maximum(q @ dirs.T - margin, 0.0) * gain
     # the record's own tool, read as the router would read it without the record

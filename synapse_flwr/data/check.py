@@ -211,10 +211,7 @@ def _unknown(path: Path, line: int, field_name: str, name: str, catalog: Catalog
 
 
 def _record_problems(path: Path, obj: dict, line: int, catalog: Catalog, test: bool) -> list[Problem]:
-    """Problems of one event (``test=False``) or test item (``test=True``); fields outside the format are ignored."""
-    obj, _ = known_fields(obj, TestItem if test else Event)
-    if test and isinstance(obj.get("gold"), str):
-        obj = {**obj, "gold": [obj["gold"]]}
+    """Problems of one event (``test=False``) or test item (``test=True``), as :func:`known_fields` reads it."""
     try:
         record = (TestItem if test else Event).model_validate(obj)
     except ValidationError as exc:
@@ -232,7 +229,8 @@ def _check_records(path: Path, catalog: Catalog, test: bool, max_problems: int) 
     records, problems, ignored = 0, [], Counter[str]()
     for line, obj, problem in _scan(path):
         if obj is not None:
-            ignored.update(known_fields(obj, TestItem if test else Event)[1])
+            obj, notes = known_fields(obj, TestItem if test else Event)
+            ignored.update(notes)
         found = [problem] if problem else _record_problems(path, obj, line, catalog, test)
         records += obj is not None and not found
         problems += found
