@@ -226,6 +226,22 @@ def test_votes_beyond_what_the_release_allows_are_refused_at_the_edge():
             update={"records": 20 * v.sd, "correct": [0.0] * len(SETTINGS)})}).model_dump())
 
 
+def test_a_robust_merge_weighs_a_loud_org_s_votes_down_with_its_counts():
+    """merge_robust bounds an org's counts tool by tool; its votes are bounded with them, and the global holds."""
+    from synapse_flwr.core.merge import merge_robust
+
+    cfg = RunConfig.from_mapping({"epsilon": math.inf, "num-rounds": 3})
+    loud = [Event(query=f"{e.query} {i}", tool=e.tool, success=True) for i in range(6) for e in EVENTS]
+    orgs = [OrgData(o, CATALOG, evs) for o, evs in (("a", EVENTS), ("b", EVENTS[:7]), ("c", loud))]
+    first = [org_release(d, cfg, ReleaseState(fingerprint="f"), 1, [], EMB) for d in orgs]
+    incoming = merge_typed([art for art, _, _ in first])
+    second = [org_release(d, cfg, state, 2, [], EMB, incoming)[0] for d, (_, state, _) in zip(orgs, first)]
+    assert [a.votes.records for a in second] == [14, 7, 84]
+    robust = merge_robust(second)  # used to fail validation: 105 voters against 35 clipped counts
+    assert robust.votes.records < 105 and robust.votes.records == merge_robust(second[::-1]).votes.records
+    assert merge_typed(second).votes.records == 105
+
+
 def test_a_one_round_run_resumed_with_more_rounds_neither_re_releases_nor_votes_without_a_share():
     single = RunConfig.from_mapping({"epsilon": 4.0, "num-rounds": 1})
     resumed = RunConfig.from_mapping({"epsilon": 4.0, "num-rounds": 3})

@@ -43,7 +43,7 @@ from synapse_flwr.core.prototypes import (
     prototype_cosine,
     scale_prototype,
 )
-from synapse_flwr.core.schema import Compendium, Prototype, ToolEntry, ToolStats
+from synapse_flwr.core.schema import Compendium, FusionVotes, Prototype, ToolEntry, ToolStats
 
 
 def _r(x: float) -> float:
@@ -69,9 +69,21 @@ def scale_entry(e: ToolEntry, factor: float) -> ToolEntry:
     )
 
 
+def scale_votes(v: FusionVotes | None, factor: float) -> FusionVotes | None:
+    """Fusion votes weighted by ``factor``: voters, right routes and their noise SD alike."""
+    if v is None:
+        return None
+    return v.model_copy(update={"records": _r(v.records * factor), "correct": [_r(x * factor) for x in v.correct],
+                                "sd": round(v.sd * factor, 6)})
+
+
 def scale_compendium(c: Compendium, factor: float) -> Compendium:
-    """An artifact with every tool entry scaled by ``factor`` (see :func:`scale_entry`)."""
-    return c.model_copy(update={"tools": [scale_entry(e, factor) for e in c.tools]})
+    """An artifact with every tool entry and its fusion votes scaled by ``factor`` (see :func:`scale_entry`).
+
+    An organisation weighed down in every sum is weighed down in the vote on fusion too.
+    """
+    return c.model_copy(update={"tools": [scale_entry(e, factor) for e in c.tools],
+                                "votes": scale_votes(c.votes, factor)})
 
 
 def tool_mass(e: ToolEntry) -> float:

@@ -888,7 +888,9 @@ def drop_pooled_dissenter(
         if c.kind != "org" or c.issuer.org != org:
             out.append(c)
             continue
-        out.append(c.model_copy(update={"tools": [e.model_copy(update={"prototype": None}) for e in c.tools]}))
+        # its votes measured how its own experience routes: left out with it
+        out.append(c.model_copy(update={"tools": [e.model_copy(update={"prototype": None}) for e in c.tools],
+                                        "votes": None}))
         conflicts += [Conflict(
             tool_id=e.tool_id, field="prototype", subject="query_prototype",
             claims=[Claim(view=f"queries of {org}", support=_r(e.prototype.count), orgs=[org]),

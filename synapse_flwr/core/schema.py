@@ -562,16 +562,17 @@ class Compendium(_Strict):
 
     @model_validator(mode="after")
     def _votes_plausible(self) -> Compendium:
-        # Each voter is a released, labelled record: the votes cannot outnumber the released prototype
-        # counts, nor a setting's right routes the voters (beyond VOTE_NOISE_SDS noise SDs), so one
-        # organisation's votes weigh at most what its release does.
+        # Each voter is a released, labelled record: an organisation's votes cannot outnumber its
+        # released prototype counts, nor a setting's right routes the voters (beyond VOTE_NOISE_SDS
+        # noise SDs), so one organisation's votes weigh at most what its release does. (A global's
+        # counts may be bounded below its votes by a robust merge, which clips counts tool by tool.)
         v = self.votes
         if v is None:
             return self
         protos = [t.prototype for t in self.tools if t.prototype is not None]
         counts = sum(p.count for p in protos)
         spread = VOTE_NOISE_SDS * math.sqrt(v.sd**2 + sum(p.count_sd**2 for p in protos))
-        if v.records > counts + spread:
+        if self.kind == "org" and v.records > counts + spread:
             raise ValueError(f"votes from {v.records:g} records, but the prototypes count {counts:g} released records")
         low, high = -VOTE_NOISE_SDS * v.sd, v.records + VOTE_NOISE_SDS * math.sqrt(2) * v.sd
         for setting, correct in zip(v.settings, v.correct):
