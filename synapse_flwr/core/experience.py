@@ -181,7 +181,7 @@ def resolve_event(event: Event, catalog: Catalog | None, path: Path, line: int) 
     )
 
 
-def load_experience(path: str | Path, catalog: Catalog | None = None) -> list[Event]:
+def load_experience(path: str | Path, catalog: Catalog | None = None, warn: bool = True) -> list[Event]:
     """Load and normalise an experience log.
 
     Parameters
@@ -190,6 +190,9 @@ def load_experience(path: str | Path, catalog: Catalog | None = None) -> list[Ev
         JSONL (or JSON list) of events.
     catalog : Catalog or None
         When given, every tool name must resolve in it (aliases collapse).
+    warn : bool
+        Name ignored fields and cut queries (:func:`warn_ignored`); False
+        where a folder check has already named them.
 
     Raises
     ------
@@ -207,12 +210,13 @@ def load_experience(path: str | Path, catalog: Catalog | None = None) -> list[Ev
             field_name, message = _first_error(exc)
             raise InputError(path, message, line=line, field=field_name) from None
         events.append(resolve_event(event, catalog, path, line))
-    warn_ignored(path, ignored)
+    if warn:
+        warn_ignored(path, ignored)
     return events
 
 
-def load_testset(path: str | Path, catalog: Catalog | None = None) -> list[TestItem]:
-    """Load a test set (``query`` + ``gold`` id or list of ids).
+def load_testset(path: str | Path, catalog: Catalog | None = None, warn: bool = True) -> list[TestItem]:
+    """Load a test set (``query`` + ``gold`` id or list of ids); ``catalog`` and ``warn`` as :func:`load_experience`.
 
     Raises
     ------
@@ -232,7 +236,8 @@ def load_testset(path: str | Path, catalog: Catalog | None = None) -> list[TestI
         resolve = _resolver(catalog, path, line)
         gold_ids = tuple(dict.fromkeys(resolve(g, "gold") for g in item.gold))
         items.append(item.model_copy(update={"gold": gold_ids}))
-    warn_ignored(path, ignored)
+    if warn:
+        warn_ignored(path, ignored)
     return items
 
 

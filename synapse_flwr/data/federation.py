@@ -103,10 +103,12 @@ def load_folder(path: Path, name: str | None = None, org: str | None = None) -> 
     catalog = load_catalog(catalog_file(path))
     logs = {o: p for o, p in org_files(path).items() if org is None or o == org}
     test = path / "test.jsonl"
-    items = load_testset(test, catalog) if test.exists() else []
+    # require_valid has named every ignored field and cut query already
+    items = load_testset(test, catalog, warn=False) if test.exists() else []
     orgs, leaks = {}, []
     for o, p in logs.items():
-        orgs[o], leak = leak_filter(load_experience(p, catalog), [i.query for i in items], catalog=catalog)
+        orgs[o], leak = leak_filter(load_experience(p, catalog, warn=False), [i.query for i in items],
+                                    catalog=catalog)
         leaks.append(leak)
     leak = LeakReport(*(sum(getattr(r, f) for r in leaks) for f in ("total", "exact", "near", "garbage", "kept")))
     # a tool has experience when any record teaches it, a failed call naming it as gold included
