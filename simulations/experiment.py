@@ -520,11 +520,13 @@ class Experiment:
     def _fedavg(self, ds: FederatedDataset, seed: int) -> dict:
         # One process per run: a second in-process Ray simulation in the same
         # interpreter hangs (observed with flwr 1.42 + ray), so each seed's
-        # FedAvg gets a fresh interpreter.
+        # FedAvg gets a fresh interpreter, with single-threaded BLAS (Ray forks from it).
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        from synapse_flwr.flower.processes import single_threaded_blas
+
+        with single_threaded_blas(), ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
             return pool.submit(fedavg_run, self.cfg, seed).result()
 
     def sweep_for_seed(self, seed: int) -> dict:

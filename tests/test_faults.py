@@ -233,6 +233,24 @@ def test_a_dead_supernodes_superexec_is_stopped(tmp_path):
         group.stop(grace=5, linger=1)
 
 
+def test_children_that_start_ray_get_single_threaded_blas(monkeypatch):
+    """A spawned child sees OPENBLAS_NUM_THREADS=1 (Ray forks from it); the caller's environment is restored."""
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    from synapse_flwr.flower.processes import single_threaded_blas
+
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    with single_threaded_blas(), ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        seen = pool.submit(os.getenv, "OPENBLAS_NUM_THREADS").result()
+    assert seen == "1" and "OPENBLAS_NUM_THREADS" not in os.environ
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "4")  # a user's own choice stands
+    with single_threaded_blas():
+        assert os.environ["OPENBLAS_NUM_THREADS"] == "4"
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "4"
+
+
 def test_a_simulated_client_error_is_rejected_with_the_apps_own_message():
     """Regression: under the simulation engine the rejection reason was the whole Ray task error
     (colour codes, actor repr, two tracebacks); the ClientApp's own message is what an operator needs."""

@@ -7,7 +7,8 @@ exactly what the group started, directly or not (Flower's SuperExec,
 ServerApp, ClientApp and Ray processes included), and nothing else on the
 machine. :class:`MemorySampler` follows the summed resident memory of the
 tagged processes; :func:`safe_stop` is a teardown that survives a second
-Ctrl-C. Ports (:func:`pick_ports`) and log tails (:func:`tail`) are the other
+Ctrl-C. Ports (:func:`pick_ports`), log tails (:func:`tail`) and
+:func:`single_threaded_blas` for children that start Ray are the other
 helpers a launcher needs.
 """
 
@@ -21,7 +22,8 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from synapse_flwr.core.errors import SynapseError
@@ -113,6 +115,26 @@ def pick_ports(requested: Sequence[int | None], what: Sequence[str]) -> list[int
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+@contextmanager
+def single_threaded_blas() -> Iterator[None]:
+    """Processes started inside this context run numpy's OpenBLAS on one thread (unless the user chose).
+
+    Ray forks its own processes from the interpreter that starts it. Once
+    numpy has run threaded BLAS there, OpenBLAS's fork handler can deadlock
+    joining its worker threads (OpenMathLib/OpenBLAS#5520): a 3,000-tool
+    folder's fedavg_dp run hung so, before its first round, with no error.
+    Only the environment that children inherit changes; this process's BLAS
+    is already loaded.
+    """
+    before = os.environ.get("OPENBLAS_NUM_THREADS")
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("OPENBLAS_NUM_THREADS", None)
 
 
 def tail(path: Path, chars: int = LOG_TAIL) -> str:
