@@ -12,7 +12,7 @@ from synapse_flwr.core.catalog import ToolDoc, make_catalog
 from synapse_flwr.core.embed import TfidfEmbedder
 from synapse_flwr.core.experience import Event
 from synapse_flwr.core.merge import merge_flat_majority
-from synapse_flwr.core.router import Router, candidate_set, evaluate_routes
+from synapse_flwr.core.router import Fusion, Router, candidate_set, evaluate_routes
 from synapse_flwr.core.schema import Compendium, Issuer, ToolEntry, WhenNot
 
 CATALOG = make_catalog(
@@ -65,6 +65,32 @@ def test_when_not_with_prefer_redirects_to_the_named_tool():
     result = router(comp).route("convert bitcoin to euros")
     assert result.tool == "crypto_ticker"
     assert "redirected" in result.decided_by
+
+
+def test_votes_for_documentation_only_silence_when_not_too():
+    """Experience is read only where the votes beat documentation alone: a veto leaves no redirect."""
+    from synapse_flwr.core.schema import FusionVotes
+    from synapse_flwr.core.votes import SETTINGS
+
+    entry = ToolEntry(
+        tool_id="convert_currency",
+        description="Convert an amount between fiat currencies.",
+        when_not=[WhenNot(text="convert bitcoin euros", support=9.0, prefer="crypto_ticker")],
+    )
+    query = "convert bitcoin to euros"
+    for docs_wins, expected in ((True, "convert_currency"), (False, "crypto_ticker")):
+        best = 0 if docs_wins else 1
+        votes = FusionVotes(settings=list(SETTINGS), correct=[100.0 if j == best else 10.0 for j in range(len(SETTINGS))],
+                            records=100.0, sd=1.0)
+        comp = Compendium(kind="global", issuer=Issuer(org="global"), tools=[entry], votes=votes)
+        r = router(comp)
+        assert r.route(query).tool == expected
+        # nor does an LLM reranker read any candidate's experience under the veto
+        assert (r.experience_read(r.evidence([query])["prototype"][0], [0, 1, 2]) == set()) == docs_wins
+        assert router(None).route(query).tool == "convert_currency"
+    # fusion constants given by hand override the votes
+    assert Router(comp.model_copy(update={"votes": votes.model_copy(update={"correct": [100.0] + [10.0] * 8})}),
+                  CATALOG, embedder=TfidfEmbedder(), fusion=Fusion()).route(query).tool == "crypto_ticker"
 
 
 def test_when_not_below_the_margin_redirects_nothing(monkeypatch):

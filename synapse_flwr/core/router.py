@@ -213,6 +213,12 @@ class Fusion:
             raise ValueError(f"fusion margin must be in [-1, 1), got {self.margin!r}")
 
 
+def votes_chose_docs(compendium: Compendium | FlatCompendium | None) -> bool:
+    """Whether the compendium's fusion votes chose documentation only (then no experience field is read)."""
+    setting = chosen_setting(getattr(compendium, "votes", None))
+    return setting is not None and setting.prototype == 0 and setting.prior == 0
+
+
 def voted_fusion(compendium: Compendium | FlatCompendium | None) -> Fusion:
     """The default :class:`Fusion` with the prototype weight and prior the federation's votes chose, if any."""
     setting = chosen_setting(getattr(compendium, "votes", None))
@@ -494,7 +500,8 @@ class Router:
     fusion : Fusion or None
         How phrases and prototypes add to the documentation score. None: the
         defaults, with the prototype weight and count prior the compendium's
-        fusion votes chose (:mod:`synapse_flwr.core.votes`) when it has any.
+        fusion votes chose (:mod:`synapse_flwr.core.votes`) when it has any;
+        where they chose documentation only, no ``when_not`` is read either.
     """
 
     def __init__(
@@ -520,6 +527,8 @@ class Router:
         self.llm_weight = llm_weight_for(model) if llm_weight is None else llm_weight
         self.docs_candidates = docs_candidates
         self.fusion = fusion or voted_fusion(compendium)
+        # votes for documentation only silence when_not too, not just the prototypes
+        self.vetoed = fusion is None and votes_chose_docs(compendium)
         self.entries = typed_entries(compendium, catalog)
         if render == "flat":
             # The ablation of the typed fields (the paper's flat arm): the router
@@ -605,6 +614,7 @@ class Router:
     def set_fusion(self, fusion: Fusion) -> None:
         """Route with other fusion constants from now on (no re-indexing: for tuning)."""
         self.fusion = fusion
+        self.vetoed = False  # constants given by hand override the votes
         self.prototypes = self._load_prototypes(self.compendium)
 
     def _load_prototypes(
@@ -707,7 +717,8 @@ class Router:
             # a scenario counts only where no tool's docs already explain the query
             "when": max(when - best_doc, 0.0),
             # a when_not scenario that matches clearly better than anything in favour
-            "when_not": max(when_not - max(when, doc) - WHEN_NOT_MARGIN, 0.0),
+            # (none where the votes chose documentation only)
+            "when_not": 0.0 if self.vetoed else max(when_not - max(when, doc) - WHEN_NOT_MARGIN, 0.0),
             # how often a tool known to fail fails (Laplace-smoothed success rate
             # below one half), reported for the explanation and the LLM's
             # precautions; not added to the score: a tool's overall failure
@@ -783,7 +794,8 @@ class Router:
         MetaTool seed 42 the richer entries of experienced tools drew 3 of 200
         held-out queries off their documented tool (docs/results/llm). A
         compendium whose prototypes are not used has no such gate: every
-        candidate's entry is read.
+        candidate's entry is read. Where the votes chose documentation only,
+        none is.
 
         Parameters
         ----------
@@ -792,6 +804,8 @@ class Router:
         cand : sequence of int
             The query's candidates.
         """
+        if self.vetoed:
+            return set()
         if self.prototypes is None:
             return set(cand)
         return {t for t in cand if prototype[t] > 0}
