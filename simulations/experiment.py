@@ -518,16 +518,19 @@ class Experiment:
                 for split, items in self._golds(ds).items()}
 
     def _fedavg(self, ds: FederatedDataset, seed: int) -> dict:
-        # One process per run: a second in-process Ray simulation in the same
-        # interpreter hangs (observed with flwr 1.42 + ray), so each seed's
-        # FedAvg gets a fresh interpreter, with single-threaded BLAS (Ray forks from it).
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
+        from synapse_flwr.eval.baselines import fedavg_dp_arm
 
-        from synapse_flwr.flower.processes import single_threaded_blas
-
-        with single_threaded_blas(), ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            return pool.submit(fedavg_run, self.cfg, seed).result()
+        cfg = self.cfg
+        golds = self._golds(ds)
+        first, *rest = golds
+        # the Flower simulation runs in a fresh interpreter of its own (fedavg_dp.run_job)
+        res = fedavg_dp_arm([ds.orgs[o] for o in sorted(ds.orgs)], ds.catalog, golds[first], cfg.epsilon,
+                            cfg.delta, cfg.rounds, embedder=self.embedder, seed=seed,
+                            extra_tests={s: golds[s] for s in rest}, **cfg.fedavg)
+        out = {first: {k: res[k] for k in ("acc", "r5", "n")}}
+        out.update({s: {k: res["extra"][s][k] for k in ("acc", "r5", "n")} for s in rest})
+        out["epsilon_spent"] = res["epsilon_spent"]
+        return out
 
     def sweep_for_seed(self, seed: int) -> dict:
         """2x2 (merge x render) and the contradiction sweep for one seed."""
@@ -633,24 +636,6 @@ class Experiment:
         for start in range(0, len(train), 2048):
             best[start:start + 2048] = (train[start:start + 2048] @ test.T).max(axis=1)
         return {f"cosine>={t}": int((best >= t).sum()) for t in (0.9, 0.95, 0.99)}
-
-
-def fedavg_run(cfg: ExperimentConfig, seed: int) -> dict:
-    """The ``fedavg_dp`` arm for one seed (run in its own process by :class:`Experiment`)."""
-    from synapse_flwr.eval.baselines import fedavg_dp_arm
-
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    exp = Experiment(cfg)
-    ds = exp.dataset(seed)
-    golds = exp._golds(ds)
-    first, *rest = golds
-    res = fedavg_dp_arm([ds.orgs[o] for o in sorted(ds.orgs)], ds.catalog, golds[first], cfg.epsilon,
-                        cfg.delta, cfg.rounds, embedder=exp.embedder, seed=seed,
-                        extra_tests={s: golds[s] for s in rest}, **cfg.fedavg)
-    out = {first: {k: res[k] for k in ("acc", "r5", "n")}}
-    out.update({s: {k: res["extra"][s][k] for k in ("acc", "r5", "n")} for s in rest})
-    out["epsilon_spent"] = res["epsilon_spent"]
-    return out
 
 
 def _split_summary(per_seed: dict, path: Callable[[dict], dict | None]) -> dict:

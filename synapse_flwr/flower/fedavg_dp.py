@@ -23,7 +23,8 @@ there and from Flower's messages and context, never from the caller's state:
   weights and a ``MetricRecord`` of ``num-examples``, ``loss`` and its
   cumulative ``epsilon``.
 
-:func:`run_job` runs one job under Flower's simulation runtime.
+:func:`run_job` runs one job under Flower's simulation runtime, in a fresh
+interpreter.
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ from __future__ import annotations
 import json
 import logging
 import math
+import multiprocessing
 import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -60,6 +63,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from synapse_flwr.core.privacy import rdp_alphas
 from synapse_flwr.core.router import ranking_metrics, top_ids
+from synapse_flwr.flower.processes import single_threaded_blas
 
 log = logging.getLogger(__name__)
 
@@ -642,8 +646,19 @@ def server_app(job_dir: Path) -> ServerApp:
     return app
 
 
+def _simulate(folder: str, num_supernodes: int, backend_config: dict) -> None:
+    """Flower's simulation of the job saved in ``folder`` (in :func:`run_job`'s child interpreter)."""
+    run_simulation(server_app=server_app(Path(folder)), client_app=client_app,
+                   num_supernodes=num_supernodes, backend_config=backend_config)
+
+
 def run_job(job: FedAvgJob, backend_config: Mapping[str, Any] | None = None) -> FedAvgOutcome:
     """Run a job under Flower's simulation runtime, one SuperNode per organisation.
+
+    The simulation runs in a fresh interpreter with single-threaded BLAS: a
+    second Ray simulation in one interpreter hangs (flwr 1.42 + ray), and Ray
+    forks from the interpreter that starts it, where OpenBLAS's fork handler
+    can deadlock (:func:`~synapse_flwr.flower.processes.single_threaded_blas`).
 
     Parameters
     ----------
@@ -662,8 +677,8 @@ def run_job(job: FedAvgJob, backend_config: Mapping[str, Any] | None = None) -> 
     }
     with tempfile.TemporaryDirectory(prefix="synapse-fedavg-") as tmp:
         folder = job.save(Path(tmp))
-        run_simulation(server_app=server_app(folder), client_app=client_app,
-                       num_supernodes=len(job.shards), backend_config=config)
+        with single_threaded_blas(), ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            pool.submit(_simulate, str(folder), len(job.shards), config).result()
         return FedAvgOutcome.load(folder)
 
 
