@@ -212,11 +212,14 @@ class Fusion:
         if not -1 <= self.margin < 1:
             raise ValueError(f"fusion margin must be in [-1, 1), got {self.margin!r}")
 
+    @property
+    def docs_only(self) -> bool:
+        """Whether experience adds nothing to the documentation (the votes' first setting).
 
-def votes_chose_docs(compendium: Compendium | FlatCompendium | None) -> bool:
-    """Whether the compendium's fusion votes chose documentation only (then no experience field is read)."""
-    setting = chosen_setting(getattr(compendium, "votes", None))
-    return setting is not None and setting.prototype == 0 and setting.prior == 0
+        A router then reads no experience field at all: no ``when_not``, and
+        an LLM reranker sees every candidate as docs_only shows it.
+        """
+        return self.prototype == 0 and self.prior == 0 and self.phrases == 0
 
 
 def voted_fusion(compendium: Compendium | FlatCompendium | None) -> Fusion:
@@ -501,7 +504,7 @@ class Router:
         How phrases and prototypes add to the documentation score. None: the
         defaults, with the prototype weight and count prior the compendium's
         fusion votes chose (:mod:`synapse_flwr.core.votes`) when it has any;
-        where they chose documentation only, no ``when_not`` is read either.
+        a fusion that adds nothing (:attr:`Fusion.docs_only`) reads no ``when_not`` either.
     """
 
     def __init__(
@@ -527,8 +530,6 @@ class Router:
         self.llm_weight = llm_weight_for(model) if llm_weight is None else llm_weight
         self.docs_candidates = docs_candidates
         self.fusion = fusion or voted_fusion(compendium)
-        # votes for documentation only silence when_not too, not just the prototypes
-        self.vetoed = fusion is None and votes_chose_docs(compendium)
         self.entries = typed_entries(compendium, catalog)
         if render == "flat":
             # The ablation of the typed fields (the paper's flat arm): the router
@@ -614,7 +615,6 @@ class Router:
     def set_fusion(self, fusion: Fusion) -> None:
         """Route with other fusion constants from now on (no re-indexing: for tuning)."""
         self.fusion = fusion
-        self.vetoed = False  # constants given by hand override the votes
         self.prototypes = self._load_prototypes(self.compendium)
 
     def _load_prototypes(
@@ -718,7 +718,7 @@ class Router:
             "when": max(when - best_doc, 0.0),
             # a when_not scenario that matches clearly better than anything in favour
             # (none where the votes chose documentation only)
-            "when_not": 0.0 if self.vetoed else max(when_not - max(when, doc) - WHEN_NOT_MARGIN, 0.0),
+            "when_not": 0.0 if self.fusion.docs_only else max(when_not - max(when, doc) - WHEN_NOT_MARGIN, 0.0),
             # how often a tool known to fail fails (Laplace-smoothed success rate
             # below one half), reported for the explanation and the LLM's
             # precautions; not added to the score: a tool's overall failure
@@ -794,8 +794,8 @@ class Router:
         MetaTool seed 42 the richer entries of experienced tools drew 3 of 200
         held-out queries off their documented tool (docs/results/llm). A
         compendium whose prototypes are not used has no such gate: every
-        candidate's entry is read. Where the votes chose documentation only,
-        none is.
+        candidate's entry is read. Under a fusion that adds nothing
+        (:attr:`Fusion.docs_only`, the votes' documentation only), none is.
 
         Parameters
         ----------
@@ -804,7 +804,7 @@ class Router:
         cand : sequence of int
             The query's candidates.
         """
-        if self.vetoed:
+        if self.fusion.docs_only:
             return set()
         if self.prototypes is None:
             return set(cand)
