@@ -195,6 +195,9 @@ def test_one_org_s_own_windows_whose_prototypes_disagree_combine_without_a_confl
     first = build_compendium(weather, CATALOG, "a", embedder=BagEmbedder())
     window = build_compendium(wrong, CATALOG, "a", round_=2, embedder=BagEmbedder())
     assert not [c for c in merge_typed([first, window]).conflicts if c.field == "prototype"]
+    # the same two releases from two organisations are a disagreement
+    other = window.model_copy(update={"issuer": window.issuer.model_copy(update={"org": "b"})})
+    assert [c for c in merge_typed([first, other]).conflicts if c.field == "prototype"]
     both = combine(first, window)
     assert both.tool("get_weather").prototype.count == 40
 
