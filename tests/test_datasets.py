@@ -329,6 +329,25 @@ def test_leak_filter_synthetic():
     assert (report.garbage, report.kept) == (1, 2)
 
 
+def test_leak_filter_reads_queries_in_every_script():
+    # A benchmark in Chinese or Russian keeps its experience (it used to be dropped
+    # whole as "garbage", no ASCII word in it) and still loses its leaks.
+    catalog = make_catalog([parse_tool({"name": "weather"}), parse_tool({"name": "news"})])
+    test = ["北京明天天气怎么样？", "Какая погода завтра в Москве?"]
+    train = [
+        _event("北京明天天气怎么样"),  # exact after normalisation
+        _event("北京明天的天气怎么样？"),  # near duplicate
+        _event("上海今天有什么新闻", "news"),
+        _event("Какие новости сегодня в Берлине?", "news"),
+        _event("Wie wird das Wetter morgen in München?"),
+        _event("？！"),  # non-text
+    ]
+    kept, report = leak_filter(train, test, jaccard=0.6, catalog=catalog)
+    assert [e.query for e in kept] == [train[2].query, train[3].query, train[4].query]
+    assert (report.exact, report.near, report.garbage) == (1, 1, 1)
+    assert normalize_text("München Straße") == "münchen straße"
+
+
 @needs_data
 def test_near_duplicates_is_exact(metatool):
     """The prefix-filtered search finds exactly what an all-pairs scan finds."""

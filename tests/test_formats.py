@@ -94,7 +94,9 @@ def test_mixed_shapes_in_one_catalog(tmp_path):
         ("get-weather", "get-weather"),
         ("api.v2/Search", "api.v2_search"),
         ("__private__", "private"),
-        ("Café au lait", "caf_au_lait"),
+        ("Café au lait", "cafe_au_lait"),
+        ("天気", "u5929u6c17"),
+        ("get_天气", "get_u5929u6c14"),
         ("x" * 200, "x" * 128),
     ],
 )
@@ -102,7 +104,13 @@ def test_normalize_tool_id(name, expected):
     assert normalize_tool_id(name) == expected
 
 
-@pytest.mark.parametrize("name", ["", "   ", "!!!", "___", "天気"])
+def test_names_in_other_scripts_stay_distinct_tools():
+    cat = make_catalog([parse_tool({"name": "天气查询", "description": "weather"}), parse_tool({"name": "酒店预订", "description": "hotels"})])
+    assert len(cat) == 2
+    assert cat.resolve("天气查询") != cat.resolve("酒店预订")
+
+
+@pytest.mark.parametrize("name", ["", "   ", "!!!", "___", "📅"])
 def test_normalize_rejects_names_without_letters_or_digits(name):
     with pytest.raises(ValueError, match="no letters or digits"):
         normalize_tool_id(name)

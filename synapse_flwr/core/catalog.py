@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -43,9 +44,19 @@ MAX_EXAMPLES = 16
 _ID_JUNK = re.compile(r"[^a-z0-9_.\-]+")
 
 
+def _ascii_name(name: str) -> str:
+    """``name`` lower-cased in ASCII: accents dropped, other letters and digits as ``u<hex>``.
+
+    Ids are ASCII (the schema's pattern), but a name in another script must keep
+    its identity: "天气" and "酒店" stay two tools instead of collapsing to nothing.
+    """
+    folded = "".join(c for c in unicodedata.normalize("NFKD", name.lower()) if not unicodedata.combining(c))
+    return "".join(c if c.isascii() or not c.isalnum() else f"u{ord(c):x}" for c in folded)
+
+
 def normalize_tool_id(name: str) -> str:
     """Normalise a tool name into a schema-valid id (lower case, ``[a-z0-9_.-]``)."""
-    tool_id = _ID_JUNK.sub("_", name.strip().lower()).strip("_.-")
+    tool_id = _ID_JUNK.sub("_", _ascii_name(name.strip())).strip("_.-")
     if not tool_id:
         raise ValueError(f"tool name {name!r} has no letters or digits")
     return tool_id[:128]
@@ -53,7 +64,7 @@ def normalize_tool_id(name: str) -> str:
 
 def alias_key(name: str) -> str:
     """The key under which spellings of one tool name collapse."""
-    return re.sub(r"[^a-z0-9]", "", name.lower())
+    return re.sub(r"[^a-z0-9]", "", _ascii_name(name))
 
 
 @dataclass(frozen=True)

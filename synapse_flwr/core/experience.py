@@ -139,14 +139,25 @@ def known_fields(obj: dict, model: type[BaseModel]) -> tuple[dict, list[str]]:
     return out, notes
 
 
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    # An experiment reloads a folder for every unit of work: say it once per process.
+    if message in _WARNED:
+        log.debug(message)
+    else:
+        _WARNED.add(message)
+        log.warning(message)
+
+
 def warn_ignored(path: Path, notes: Counter[str]) -> None:
-    """Log, once per file, what :func:`known_fields` left out of its records (with the records' counts)."""
+    """Log, once per file and process, what :func:`known_fields` left out of its records (with the records' counts)."""
     fields = ", ".join(f"{k} ({n} records)" for k, n in sorted(notes.items()) if k != QUERY_CUT)
     if fields:
-        log.warning("%s: ignored fields outside the format (docs/formats.md): %s", path, fields)
+        _warn_once(f"{path}: ignored fields outside the format (docs/formats.md): {fields}")
     if notes[QUERY_CUT]:
-        log.warning("%s: %d queries longer than %d characters cut to that length", path, notes[QUERY_CUT],
-                    MAX_QUERY)
+        _warn_once(f"{path}: {notes[QUERY_CUT]} queries longer than {MAX_QUERY} characters cut to that length")
 
 
 def _first_error(exc: ValidationError) -> tuple[str, str]:

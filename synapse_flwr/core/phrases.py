@@ -34,13 +34,28 @@ STOPWORDS = frozenset(
     """.split()
 )
 
-_TOKEN = re.compile(r"<[a-z_]+>|[a-z0-9]+(?:['\-][a-z0-9]+)*")
+# Letters and digits of every script ("münchen", "москве"), not ASCII alone: a
+# benchmark in another language must not lose its queries as "no words".
+_TOKEN = re.compile(r"<[a-z_]+>|[^\W_]+(?:['\-][^\W_]+)*")
 _PLACEHOLDER = re.compile(r"^<[a-z_]+>$")
+# Scripts written without spaces (Han, kana): a run of them is one "word" to the
+# pattern above, i.e. a whole query; overlapping character bigrams are the usual
+# indexing unit instead (a lone character stays itself).
+_UNSPACED = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
+
+
+def _bigrams(run: re.Match[str]) -> str:
+    chars = run.group()
+    return " " + " ".join(chars[i : i + 2] for i in range(max(len(chars) - 1, 1))) + " "
 
 
 def tokens(text: str) -> list[str]:
-    """Lower-cased word tokens; PII placeholders such as ``<email>`` stay one token."""
-    return _TOKEN.findall(text.lower())
+    """Lower-cased word tokens; PII placeholders such as ``<email>`` stay one token.
+
+    Words are runs of letters and digits of any script, joined by ``'`` or ``-``;
+    text in scripts without spaces (Chinese, Japanese) gives its character bigrams.
+    """
+    return _TOKEN.findall(_UNSPACED.sub(_bigrams, text.lower()))
 
 
 def content_tokens(text: str) -> list[str | None]:
