@@ -16,6 +16,7 @@ from synapse_flwr.eval.baselines import (
     fedavg_dp_arm,
     ranking_metrics,
     tfidf_svm_arm,
+    tfidf_svm_scores,
 )
 from synapse_flwr.flower.fedavg_dp import aggregate_train_metrics
 
@@ -64,6 +65,13 @@ def test_svm_separates_seen_tools_and_never_predicts_unseen() -> None:
     assert seen["acc"] == 1.0 and seen["r5"] == 1.0 and seen["n"] == 30
     unseen = tfidf_svm_arm(toy_events(60, 1), CATALOG, UNSEEN)
     assert unseen == {"acc": 0.0, "r5": 0.0, "n": 1}
+
+
+def test_svm_reads_chinese_as_words() -> None:
+    # Without spaces a whole query would be one TF-IDF token: no test query would share one.
+    queries = ["北京明天天气怎么样", "上海后天的天气预报", "今天有什么新闻", "体育新闻头条"]
+    scores, classes = tfidf_svm_scores(queries, ["get_weather"] * 2 + ["news"] * 2, ["广州天气", "财经新闻"])
+    assert [classes[i] for i in scores.argmax(axis=1)] == ["get_weather", "news"]
 
 
 def test_svm_rejects_bad_arguments() -> None:

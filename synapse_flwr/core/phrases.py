@@ -49,13 +49,18 @@ def _bigrams(run: re.Match[str]) -> str:
     return " " + " ".join(chars[i : i + 2] for i in range(max(len(chars) - 1, 1))) + " "
 
 
+def spaced(text: str) -> str:
+    """``text`` lower-cased, each run of a script written without spaces as its character bigrams."""
+    return _UNSPACED.sub(_bigrams, text.lower())
+
+
 def tokens(text: str) -> list[str]:
     """Lower-cased word tokens; PII placeholders such as ``<email>`` stay one token.
 
     Words are runs of letters and digits of any script, joined by ``'`` or ``-``;
     text in scripts without spaces (Chinese, Japanese) gives its character bigrams.
     """
-    return _TOKEN.findall(_UNSPACED.sub(_bigrams, text.lower()))
+    return _TOKEN.findall(spaced(text))
 
 
 def content_tokens(text: str) -> list[str | None]:

@@ -48,6 +48,7 @@ from synapse_flwr.core import router
 from synapse_flwr.core.catalog import Catalog
 from synapse_flwr.core.embed import Embedder, get_embedder
 from synapse_flwr.core.experience import Event, TestItem, event_label
+from synapse_flwr.core.phrases import spaced
 from synapse_flwr.core.privacy import noise_multiplier_for
 from synapse_flwr.flower.fedavg_dp import (
     EvalSplit,
@@ -205,7 +206,8 @@ def tfidf_svm_scores(
         raise ValueError(f"need labelled training events of at least 2 tools, got {len(classes)}")
     if not test:
         return np.zeros((0, len(classes))), classes
-    vectorizer = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True)
+    # spaced: Chinese or Japanese text gives words (character bigrams), not one token per query
+    vectorizer = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, preprocessor=spaced)
     svm = LinearSVC(C=C).fit(vectorizer.fit_transform(queries), labels)
     scores = svm.decision_function(vectorizer.transform(list(test)))
     if scores.ndim == 1:  # binary: one margin, positive for classes_[1]
