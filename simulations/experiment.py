@@ -60,7 +60,7 @@ SPLITS = ("seen", "heldout")
 # Evaluations are cached under a hash of the code that routes, so a router
 # change re-scores every arm while the (slow) Flower runs stay cached; a
 # change to the builder or the merge needs ``--fresh``.
-ROUTING_MODULES = ("core.router", "core.votes", "core.render", "core.embed", "eval.baselines", "flower.fedavg_dp")
+ROUTING_MODULES = ("core.router", "core.phrases", "core.votes", "core.render", "core.embed", "eval.baselines", "flower.fedavg_dp")
 
 
 def routing_code() -> str:

@@ -12,7 +12,14 @@ from synapse_flwr.core.catalog import ToolDoc, make_catalog
 from synapse_flwr.core.embed import TfidfEmbedder
 from synapse_flwr.core.experience import Event
 from synapse_flwr.core.merge import merge_flat_majority
-from synapse_flwr.core.router import Fusion, Router, candidate_set, evaluate_routes
+from synapse_flwr.core.router import (
+    Fusion,
+    Router,
+    candidate_set,
+    doc_text,
+    evaluate_routes,
+    name_words,
+)
 from synapse_flwr.core.schema import Compendium, Issuer, ToolEntry, WhenNot
 
 CATALOG = make_catalog(
@@ -47,6 +54,16 @@ def test_experience_teaches_what_docs_do_not(central):
     assert router(None, "none").route("umbrella needed in Paris?").tool != "get_weather"
     assert router(central, "none").route("umbrella needed in Paris?").tool == "get_weather"
     assert router(central).route("a place to stay near the station").tool == "book_hotel"
+
+
+@pytest.mark.parametrize(("name", "words"), [
+    ("AusPetrolPrices", "Aus Petrol Prices"), ("getHTTPStatus", "get HTTP Status"), ("get_weather", "get weather"),
+    ("search-web", "search web"), ("AutoInfra1", "Auto Infra 1"), ("calculator", "calculator"),
+])
+def test_names_are_read_as_words(name, words):
+    # an uncased embedder reads "auspetrolprices" as one unknown word
+    assert name_words(name) == words
+    assert doc_text(ToolEntry(tool_id="fuel", description="Fuel prices."), name) == f"{words}: Fuel prices."
 
 
 def test_docs_only_tools_are_not_drowned_by_experience(central):

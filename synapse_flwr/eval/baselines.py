@@ -91,13 +91,13 @@ def labelled_pairs(events: Sequence[Event], catalog: Catalog) -> tuple[list[str]
     return queries, labels
 
 
-def tool_text(tool_id: str, description: str) -> str:
-    """What a tool's description embeds as: its id in words, then the description.
+def tool_text(name: str, description: str) -> str:
+    """What a tool's description embeds as: its name in words, then the description.
 
     Parameters
     ----------
-    tool_id : str
-        The tool id.
+    name : str
+        The tool's name as the catalog spells it.
     description : str
         Its documentation (may be empty).
 
@@ -106,7 +106,7 @@ def tool_text(tool_id: str, description: str) -> str:
     str
         As :func:`synapse_flwr.core.router.doc_text` renders a documentation entry.
     """
-    words = tool_id.replace("_", " ").replace("-", " ")
+    words = router.name_words(name)
     return f"{words}: {description}" if description else words
 
 
@@ -466,7 +466,7 @@ def fedavg_job(
     """
     shards = tuple(org_shard(pid, events, catalog, embedder, settings, epsilon, rounds)
                    for pid, events in enumerate(org_events))
-    tools = np.asarray(embedder.encode([tool_text(d.tool_id, d.description) for d in catalog.tools]),
+    tools = np.asarray(embedder.encode([tool_text(d.name, d.description) for d in catalog.tools]),
                        dtype=np.float32)
     eval_splits = {
         name: EvalSplit(np.asarray(embedder.encode([i.query for i in items]), dtype=np.float32)
