@@ -1,13 +1,17 @@
-"""The accounting, when_not and readable-requests labs: what their committed tables stand on."""
+"""The accounting, when_not, readable-requests and name-words labs: what their committed tables stand on."""
 
 from __future__ import annotations
 
+from unittest.mock import patch
+
 from synapse_flwr.simulations.accounting import rdp_multiplier, tables
+from synapse_flwr.simulations.name_words import RENDERINGS
 from synapse_flwr.simulations.readable_requests import ranked_requests
 from synapse_flwr.simulations.when_not import flips
 
 from synapse_flwr.core import experience, privacy
-from synapse_flwr.core.router import Router
+from synapse_flwr.core import router as router_module
+from synapse_flwr.core.router import Router, doc_text
 from synapse_flwr.core.schema import Compendium, Issuer, Scenario, ToolEntry, WhenNot
 from synapse_flwr.data.federation import load_federated
 
@@ -57,3 +61,12 @@ def test_ranked_requests_lists_only_catalog_requests_by_support():
                                                                   ToolEntry(tool_id="w", when=when)])
     examples = {"w": {"will it rain", "umbrella today?", "never listed"}, "h": {"a room"}}
     assert ranked_requests(comp, examples) == {"w": ["umbrella today?", "will it rain"]}
+
+
+def test_name_words_lab_switches_the_rendering_the_router_embeds():
+    entry = ToolEntry(tool_id="auspetrolprices", description="Fuel prices.")
+    seen = {}
+    for label, render in RENDERINGS.items():
+        with patch.object(router_module, "name_words", render):
+            seen[label] = doc_text(entry, "AusPetrolPrices_v2")
+    assert seen == {"words": "Aus Petrol Prices v 2: Fuel prices.", "separators": "AusPetrolPrices v2: Fuel prices."}
