@@ -179,6 +179,6 @@ def normalize_text(text: str) -> str:
 
 
 def is_text(query: object) -> bool:
-    """A query worth keeping: a string with at least one word containing a letter."""
-    return isinstance(query, str) and any(any(c.isalpha() for c in t) for t in tokens(query))
+    """A query worth keeping: a string with at least one word (letters or digits: ``"17*23"`` is a request)."""
+    return isinstance(query, str) and bool(tokens(query))
 
