@@ -19,11 +19,9 @@ import math
 from statistics import mean
 from unittest.mock import patch
 
-from synapse_flwr.simulations.tune_router import accuracy
+from synapse_flwr.simulations.tune_router import accuracy, draw_global
 
 from synapse_flwr.core import router as router_module
-from synapse_flwr.core.builder import build_compendium
-from synapse_flwr.core.merge import merge_typed
 from synapse_flwr.core.router import Router
 from synapse_flwr.data.federation import load_federated
 from synapse_flwr.eval.results import run_lab
@@ -41,9 +39,7 @@ def one_run(run: dict, cfg: dict, emb) -> list[dict]:
     """Every draw x weight of one (dataset, orgs, epsilon) federation, with docs_only at each weight."""
     ds = load_federated(run["dataset"], run["orgs"], cfg["seed"])
     eps = math.inf if run["epsilon"] == "inf" else float(run["epsilon"])
-    globals_ = [merge_typed([build_compendium(ev, ds.catalog, org, round_=draw, epsilon=eps, delta=cfg["delta"],
-                                              rounds=1, seed=cfg["seed"], embedder=emb)
-                             for org, ev in sorted(ds.orgs.items())]) for draw in run["draws"]]
+    globals_ = [draw_global(ds, eps, draw, cfg, emb) for draw in run["draws"]]
     rows = []
     for weight in cfg["weights"]:
         with patch.object(router_module, "EXAMPLE_WEIGHT", weight):

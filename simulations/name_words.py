@@ -21,12 +21,10 @@ from dataclasses import replace
 from statistics import mean
 from unittest.mock import patch
 
-from synapse_flwr.simulations.tune_router import accuracy
+from synapse_flwr.simulations.tune_router import accuracy, draw_global
 
 from synapse_flwr.core import router as router_module
-from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.catalog import Catalog
-from synapse_flwr.core.merge import merge_typed
 from synapse_flwr.core.router import Router, name_words
 from synapse_flwr.data.federation import load_federated
 from synapse_flwr.eval.results import run_lab
@@ -48,9 +46,7 @@ def one_run(run: dict, cfg: dict, emb) -> list[dict]:
     if not run.get("examples", True):
         ds = replace(ds, catalog=Catalog(tuple(replace(d, examples=()) for d in ds.catalog.tools)))
     eps = math.inf if run["epsilon"] == "inf" else float(run["epsilon"])
-    globals_ = [merge_typed([build_compendium(ev, ds.catalog, org, round_=draw, epsilon=eps, delta=cfg["delta"],
-                                              rounds=1, seed=cfg["seed"], embedder=emb)
-                             for org, ev in sorted(ds.orgs.items())]) for draw in run["draws"]]
+    globals_ = [draw_global(ds, eps, draw, cfg, emb) for draw in run["draws"]]
     camel = sum(bool(re.search(r"[a-z0-9][A-Z]", d.name)) for d in ds.catalog.tools)
     rows = []
     for label, render in RENDERINGS.items():

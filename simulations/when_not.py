@@ -19,12 +19,10 @@ import math
 from collections.abc import Sequence
 from unittest.mock import patch
 
-from synapse_flwr.simulations.tune_router import accuracy
+from synapse_flwr.simulations.tune_router import accuracy, draw_global
 
 from synapse_flwr.core import router as router_module
-from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.experience import TestItem
-from synapse_flwr.core.merge import merge_typed
 from synapse_flwr.core.router import Router, RouteResult, evaluate_routes
 from synapse_flwr.data.federation import FederatedDataset, load_federated
 from synapse_flwr.eval.results import run_lab
@@ -60,9 +58,7 @@ def one_run(run: dict, cfg: dict, emb) -> list[dict]:
     docs = accuracy(Router(None, ds.catalog, embedder=emb), ds)
     rows = []
     for draw in run["draws"]:
-        glob = merge_typed([build_compendium(ev, ds.catalog, org, round_=draw, epsilon=eps, delta=cfg["delta"],
-                                             rounds=1, seed=cfg["seed"], embedder=emb)
-                            for org, ev in sorted(ds.orgs.items())])
+        glob = draw_global(ds, eps, draw, cfg, emb)
         order_routes = routes(Router(glob, ds.catalog, embedder=emb, reranker="none"), ds)  # reads no when_not
         order = top1(order_routes, ds)
         fields = Router(glob, ds.catalog, embedder=emb)
