@@ -344,10 +344,15 @@ def name_words(name: str) -> str:
     return _NAME_BOUNDARY.sub(" ", name).strip()
 
 
-def doc_text(entry: ToolEntry, name: str) -> str:
-    """What a tool's documentation entry embeds: its name in words and its description."""
+def documentation_text(name: str, description: str) -> str:
+    """What a tool's documentation embeds as: its name in words, then its description (may be empty)."""
     words = name_words(name)
-    return f"{words}: {entry.description}" if entry.description else words
+    return f"{words}: {description}" if description else words
+
+
+def doc_text(entry: ToolEntry, name: str) -> str:
+    """What a tool's documentation entry embeds: :func:`documentation_text` of its name and description."""
+    return documentation_text(name, entry.description)
 
 
 def _scenario_text(text: str, variants: Sequence[str]) -> str:

@@ -91,25 +91,6 @@ def labelled_pairs(events: Sequence[Event], catalog: Catalog) -> tuple[list[str]
     return queries, labels
 
 
-def tool_text(name: str, description: str) -> str:
-    """What a tool's description embeds as: its name in words, then the description.
-
-    Parameters
-    ----------
-    name : str
-        The tool's name as the catalog spells it.
-    description : str
-        Its documentation (may be empty).
-
-    Returns
-    -------
-    str
-        As :func:`synapse_flwr.core.router.doc_text` renders a documentation entry.
-    """
-    words = router.name_words(name)
-    return f"{words}: {description}" if description else words
-
-
 def ranking_metrics(
     scores: np.ndarray, columns: Sequence[str], test: Sequence[TestItem], k: int = TOP_K
 ) -> dict[str, float]:
@@ -442,7 +423,7 @@ def fedavg_job(
     org_events : sequence of sequence of Event
         Each organisation's events.
     catalog : Catalog
-        Tools, embedded as :func:`tool_text`.
+        Tools, embedded as :func:`synapse_flwr.core.router.documentation_text` renders them.
     splits : mapping of str to sequence of TestItem
         Test sets by name.
     embedder : Embedder
@@ -466,7 +447,7 @@ def fedavg_job(
     """
     shards = tuple(org_shard(pid, events, catalog, embedder, settings, epsilon, rounds)
                    for pid, events in enumerate(org_events))
-    tools = np.asarray(embedder.encode([tool_text(d.name, d.description) for d in catalog.tools]),
+    tools = np.asarray(embedder.encode([router.documentation_text(d.name, d.description) for d in catalog.tools]),
                        dtype=np.float32)
     eval_splits = {
         name: EvalSplit(np.asarray(embedder.encode([i.query for i in items]), dtype=np.float32)
