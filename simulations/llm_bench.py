@@ -19,7 +19,8 @@ Sample sizes: ``dev_n_per_split`` queries per split on ``dev_seed``,
 ``n_per_split`` on ``report_seed``; a model named in ``n_per_model`` (a slower
 one) reranks a random subset of that many of the same sampled queries.
 ``--models`` measures only the models named and keeps the others' dev
-grids and arms from the output folder.
+grids and arms from the output folder, reread at every save, so runs for
+different models (or arms) can go side by side.
 
 Usage: ``python simulations/llm_bench.py configs/llm.toml [--stage dev|report|tables] [--models M ...] [--arms A ...]``
 """
@@ -329,14 +330,23 @@ def main() -> None:
     out = Path(cfg["output"])
     dev_path = out / "dev.json"
     previous = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else None
-    keep = args.order_check_only or args.stage == "tables" or bool(args.models) or bool(args.arms)
+    partial = bool(args.models) or bool(args.arms)
+    keep = args.order_check_only or args.stage == "tables" or partial
     rep = previous["report"] if previous and keep else {}
+    if partial:
+        rep = rep | {"arms": {}}  # this run's arms only; the others are read from the folder at every save
 
     def read_dev() -> dict:
         return json.loads(dev_path.read_text()) if dev_path.exists() else {}
 
+    def saved_arms() -> dict:
+        path = out / "results.json"
+        return json.loads(path.read_text())["report"].get("arms", {}) if path.exists() else {}
+
     def save(rep: dict) -> None:
         dev = read_dev()  # a dev stage running beside this one may have written since
+        if partial:  # so may a run for other models or arms: keep what it saved
+            rep = rep | {"arms": saved_arms() | rep.get("arms", {})}
         results = {"config": cfg, "dev": dev, "report": rep, "summary": summary(rep, dev, cfg)}
         write_results(out, results, cfg, data_hashes("metatool"),  # the pinned data and the shipped example requests
                       f"python simulations/llm_bench.py {args.config}")
