@@ -329,24 +329,25 @@ def main() -> None:
     emb = get_embedder(cfg["embedder"])
     out = Path(cfg["output"])
     dev_path = out / "dev.json"
-    previous = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else None
+    results_path = out / "results.json"
+
+    def saved_report() -> dict:
+        return json.loads(results_path.read_text())["report"] if results_path.exists() else {}
+
     partial = bool(args.models) or bool(args.arms)
     keep = args.order_check_only or args.stage == "tables" or partial
-    rep = previous["report"] if previous and keep else {}
-    if partial:
-        rep = rep | {"arms": {}}  # this run's arms only; the others are read from the folder at every save
+    rep = saved_report() if keep else {}
+    if partial and not args.order_check_only:
+        rep = {"arms": {}}  # this run's measurements only; the rest is reread from the folder at every save
 
     def read_dev() -> dict:
         return json.loads(dev_path.read_text()) if dev_path.exists() else {}
 
-    def saved_arms() -> dict:
-        path = out / "results.json"
-        return json.loads(path.read_text())["report"].get("arms", {}) if path.exists() else {}
-
     def save(rep: dict) -> None:
         dev = read_dev()  # a dev stage running beside this one may have written since
-        if partial:  # so may a run for other models or arms: keep what it saved
-            rep = rep | {"arms": saved_arms() | rep.get("arms", {})}
+        if partial:  # so may a run for other models or arms: keep what it saved, arms merged
+            saved = saved_report()
+            rep = saved | rep | {"arms": saved.get("arms", {}) | rep.get("arms", {})}
         results = {"config": cfg, "dev": dev, "report": rep, "summary": summary(rep, dev, cfg)}
         write_results(out, results, cfg, data_hashes("metatool"),  # the pinned data and the shipped example requests
                       f"python simulations/llm_bench.py {args.config}")
