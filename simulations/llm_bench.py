@@ -254,6 +254,11 @@ def summary(rep: dict, dev: dict, cfg: dict) -> dict:
     return out
 
 
+def merge_report(saved: dict, own: dict) -> dict:
+    """A partial run's report laid over the saved one: its own keys and arms win, every other is kept."""
+    return saved | own | {"arms": saved.get("arms", {}) | own.get("arms", {})}
+
+
 def model_of(key: str, models: list[str]) -> str:
     """The model an arm key (``model/arm/render/split``) belongs to; model strings may hold slashes."""
     return max((m for m in models if key.startswith(f"{m}/")), key=len, default="")
@@ -345,9 +350,8 @@ def main() -> None:
 
     def save(rep: dict) -> None:
         dev = read_dev()  # a dev stage running beside this one may have written since
-        if partial:  # so may a run for other models or arms: keep what it saved, arms merged
-            saved = saved_report()
-            rep = saved | rep | {"arms": saved.get("arms", {}) | rep.get("arms", {})}
+        if partial:  # so may a run for other models or arms: keep what it saved
+            rep = merge_report(saved_report(), rep)
         results = {"config": cfg, "dev": dev, "report": rep, "summary": summary(rep, dev, cfg)}
         write_results(out, results, cfg, data_hashes("metatool"),  # the pinned data and the shipped example requests
                       f"python simulations/llm_bench.py {args.config}")

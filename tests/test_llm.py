@@ -13,8 +13,8 @@ import json
 import re
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, ClassVar
 
 import litellm
@@ -427,3 +427,18 @@ def test_the_bench_order_check_catches_a_position_biased_llm_even_at_weight_zero
     # at weight 0 the fused pick is retrieval's and cannot move; the LLM's own pick does
     assert out["by_weight"]["0.0"]["reversed"] == 0 and out["by_weight"]["1000.0"]["reversed"] == 2
     assert out["n"] == 2
+
+
+def test_bench_runs_side_by_side_keep_each_others_arms_and_results() -> None:
+    from synapse_flwr.simulations.llm_bench import merge_report
+
+    saved = {"arms": {"local/gemma3/federated/typed/seen": {"n": 200}}, "baselines": {"none/seen": 0.6},
+             "list_balanced": {"n": 2}}
+    own = {"arms": {"local/smollm2/federated/typed/seen": {"n": 200}}, "baselines": {"none/seen": 0.7}}
+    merged = merge_report(saved, own)
+    # the neighbour's arm and list-prompt result survive; this run's own measurements win
+    assert set(merged["arms"]) == {"local/gemma3/federated/typed/seen", "local/smollm2/federated/typed/seen"}
+    assert merged["list_balanced"] == {"n": 2} and merged["baselines"] == {"none/seen": 0.7}
+    rerun = merge_report(merged, {"arms": {"local/gemma3/federated/typed/seen": {"n": 100}}})
+    assert rerun["arms"]["local/gemma3/federated/typed/seen"] == {"n": 100}
+    assert rerun["arms"]["local/smollm2/federated/typed/seen"] == {"n": 200}
