@@ -340,10 +340,8 @@ def main() -> None:
         return json.loads(results_path.read_text())["report"] if results_path.exists() else {}
 
     partial = bool(args.models) or bool(args.arms)
-    keep = args.order_check_only or args.stage == "tables" or partial
-    rep = saved_report() if keep else {}
-    if partial and not args.order_check_only:
-        rep = {"arms": {}}  # this run's measurements only; the rest is reread from the folder at every save
+    # a run that measures starts empty: a partial one rereads the rest of the folder at every save
+    rep = saved_report() if args.order_check_only or args.stage == "tables" else {}
 
     def read_dev() -> dict:
         return json.loads(dev_path.read_text()) if dev_path.exists() else {}
