@@ -26,11 +26,38 @@ from synapse_flwr.eval.results import experiment_parser, load_experiment, write_
 log = logging.getLogger("router_bench")
 
 
-def quality(ds, compendia: dict, cfg: dict, seed: int) -> dict:
+def prototype_space(emb_name: str):
+    """The embedder the compendia release query prototypes in, or None for a lexical one.
+
+    A lexical space is fitted per index and its dimension is its vocabulary
+    (beyond the wire's ``MAX_DIM`` at a few hundred tools), so its compendia
+    carry no prototypes and its router reads the other fields.
+    """
+    emb = get_embedder(emb_name)
+    return None if hasattr(emb, "fit") else emb
+
+
+def compendia_for(ds, cfg: dict, seed: int, emb_name: str) -> dict:
+    """docs_only, and one organisation holding all training experience, without and with privacy.
+
+    The compendia carry query prototypes in ``emb_name``'s space (none for a
+    lexical one, :func:`prototype_space`), so each embedder is measured with
+    the prototypes a federation on it would release.
+    """
+    emb = prototype_space(emb_name)
+    return {
+        "docs_only": None,
+        "central": build_compendium(ds.all_events, ds.catalog, "central", embedder=emb),
+        "central_private": build_compendium(ds.all_events, ds.catalog, "central", epsilon=cfg["private_epsilon"],
+                                            delta=cfg["delta"], seed=seed, embedder=emb),
+    }
+
+
+def quality(ds, cfg: dict, seed: int) -> dict:
     out = {}
     splits = {"seen": ds.seen_test, "heldout": ds.heldout_test}
     for emb_name in cfg["embedders"]:
-        for comp_name, comp in compendia.items():
+        for comp_name, comp in compendia_for(ds, cfg, seed, emb_name).items():
             router = Router(comp, ds.catalog, embedder=get_embedder(emb_name), reranker="none", k=cfg["k"])
             for reranker in cfg["rerankers"]:
                 router.reranker = reranker
@@ -60,9 +87,10 @@ def llm_quality(ds, compendia: dict, cfg: dict) -> dict:
     return out
 
 
-def speed(catalog: Catalog, compendium, queries: list[str], cfg: dict) -> dict:
+def speed(catalog: Catalog, ds, queries: list[str], cfg: dict) -> dict:
     out = {}
     for emb_name in cfg["embedders"]:
+        compendium = build_compendium(ds.all_events, ds.catalog, "central", embedder=prototype_space(emb_name))
         # uncached: latency must include embedding the query
         router = Router(compendium, catalog, embedder=get_embedder(emb_name, cache=False), reranker="fields",
                         k=cfg["k"])
@@ -104,29 +132,22 @@ def main() -> None:
         results["quality"], results["split_sizes"] = {}, {}
     for seed in cfg["seeds"] if "quality" in parts else cfg["seeds"][:1]:
         ds = metatool_dataset(seed)
-        compendia = {
-            "docs_only": None,
-            "central": build_compendium(ds.all_events, ds.catalog, "central"),
-            "central_private": build_compendium(ds.all_events, ds.catalog, "central", round_=cfg["rounds"],
-                                                epsilon=cfg["private_epsilon"], delta=cfg["delta"],
-                                                rounds=cfg["rounds"], seed=seed),
-        }
         if "quality" in parts:
             results["split_sizes"][str(seed)] = {
                 "train": len(ds.all_events), "seen": len(ds.seen_test), "heldout": len(ds.heldout_test),
                 "leak_filter": ds.info["leak_filter"]}
-            results["quality"].update(quality(ds, compendia, cfg, seed))
+            results["quality"].update(quality(ds, cfg, seed))
         if seed != cfg["seeds"][0]:
             continue
         if "speed" in parts:
             queries = [i.query for i in ds.seen_test + ds.heldout_test][:2000]
             results["speed"] = {
-                "real": speed(ds.catalog, compendia["central"], queries, cfg),
-                "scaled": speed(scaled_catalog(cfg["scaled_tools"], seed, real_catalog()),
-                                compendia["central"], queries, cfg),
+                "real": speed(ds.catalog, ds, queries, cfg),
+                "scaled": speed(scaled_catalog(cfg["scaled_tools"], seed, real_catalog()), ds, queries, cfg),
             }
         if "llm" in parts:
-            results["llm"] = llm_quality(ds, {k: compendia[k] for k in ("docs_only", "central")}, cfg)
+            minilm = compendia_for(ds, cfg, seed, "minilm")
+            results["llm"] = llm_quality(ds, {k: minilm[k] for k in ("docs_only", "central")}, cfg)
     summary = {}
     for key in {k.rsplit("/", 1)[0] for k in results.get("quality", {})}:
         runs = [v for k, v in results["quality"].items() if k.rsplit("/", 1)[0] == key]
