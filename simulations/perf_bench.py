@@ -258,7 +258,8 @@ def tables(results: dict) -> str:
     if results.get("bytes"):
         lines += ["", "Artifact bytes per organisation (one MetaTool org, spread over the catalog).",
                   "", "| tools | privacy | raw | gzip |", "|---|---|---|---|"]
-    for row in results.get("bytes", {}).values():
+    # numeric order: a partial rerun reloads the saved JSON, whose keys are sorted as strings
+    for row in sorted(results.get("bytes", {}).values(), key=lambda r: (r["privacy"] != "on", r["tools"])):
         lines.append(f"| {row['tools']} | {row['privacy']} | {row['raw']:,} | {row['gzip']:,} |")
         if "paper_flat_raw" in row:
             lines.append(f"| {row['tools']} | paper-style flat JSON | {row['paper_flat_raw']:,} | {row['paper_flat_gzip']:,} |")
@@ -267,7 +268,7 @@ def tables(results: dict) -> str:
         lines += ["", "Validate + merge (typed), privacy on, CPU seconds of one process; naive = validate + concatenate, same process.", "",
                   "| K | tools | validate s | merge s | total s | naive s | ratio | peak RSS MB | conflicts (dropped) |",
                   "|---|---|---|---|---|---|---|---|---|"]
-        for c in merge["cells"].values():
+        for c in sorted(merge["cells"].values(), key=lambda c: (c["tools"], c["k"])):
             if c["skipped"]:
                 lines.append(f"| {c['k']} | {c['tools']} | skipped | | ~{c['projected_total_s']:.0f} (fit) | | | "
                              f"~{c['projected_peak_rss_bytes'] / 1e6:.0f} (fit) | |")
