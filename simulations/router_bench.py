@@ -16,7 +16,7 @@ from synapse_flwr.simulations.catalog_gen import real_catalog, scaled_catalog
 
 from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.catalog import Catalog
-from synapse_flwr.core.embed import get_embedder
+from synapse_flwr.core.embed import Embedder, get_embedder
 from synapse_flwr.core.files import write_atomic
 from synapse_flwr.core.router import Router, evaluate_routes
 from synapse_flwr.data.federation import metatool_dataset
@@ -26,7 +26,7 @@ from synapse_flwr.eval.results import experiment_parser, load_experiment, write_
 log = logging.getLogger("router_bench")
 
 
-def prototype_space(emb_name: str):
+def prototype_space(emb_name: str) -> Embedder | None:
     """The embedder the compendia release query prototypes in, or None for a lexical one.
 
     A lexical space is fitted per index and its dimension is its vocabulary
