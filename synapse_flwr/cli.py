@@ -560,6 +560,7 @@ def _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_
     from dataclasses import replace
 
     from synapse_flwr.core.catalog import load_catalog
+    from synapse_flwr.core.embed import get_embedder
     from synapse_flwr.core.router import Router, voted_fusion
     from synapse_flwr.core.wire import load_artifact
 
@@ -571,8 +572,9 @@ def _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_
         except ArtifactError as exc:
             raise SynapseError(f"{compendium} is not a valid artifact: {exc}") from None
     try:
-        fusion = None if count_prior is None else replace(voted_fusion(comp), prior=count_prior)
-        return Router(comp, cat, embedder=embedder, reranker=reranker, k=k, render=render, model=model,
+        emb = get_embedder(embedder)
+        fusion = None if count_prior is None else replace(voted_fusion(comp, emb.name), prior=count_prior)
+        return Router(comp, cat, embedder=emb, reranker=reranker, k=k, render=render, model=model,
                       llm_weight=llm_weight, fusion=fusion)
     except ValueError as exc:
         raise SynapseError(str(exc)) from None

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +14,7 @@ from test_prototypes import CATALOG, BagEmbedder
 
 from synapse_flwr.core import votes
 from synapse_flwr.core.builder import BuildConfig, build_compendium, vote_noise
+from synapse_flwr.core.embed import get_embedder
 from synapse_flwr.core.experience import Event
 from synapse_flwr.core.merge import merge_typed
 from synapse_flwr.core.privacy import (
@@ -21,7 +25,7 @@ from synapse_flwr.core.privacy import (
 )
 from synapse_flwr.core.prototypes import decode_prototype, encode_prototype
 from synapse_flwr.core.release import ReleaseState
-from synapse_flwr.core.router import Fusion, Router
+from synapse_flwr.core.router import EMBEDDER_FUSIONS, Fusion, Router, voted_fusion
 from synapse_flwr.core.schema import FusionSetting, FusionVotes
 from synapse_flwr.core.votes import (
     SETTINGS,
@@ -167,6 +171,28 @@ def test_a_router_follows_the_votes_and_routes_as_documentation_when_they_choose
     assert Router(glob, CATALOG, embedder=EMB).fusion == Fusion()  # no votes: the defaults
     pinned = Router(for_docs, CATALOG, embedder=EMB, fusion=Fusion(prior=0.2))  # an explicit fusion wins
     assert pinned.fusion == Fusion(prior=0.2)
+
+
+def test_an_embedder_with_its_own_dev_fusion_routes_with_it_and_votes_still_choose_over_it():
+    own = EMBEDDER_FUSIONS["tokenlearn-static-64d"]
+    assert voted_fusion(None, "tokenlearn-static-64d") == own
+    assert voted_fusion(None, "an-embedder-without-an-entry") == Fusion()
+    static = get_embedder("static", cache=False)
+    assert Router(None, CATALOG, embedder=static, reranker="none").fusion == own
+    glob = merge_typed([build_compendium(EVENTS, CATALOG, "acme", embedder=EMB)])
+    for_docs = glob.model_copy(update={"votes": _votes([9.0] + [1.0] * (len(SETTINGS) - 1))})
+    voted = voted_fusion(for_docs, "tokenlearn-static-64d")
+    assert (voted.prototype, voted.prior) == (0.0, 0.0)  # the federation's choice
+    assert replace(voted, prototype=own.prototype, prior=own.prior) == own  # the rest stays the embedder's
+
+
+def test_the_embedder_fusions_are_the_ones_their_committed_dev_grids_chose():
+    grids = {"tokenlearn-static-64d": "docs/results/tuning/static/results.json"}
+    assert set(grids) == set(EMBEDDER_FUSIONS)
+    for name, path in grids.items():
+        chosen = json.loads((Path(__file__).parents[1] / path).read_text())["chosen"]
+        assert (EMBEDDER_FUSIONS[name].prototype, EMBEDDER_FUSIONS[name].prior) == (chosen["prototype"], chosen["prior"])
+        assert EMBEDDER_FUSIONS[name].gate_alpha == chosen["gate_alpha"]
 
 
 def test_each_record_votes_once_after_its_release_and_spends_the_whole_budget():

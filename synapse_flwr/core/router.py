@@ -224,12 +224,32 @@ class Fusion:
         return self.prototype == 0 and self.prior == 0 and self.phrases == 0
 
 
-def voted_fusion(compendium: Compendium | FlatCompendium | None) -> Fusion:
-    """The default :class:`Fusion` with the prototype weight and prior the federation's votes chose, if any."""
+# Fusion constants of an embedder whose similarity scale is not MiniLM's (the
+# defaults), keyed by the embedder's name; seed-7 dev split,
+# simulations/tune_router.py configs/tune_router_static.toml
+# (docs/results/tuning/static). The 64-d static embedder under MiniLM's
+# prototype 8 / prior 0.5 routes seen tools below docs_only (0.3365 at
+# epsilon 4 against 0.3625): its cosines are smaller, so the count prior
+# outweighs them. Prototype 4 / prior 0.2: 0.4129 at epsilon 4, 0.4618
+# without noise, held-out equal to docs_only (0.3857).
+EMBEDDER_FUSIONS: dict[str, Fusion] = {"tokenlearn-static-64d": Fusion(prototype=4.0, prior=0.2)}
+
+
+def voted_fusion(compendium: Compendium | FlatCompendium | None, embedder: str = "") -> Fusion:
+    """The embedder's default :class:`Fusion`, with the prototype weight and prior the federation's votes chose, if any.
+
+    Parameters
+    ----------
+    compendium : Compendium or FlatCompendium or None
+        The global compendium; its ``votes`` (if any) choose prototype weight and prior.
+    embedder : str
+        The router's embedder name: its :data:`EMBEDDER_FUSIONS` entry, else :class:`Fusion`'s defaults.
+    """
+    base = EMBEDDER_FUSIONS.get(embedder, Fusion())
     setting = chosen_setting(getattr(compendium, "votes", None))
     if setting is None:
-        return Fusion()
-    return replace(Fusion(), prototype=setting.prototype, prior=setting.prior)
+        return base
+    return replace(base, prototype=setting.prototype, prior=setting.prior)
 
 
 RENDERS = ("typed", "flat")
@@ -549,7 +569,7 @@ class Router:
         self.llm_mode = llm_mode if llm_mode != "auto" else ("channel" if model.startswith("local/") else "list")
         self.llm_weight = llm_weight_for(model) if llm_weight is None else llm_weight
         self.docs_candidates = docs_candidates
-        self.fusion = fusion or voted_fusion(compendium)
+        self.fusion = fusion or voted_fusion(compendium, self.embedder.name)
         self.entries = typed_entries(compendium, catalog)
         if render == "flat":
             # The ablation of the typed fields (the paper's flat arm): the router
