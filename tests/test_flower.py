@@ -253,8 +253,11 @@ def test_interrupt_tears_down(tmp_path):
     """Ctrl-C in the middle of a run stops every process the deployment started."""
     home, out = tmp_path / "flwr", tmp_path / "out"
     script = (
-        "import logging, sys; from pathlib import Path\n"
+        "import logging, signal, sys; from pathlib import Path\n"
         "from synapse_flwr.flower.launch import DeploymentConfig, run_local_deployment\n"
+        # as in a terminal: a suite started in the background (`cmd &`) hands its children
+        # SIGINT ignored, and Python then never raises KeyboardInterrupt
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n"
         f"rc = {{'dataset': {dataset(tmp_path)!r}, 'num-rounds': 5, 'output-dir': {str(out)!r}}}\n"
         f"run_local_deployment(DeploymentConfig(Path({str(APP_DIR)!r}), 2, rc, Path({str(home)!r})))\n"
