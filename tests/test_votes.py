@@ -173,7 +173,7 @@ def test_a_router_follows_the_votes_and_routes_as_documentation_when_they_choose
     assert pinned.fusion == Fusion(prior=0.2)
 
 
-def test_an_embedder_with_its_own_dev_fusion_routes_with_it_and_votes_still_choose_over_it():
+def test_an_embedder_with_its_own_dev_fusion_routes_with_it_and_votes_still_choose_over_it(monkeypatch):
     own = EMBEDDER_FUSIONS["tokenlearn-static-64d"]
     assert voted_fusion(None, "tokenlearn-static-64d") == own
     assert voted_fusion(None, "an-embedder-without-an-entry") == Fusion()
@@ -184,6 +184,10 @@ def test_an_embedder_with_its_own_dev_fusion_routes_with_it_and_votes_still_choo
     voted = voted_fusion(for_docs, "tokenlearn-static-64d")
     assert (voted.prototype, voted.prior) == (0.0, 0.0)  # the federation's choice
     assert replace(voted, prototype=own.prototype, prior=own.prior) == own  # the rest stays the embedder's
+    # an entry that differs beyond prototype and prior: the votes replace only those two
+    probe = Fusion(prototype=3.0, prior=0.1, gate_alpha=0.01, shrink=2.0)
+    monkeypatch.setitem(EMBEDDER_FUSIONS, "probe-embedder", probe)
+    assert voted_fusion(for_docs, "probe-embedder") == replace(probe, prototype=0.0, prior=0.0)
 
 
 def test_the_embedder_fusions_are_the_ones_their_committed_dev_grids_chose():
