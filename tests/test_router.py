@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from synapse_flwr.cli import app
@@ -70,6 +71,20 @@ def test_docs_only_tools_are_not_drowned_by_experience(central):
     r = router(central)
     assert r.route("what are the visa entry requirements for my passport").tool == "visa_rules"
     assert r.route("price of bitcoin and ether now").tool == "crypto_ticker"
+
+
+def test_a_query_for_a_tool_without_experience_is_scored_exactly_as_docs_only(central):
+    # "stay" and "tonight" are released hotel scenarios, but the documentation's choice is
+    # visa_rules, which has none: the per-query gate keeps every score docs_only's, and the
+    # lexical router's documentation scores keep their own fit (the scenarios' words would
+    # move the idf)
+    query = "visa requirements for my passport if I stay tonight"
+    docs, r = router(None, "none"), router(central, "none")
+    assert np.array_equal(r.retrieve([query]), docs.retrieve([query]))
+    assert r.route(query).tool == "visa_rules"
+    # where the documentation's choice has experience, the same scenarios do count
+    assert r.retrieve(["somewhere to stay tonight"])[0][r.position["book_hotel"]] > \
+        docs.retrieve(["somewhere to stay tonight"])[0][docs.position["book_hotel"]]
 
 
 def test_when_not_with_prefer_redirects_to_the_named_tool():
