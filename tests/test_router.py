@@ -85,6 +85,9 @@ def test_a_query_for_a_tool_without_experience_is_scored_exactly_as_docs_only(ce
     # where the documentation's choice has experience, the same scenarios do count
     assert r.retrieve(["somewhere to stay tonight"])[0][r.position["book_hotel"]] > \
         docs.retrieve(["somewhere to stay tonight"])[0][docs.position["book_hotel"]]
+    # unless the fusion adds nothing (the votes' documentation only)
+    off = Router(central, CATALOG, embedder=TfidfEmbedder(), reranker="none", fusion=Fusion(prototype=0, prior=0))
+    assert np.array_equal(off.retrieve(["somewhere to stay tonight"]), docs.retrieve(["somewhere to stay tonight"]))
 
 
 def test_when_not_with_prefer_redirects_to_the_named_tool():

@@ -227,8 +227,9 @@ class Fusion:
     def docs_only(self) -> bool:
         """Whether experience adds nothing to the documentation (the votes' first setting).
 
-        A router then reads no experience field at all: no ``when_not``, and
-        an LLM reranker sees every candidate as docs_only shows it.
+        A router then reads no experience field at all: no ``when``
+        scenario, no ``when_not``, and an LLM reranker sees every candidate
+        as docs_only shows it.
         """
         return self.prototype == 0 and self.prior == 0 and self.phrases == 0
 
@@ -755,7 +756,7 @@ class Router:
         out["phrases"] = (self.fusion.phrases * np.maximum(self.profile.score(queries) - docs_lex, 0.0)
                           * self.phrase_tools[None, :]) if self.fusion.phrases and self.phrase_tools.any() else zero
         out["scenario"] = zero
-        if w_scen:
+        if w_scen and not self.fusion.docs_only:
             # the prototypes' per-query gate: without it, released scenarios pulled queries for
             # tools without experience to tools with it (seed-7 held-out 0.652 vs docs_only 0.675)
             out["scenario"] = (w_scen * np.maximum(self.scenario_scores(q) - dense_doc, 0.0)
