@@ -403,6 +403,21 @@ def test_federation_commands_reject_bad_arguments_before_starting_anything(tmp_p
     assert isinstance(res.exception, SynapseError)
 
 
+def test_a_federation_refuses_an_output_dir_holding_another_runs_rounds(tmp_path):
+    from synapse_flwr.flower.config import RunConfig
+
+    out = tmp_path / "out"
+    out.mkdir()
+    recorded = RunConfig.from_mapping({"output-dir": str(out)}).to_mapping()
+    (out / "metrics.json").write_text(json.dumps({"run_config": recorded, "rounds": [{"round": 1}]}))
+    # before anything starts: no FLWR_HOME is created, the rounds on disk stay as they were
+    res = invoke("simulate", "--set", f"output-dir={json.dumps(str(out))}", "--set", "epsilon=8",
+                 "--flwr-home", str(tmp_path / "home"))
+    assert isinstance(res.exception, SynapseError) and "epsilon 4.0 -> 8.0" in str(res.exception)
+    assert not (tmp_path / "home").exists()
+    assert json.loads((out / "metrics.json").read_text())["rounds"] == [{"round": 1}]
+
+
 def test_a_finished_run_logs_its_per_round_table(tmp_path, caplog):
     rounds = [{"round": r, "accepted": [1, 2, 3], "rejected": [], "epsilon": 3.96, "bytes_per_client": b,
                "prototype_share": 1.0, "seen_acc": 0.7, "heldout_acc": 1.0, "docs_seen_acc": 0.76,

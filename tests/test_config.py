@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from synapse_flwr.core.merge import POLICIES
-from synapse_flwr.flower.config import KEYS, RunConfig, RunConfigError, check_overrides
+from synapse_flwr.flower.config import KEYS, RESUMABLE, RunConfig, RunConfigError, check_overrides, resume_conflict
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,6 +31,20 @@ def test_defaults_and_overrides_parse():
     cfg = RunConfig.from_mapping({"epsilon": math.inf, "num-rounds": 2, "alpha": 1})
     assert not cfg.private and cfg.num_rounds == 2 and cfg.alpha == 1.0
     assert RunConfig.from_mapping(cfg.to_mapping()) == cfg
+
+
+def test_a_run_resumes_only_rounds_of_its_own_settings():
+    recorded = RunConfig.from_mapping({"num-rounds": 2}).to_mapping()
+    # more rounds, another timeout or no evaluation: the same run, continued
+    again = {**recorded, "num-rounds": 5, "round-timeout": 60.0, "evaluate": False}
+    assert resume_conflict("out", recorded, again) is None
+    assert RESUMABLE <= set(recorded)
+    # anything that shaped the artifacts on disk is another run
+    reason = resume_conflict("out", recorded, {**recorded, "epsilon": 8.0, "embedder": "static"})
+    assert "out" in reason and "epsilon 4.0 -> 8.0" in reason and "embedder 'minilm' -> 'static'" in reason
+    assert "output-dir" in reason
+    # a key an older metrics.json did not record is not compared
+    assert resume_conflict("out", {k: v for k, v in recorded.items() if k != "seed"}, {**recorded, "seed": 1}) is None
 
 
 @pytest.mark.parametrize(

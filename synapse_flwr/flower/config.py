@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from synapse_flwr.core.embed import EMBEDDERS
@@ -175,6 +176,33 @@ class RunConfig:
     def votes(self) -> bool:
         """Whether orgs cast fusion votes: asked for, a later round to cast them in, prototypes to vote on."""
         return self.fusion_votes and self.num_rounds >= 2 and self.embedder != "none"
+
+
+# Keys a run may change when it resumes an output folder: more rounds, how long to wait
+# and for how many nodes, what is measured, and the fault injection of tests. Every
+# other key shaped the artifacts on disk (and the release cache their privacy rests on).
+RESUMABLE = frozenset({"num-rounds", "output-dir", "round-timeout", "min-nodes", "evaluate",
+                       "fail-round", "fail-orgs", "capture-dir"})
+
+
+def resume_conflict(output_dir: str | Path, recorded: Mapping[str, Any], current: Mapping[str, Any]) -> str | None:
+    """Why a run may not resume the rounds recorded in ``output_dir``; None when it may.
+
+    Parameters
+    ----------
+    output_dir : str or Path
+        The output folder (named in the message).
+    recorded : mapping
+        The run config its ``metrics.json`` recorded (TOML keys).
+    current : mapping
+        The new run's whole run config (TOML keys); keys missing from either side are not compared.
+    """
+    changed = [f"{key} {recorded[key]!r} -> {current[key]!r}"
+               for key in sorted((set(recorded) & set(current)) - RESUMABLE) if recorded[key] != current[key]]
+    if not changed:
+        return None
+    return (f"{output_dir} holds rounds of a run with other settings ({'; '.join(changed)}); resuming would "
+            "mix the two: set another output-dir (--set output-dir=PATH) or remove that folder")
 
 
 def check_overrides(values: Mapping[str, Any]) -> dict[str, Any]:

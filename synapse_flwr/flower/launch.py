@@ -43,7 +43,7 @@ from typing import Any
 import synapse_flwr
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.data.pins import ENV_VAR, data_dir
-from synapse_flwr.flower.config import RunConfig, check_overrides
+from synapse_flwr.flower.config import RunConfig, check_overrides, resume_conflict
 from synapse_flwr.flower.processes import (
     HOST,
     LOG_TAIL,
@@ -427,17 +427,38 @@ def flower_env(flwr_home: Path, tag: str, extra: Mapping[str, str] | None = None
     return env
 
 
-def _num_rounds(app_dir: Path, run_config: Mapping[str, Any]) -> int:
-    """``num-rounds`` of the run config, else of the app's ``pyproject.toml``."""
-    if "num-rounds" in run_config:
-        return int(run_config["num-rounds"])
+def effective_run_config(app_dir: Path, run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The whole run config a run gets: the app's ``[tool.flwr.app.config]`` under the overrides.
+
+    Raises
+    ------
+    SynapseError
+        If the app's ``pyproject.toml`` has no readable app config.
+    """
     import tomllib
 
     try:
         doc = tomllib.loads((app_dir / "pyproject.toml").read_text(encoding="utf-8"))
-        return int(doc["tool"]["flwr"]["app"]["config"]["num-rounds"])
-    except (OSError, KeyError, ValueError, tomllib.TOMLDecodeError) as exc:
-        raise SynapseError(f"cannot read num-rounds from {app_dir / 'pyproject.toml'}: {exc}") from None
+        return RunConfig.from_mapping({**doc["tool"]["flwr"]["app"]["config"], **run_config}).to_mapping()
+    except (OSError, KeyError, TypeError, tomllib.TOMLDecodeError) as exc:
+        raise SynapseError(f"cannot read the app config of {app_dir / 'pyproject.toml'}: {exc}") from None
+
+
+def check_resume(output_dir: Path, run_config: Mapping[str, Any]) -> None:
+    """Fail before anything starts if ``output_dir`` holds rounds of a run with other settings.
+
+    Raises
+    ------
+    SynapseError
+        With the settings that differ (:func:`~synapse_flwr.flower.config.resume_conflict`).
+    """
+    try:
+        recorded = json.loads((output_dir / "metrics.json").read_text(encoding="utf-8"))["run_config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # nothing to resume, or the ServerApp's resume point reports the unreadable folder
+    reason = resume_conflict(output_dir, recorded, run_config)
+    if reason:
+        raise SynapseError(reason)
 
 
 def default_app_dir() -> Path:
@@ -631,8 +652,10 @@ class Launch:
         self.source = _app_dir(app_dir)
         self.run_config = absolute_run_config(run_config)
         check_dataset(self.run_config)
-        self.num_rounds = _num_rounds(self.source, self.run_config)
+        effective = effective_run_config(self.source, self.run_config)
+        self.num_rounds = int(effective["num-rounds"])
         self.output_dir = Path(self.run_config["output-dir"])
+        check_resume(self.output_dir, effective)
         self.home = _home(flwr_home, home_prefix)
         self.app_dir = self.source  # the staged copy once staged
         self.overrides = self.home / "run_config.toml"

@@ -38,7 +38,7 @@ from synapse_flwr.core.wire import (
     load_artifact,
 )
 from synapse_flwr.data.federation import load_dataset
-from synapse_flwr.flower.config import RunConfig
+from synapse_flwr.flower.config import RunConfig, resume_conflict
 from synapse_flwr.flower.keys import registry_for, signer_for
 from synapse_flwr.strategies import make_strategy
 from synapse_flwr.strategies.base import CompendiumStrategy, RoundReport
@@ -66,8 +66,10 @@ class RunRecorder:
         self.metrics_path = out_dir / "metrics.json"
         self.rounds: list[dict] = []
         self.run_config = run_config
+        self.recorded_config: dict = {}  # the run config of the rounds on disk
         if self.metrics_path.exists():
-            self.rounds = json.loads(self.metrics_path.read_text())["rounds"]
+            doc = json.loads(self.metrics_path.read_text())
+            self.rounds, self.recorded_config = doc["rounds"], doc.get("run_config", {})
 
     def resume_point(self) -> tuple[int, bytes | None, dict[str, Compendium]]:
         """The last round whose global is on disk and valid: that round, the global's bytes, and
@@ -218,6 +220,10 @@ def main(grid: Grid, context: Context) -> None:
     num_rounds = cfg.num_rounds
     out_dir = Path(cfg.output_dir).resolve()
     recorder = RunRecorder(out_dir, cfg.to_mapping())
+    reason = resume_conflict(out_dir, recorder.recorded_config, recorder.run_config) if recorder.rounds else None
+    if reason:  # `flwr run` straight into a used folder (synapse's launchers check before starting)
+        log.error("%s", reason)
+        raise RuntimeError(f"{out_dir} holds another run's rounds (see the ServerApp log above)")
     done, resume_bytes, orgs = recorder.resume_point()
     if done >= num_rounds:
         log.warning("all %d rounds already completed in %s; nothing to do", num_rounds, out_dir)
