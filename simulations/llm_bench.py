@@ -48,7 +48,7 @@ from synapse_flwr.eval.results import (
 )
 
 log = logging.getLogger("llm_bench")
-Rows = list[tuple[list[str], np.ndarray, np.ndarray]]
+Rows = list[tuple[list[str], np.ndarray, np.ndarray, np.ndarray]]
 
 
 def sample(items: list, n: int, seed: int) -> list:
@@ -58,7 +58,7 @@ def sample(items: list, n: int, seed: int) -> list:
 
 
 def llm_rows(router: Router, queries: list[str]) -> tuple[Rows, float, int]:
-    """Route once; per query the candidates in retrieval order with retrieval and raw LLM scores."""
+    """Route once; per query the candidates in retrieval order with retrieval, documentation and raw LLM scores."""
     t0 = time.perf_counter()
     results = router.route_many(queries)
     qps = len(queries) / (time.perf_counter() - t0)
@@ -66,6 +66,7 @@ def llm_rows(router: Router, queries: list[str]) -> tuple[Rows, float, int]:
     for r in results:
         cands = sorted(r.candidates, key=lambda c: -c.retrieval)
         rows.append(([c.tool_id for c in cands], np.array([c.retrieval for c in cands]),
+                     np.array([c.signals.get("description", c.retrieval) for c in cands]),
                      np.array([c.signals.get("llm", 0.0) for c in cands])))
     return rows, qps, sum(r.fallback for r in results)
 
@@ -77,7 +78,8 @@ def by_weight(rows: Rows, golds: list, weights: list[float]) -> dict[str, float]
 
 def top1(rows: Rows, golds: list, weight: float) -> float:
     """Top-1 of the fused scores at one LLM weight (ties: retrieval order)."""
-    hits = [ids[int(np.argmax(fuse_llm(ret, llm, weight)))] in gold for (ids, ret, llm), gold in zip(rows, golds)]
+    hits = [ids[int(np.argmax(fuse_llm(ret, docs, llm, weight)))] in gold
+            for (ids, ret, docs, llm), gold in zip(rows, golds)]
     return float(np.mean(hits)) if hits else 0.0
 
 
@@ -98,8 +100,9 @@ def order_changes(router: Router, queries: list[str], seed: int, weights: list[f
                    for row, (c, p) in enumerate(zip(cands, perm)) if base[row] is not None and other[row] is not None}
         for w in weights:
             out["by_weight"][str(w)][name] = sum(
-                int(np.argmax(fuse_llm(fused[row][cands[row]], base[row], w)))
-                != int(np.argmax(fuse_llm(fused[row][cands[row]], scores, w))) for row, scores in aligned.items())
+                int(np.argmax(fuse_llm(fused[row][cands[row]], parts["description"][row][cands[row]], base[row], w)))
+                != int(np.argmax(fuse_llm(fused[row][cands[row]], parts["description"][row][cands[row]], scores, w)))
+                for row, scores in aligned.items())
     return out
 
 

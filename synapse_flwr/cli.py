@@ -385,9 +385,11 @@ def _votes_line(votes) -> str:
 
 LLMWeightOption = Annotated[
     float | None,
-    typer.Option(help="Weight of the LLM's score beside retrieval's for --reranker llm (0: retrieval order; "
-                 "default: the model's weight chosen on MetaTool's dev split, 0.5 for a model never measured). "
-                 "Choose it on your own dev split: with local/smollm2 no weight above 0 beat retrieval there."),
+    typer.Option(help="Weight of the LLM's score for --reranker llm, beside each candidate's standing (retrieval's; "
+                 "for a tool without experience for the query the better of that and the documentation's; 0: "
+                 "order by standing alone). Default: the model's "
+                 "weight chosen on MetaTool's dev split, 0.5 for a model never measured; choose it on your own "
+                 "dev split."),
 ]
 
 CountPriorOption = Annotated[

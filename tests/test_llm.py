@@ -236,9 +236,27 @@ def test_cyclic_orders_put_every_candidate_in_every_position() -> None:
 
 def test_fuse_llm_keeps_retrieval_unless_the_llm_discriminates() -> None:
     retrieval = np.array([0.9, 0.8, 0.7])
-    assert np.argmax(fuse_llm(retrieval, np.array([0.0, 0.0, 5.0]), 0.0)) == 0  # weight 0: retrieval
-    assert np.argmax(fuse_llm(retrieval, np.array([0.2, 0.2, 0.2]), 9.0)) == 0  # flat LLM: retrieval
-    assert np.argmax(fuse_llm(retrieval, np.array([0.0, 0.0, 5.0]), 2.0)) == 2  # a clear LLM pick wins
+    for docs in (retrieval, retrieval - 0.1):  # no experience among the candidates: docs_only's order
+        assert np.argmax(fuse_llm(retrieval, docs, np.array([0.0, 0.0, 5.0]), 0.0)) == 0  # weight 0: retrieval
+        assert np.argmax(fuse_llm(retrieval, docs, np.array([0.2, 0.2, 0.2]), 9.0)) == 0  # flat LLM: retrieval
+        assert np.argmax(fuse_llm(retrieval, docs, np.array([0.0, 0.0, 5.0]), 2.0)) == 2  # a clear LLM pick wins
+
+
+def test_a_documented_tool_without_experience_keeps_its_docs_only_standing() -> None:
+    # an open gate lifted two experienced tools (count prior) over the documentation's
+    # first choice, a tool without experience (third): it stands where docs_only puts it
+    retrieval, docs = np.array([3.4, 3.1, 0.62, 0.55]), np.array([0.58, 0.56, 0.62, 0.55])
+    llm = np.array([-3.0, -3.1, -2.0, -3.5])
+    assert np.argmax(fuse_llm(retrieval, retrieval, llm, 1.0)) == 0  # with retrieval alone the LLM cannot help
+    fused = fuse_llm(retrieval, docs, llm, 1.0)
+    assert np.argmax(fused) == 2
+    z_docs = (docs - docs.mean()) / docs.std()
+    assert fused[2] - 1.0 * ((llm - llm.mean()) / llm.std())[2] == pytest.approx(z_docs[2])
+    # a tool with experience for the query keeps retrieval's standing, even where its documentation ranks better
+    retrieval, docs = np.array([3.4, 0.3, 3.1]), np.array([0.2, 0.3, 0.9])
+    z_ret, z_docs = (retrieval - retrieval.mean()) / retrieval.std(), (docs - docs.mean()) / docs.std()
+    fused = fuse_llm(retrieval, docs, np.zeros(3), 1.0)
+    assert z_docs[2] > z_ret[2] and fused[[0, 2]] == pytest.approx(z_ret[[0, 2]])
 
 
 class PickProvider(CustomLLM):
@@ -294,9 +312,9 @@ def test_a_router_uses_the_models_dev_weight_unless_told_otherwise() -> None:
     assert Router(None, CATALOG, model="local/smollm2", llm_weight=3.0, **kw).llm_weight == 3.0
 
 
-def test_the_dev_weights_are_the_ones_the_committed_bench_chose() -> None:
-    dev = json.loads((Path(__file__).parents[1] / "docs/results/llm/dev.json").read_text())
-    assert LLM_WEIGHTS == {model: grid["chosen"] for model, grid in dev.items()}
+def test_the_dev_weights_are_the_ones_the_committed_fusion_lab_chose() -> None:
+    lab = json.loads((Path(__file__).parents[1] / "docs/results/tuning/llm_fusion/results.json").read_text())
+    assert LLM_WEIGHTS == lab["chosen"]
 
 
 def test_llm_mode_and_weight_errors_are_clear() -> None:

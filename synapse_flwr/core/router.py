@@ -52,9 +52,12 @@ out of what a reranker reads; retrieval's top-1 stays first.
     docs_only shows it): an embedded model scores each tool on its own (the channel
     direction, ``log P(query | tool entry)``); a hosted one picks from the
     list shown in every cyclic order, its votes averaged. The LLM's score is
-    then added to retrieval's (both standardised among the candidates, the
-    LLM's weighted by the model's dev weight, :func:`llm_weight_for`), so it
-    refines retrieval and never replaces it blindly.
+    then added to each candidate's standing among the candidates (its
+    standardised retrieval score, or for a tool without experience for the
+    query the better of that and its documentation score, the standing
+    docs_only gives it), weighted by the model's dev weight
+    (:func:`llm_weight_for`): it refines retrieval and never replaces it
+    blindly (:func:`fuse_llm`).
 """
 
 from __future__ import annotations
@@ -123,12 +126,12 @@ LLM_MODES = ("auto", "channel", "list")
 # weight on your own dev split (``llm_weight``, ``synapse route --llm-weight``).
 LLM_WEIGHT = 0.5
 # Per-model weights chosen on the seed-7 MetaTool dev split, 200 queries per
-# split, federated typed, candidates shown with their example requests
-# (simulations/llm_bench.py, docs/results/llm/dev.json; seen/held-out top-1;
-# retrieval order 0.655/0.615). local/smollm2: 0.665/0.61 at 0.25, one query
-# above retrieval (0.65/0.595 at 0.5, 0.655/0.55 at 1). local/gemma3:
-# 0.685/0.615 at 0.25 (0.68/0.615 at 0.5, 0.675/0.61 at 1, the LLM alone
-# 0.605/0.54).
+# split, federated typed, fused by :func:`fuse_llm` (simulations/llm_fusion.py,
+# docs/results/tuning/llm_fusion; seen/held-out top-1; retrieval order
+# 0.655/0.615). local/smollm2: 0.66/0.665 at 0.25 (0.64/0.665 at 0.5);
+# local/gemma3: 0.68/0.67 at 0.25 (0.675/0.665 at 0.5). docs_only's LLM route
+# there: 0.62/0.625 and 0.625/0.635. Fused with retrieval alone (the rule
+# before), held-out fell below docs_only's LLM route at every weight above 0.
 LLM_WEIGHTS: dict[str, float] = {"local/smollm2": 0.25, "local/gemma3": 0.25}
 # The documentation's best tools that every candidate set keeps. Experience
 # reorders retrieval: on queries whose documented tool has no experience but
@@ -913,15 +916,16 @@ class Router:
         return out
 
     def _rerank_llm(
-        self, cand: list[int], fused: np.ndarray, llm: np.ndarray | None
+        self, cand: list[int], fused: np.ndarray, docs: np.ndarray, llm: np.ndarray | None
     ) -> tuple[list[Candidate], list[str], bool]:
         if llm is None:
             self.fallbacks += 1
             return self._retrieval_order(cand, fused), ["retrieval"], True
         retrieval = fused[cand]
-        final = fuse_llm(retrieval, llm, self.llm_weight)
+        final = fuse_llm(retrieval, docs[cand], llm, self.llm_weight)
         order = sorted(range(len(cand)), key=lambda i: (-final[i], i))
-        return ([Candidate(self.tool_ids[cand[i]], float(final[i]), float(retrieval[i]), {"llm": float(llm[i])})
+        return ([Candidate(self.tool_ids[cand[i]], float(final[i]), float(retrieval[i]),
+                           {"llm": float(llm[i]), "description": float(docs[cand[i]])})
                  for i in order], [f"llm-{self.llm_mode}:{self.render}"], False)
 
     def _retrieval_order(self, cand: list[int], fused: np.ndarray) -> list[Candidate]:
@@ -973,7 +977,8 @@ class Router:
                     ranked, decided = self._rerank_fields(qv[row], cand, fused[row],
                                                           {f: v[row] for f, v in parts.items()})
                 else:
-                    ranked, decided, fallback = self._rerank_llm(cand, fused[row], llm[row])
+                    ranked, decided, fallback = self._rerank_llm(cand, fused[row], parts["description"][row],
+                                                                 llm[row])
                 out.append(RouteResult(query, ranked[0].tool_id, ranked, decided, fallback))
         return out
 
@@ -1147,13 +1152,33 @@ def llm_weight_for(model: str) -> float:
     return LLM_WEIGHTS.get(model, LLM_WEIGHT)
 
 
-def fuse_llm(retrieval: np.ndarray, llm: np.ndarray, weight: float) -> np.ndarray:
-    """Final candidate scores: retrieval plus ``weight`` times the LLM, both standardised among the candidates.
+def fuse_llm(retrieval: np.ndarray, docs: np.ndarray, llm: np.ndarray, weight: float) -> np.ndarray:
+    """Final candidate scores: each candidate's standing plus ``weight`` times the LLM's.
 
-    ``weight = 0`` is retrieval order; an LLM that scores every candidate alike
-    (a position-biased one, balanced) leaves retrieval's order as it was.
+    Everything is standardised among the candidates. A candidate with
+    experience for the query (retrieval above its documentation score) stands
+    where retrieval puts it; one without stands at the better of that and
+    where the documentation alone puts it. Once a query's gate opens, the
+    count prior ranks every experienced tool above the tools without
+    experience, so fused with retrieval alone an LLM could not bring back a
+    documented tool that docs_only's LLM route picks (seed-7 held-out
+    0.61-0.615 against docs_only's 0.625-0.65; ``simulations/llm_fusion.py``).
+    ``docs`` equal to ``retrieval`` (docs_only, or a closed gate) is plain
+    retrieval plus the LLM; ``weight = 0`` or an LLM that scores every
+    candidate alike (a position-biased one, balanced) orders by standing.
+
+    Parameters
+    ----------
+    retrieval, docs, llm : numpy.ndarray
+        Per candidate: retrieval score, documentation score (what docs_only
+        retrieves it with; experience only adds to it) and the LLM's raw score.
+    weight : float
+        Weight of the LLM's standardised score (``>= 0``).
     """
-    return _standardise(np.asarray(retrieval, np.float64)) + weight * _standardise(np.asarray(llm, np.float64))
+    retrieval, docs = np.asarray(retrieval, np.float64), np.asarray(docs, np.float64)
+    z_ret = _standardise(retrieval)
+    standing = np.where(retrieval > docs, z_ret, np.maximum(z_ret, _standardise(docs)))
+    return standing + weight * _standardise(np.asarray(llm, np.float64))
 
 
 def ranking_metrics(
