@@ -112,8 +112,8 @@ VARIANT_SHARE = 0.5
 # docs/results/tuning/scenario_weight; MetaTool seen 0.6037 docs -> 0.6479
 # without noise, 0.6052 at epsilon 4; demo 0.7364 -> 0.7636 without noise,
 # equal at epsilon 4). The static and TF-IDF rows stay within one demo query
-# (0.009) of docs_only; 0.3 was within one query too, and MiniLM's 0.6275 /
-# 0.7364.
+# (0.009) of docs_only. The previous weight, 0.3, gained MiniLM less (0.6275
+# and 0.7364 without noise).
 PROTOTYPE_WEIGHTS = (1.0, 0.015, 0.0)
 SCENARIO_WEIGHTS = (1.0, 0.015, 0.6)
 # Stats whose call count is within this many noise SDs of a never-called tool's are not evidence.
@@ -635,8 +635,8 @@ class Router:
         if hasattr(self.embedder, "fit") and not self.embedder.dim:
             # a lexical embedder learns its vocabulary from the whole index (words only
             # experience uses), and the documentation score keeps a fit on the documentation
-            # alone: refitted on more text, the idf moved held-out tools' scores (seed-7
-            # held-out 0.392 vs docs_only 0.416, simulations/scenario_weight.py)
+            # alone: refitted on more text, the idf moved held-out tools' scores (seed 7, one
+            # org holding all training experience: held-out 0.392 vs docs_only 0.416)
             docs = [t for t, kind in zip(texts, kinds) if kind == 0]
             self.embedder.fit(texts)
             if len(docs) < len(texts):
@@ -761,7 +761,8 @@ class Router:
         out["scenario"] = zero
         if w_scen and not self.fusion.docs_only:
             # the prototypes' per-query gate: without it, released scenarios pulled queries for
-            # tools without experience to tools with it (seed-7 held-out 0.652 vs docs_only 0.675)
+            # tools without experience to tools with it (seed 7, MiniLM, one org holding all
+            # training experience: held-out 0.652 vs docs_only 0.675)
             out["scenario"] = (w_scen * np.maximum(self.scenario_scores(q) - dense_doc, 0.0)
                                * gate_open(out["description"], self.scenario_tools)[:, None])
         out["prototype"] = self.prototype_scores(q, out["description"])
