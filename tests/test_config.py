@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from synapse_flwr.core.merge import POLICIES
-from synapse_flwr.flower.config import KEYS, RESUMABLE, RunConfig, RunConfigError, check_overrides, resume_conflict
+from synapse_flwr.flower.config import (
+    KEYS,
+    RESUMABLE,
+    RunConfig,
+    RunConfigError,
+    check_overrides,
+    resume_conflict,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,7 +43,7 @@ def test_defaults_and_overrides_parse():
 def test_a_run_resumes_only_rounds_of_its_own_settings():
     recorded = RunConfig.from_mapping({"num-rounds": 2}).to_mapping()
     # more rounds, another timeout or no evaluation: the same run, continued
-    again = {**recorded, "num-rounds": 5, "round-timeout": 60.0, "evaluate": False}
+    again = {**recorded, "num-rounds": 5, "round-timeout": 60.0, "evaluate": False, "fusion-votes": False}
     assert resume_conflict("out", recorded, again) is None
     assert RESUMABLE <= set(recorded)
     # anything that shaped the artifacts on disk is another run

@@ -179,9 +179,10 @@ class RunConfig:
 
 
 # Keys a run may change when it resumes an output folder: more rounds, how long to wait
-# and for how many nodes, what is measured, and the fault injection of tests. Every
-# other key shaped the artifacts on disk (and the release cache their privacy rests on).
-RESUMABLE = frozenset({"num-rounds", "output-dir", "round-timeout", "min-nodes", "evaluate",
+# and for how many nodes, what is measured, votes switched on later (docs/privacy.md:
+# records released without the vote share never vote), and the fault injection of tests.
+# Every other key shaped the artifacts on disk (and the release cache their privacy rests on).
+RESUMABLE = frozenset({"num-rounds", "output-dir", "round-timeout", "min-nodes", "evaluate", "fusion-votes",
                        "fail-round", "fail-orgs", "capture-dir"})
 
 
