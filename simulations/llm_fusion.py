@@ -34,12 +34,13 @@ from pathlib import Path
 import numpy as np
 from synapse_flwr.simulations.experiment import data_hashes
 from synapse_flwr.simulations.llm_bench import llm_rows, sample
+from synapse_flwr.simulations.llm_bench import top1 as bench_top1
 from synapse_flwr.simulations.tune_router import dataset, global_compendium
 
 from synapse_flwr.core.builder import PROTOTYPE_WEIGHT
 from synapse_flwr.core.embed import get_embedder
 from synapse_flwr.core.files import write_atomic
-from synapse_flwr.core.router import Router, fuse_llm
+from synapse_flwr.core.router import Router
 from synapse_flwr.eval.results import experiment_parser, load_experiment, write_results
 
 log = logging.getLogger("llm_fusion")
@@ -68,13 +69,10 @@ def rows_for(cfg: dict, emb, model: str, seed: int, arm: str, folder: Path) -> d
 
 
 def top1(rows: list[dict], rule: str, weight: float) -> float:
-    """Top-1 of the fused picks under one rule and LLM weight."""
-    hits = []
-    for r in rows:
-        ret = np.array(r["retrieval"])
-        fused = fuse_llm(ret, ret if rule == "retrieval" else np.array(r["docs"]), np.array(r["llm"]), weight)
-        hits.append(r["ids"][int(np.argmax(fused))] in r["gold"])
-    return float(np.mean(hits))
+    """Top-1 of the fused picks under one rule and LLM weight (``retrieval``: documentation scores set to retrieval's)."""
+    bench_rows = [(r["ids"], np.array(r["retrieval"]), np.array(r["retrieval" if rule == "retrieval" else "docs"]),
+                   np.array(r["llm"])) for r in rows]
+    return bench_top1(bench_rows, [r["gold"] for r in rows], weight)
 
 
 def chosen_weights(table: list[dict], cfg: dict) -> dict[str, float]:

@@ -17,11 +17,9 @@ import logging
 import math
 from statistics import mean
 
-from synapse_flwr.simulations.tune_router import accuracy
+from synapse_flwr.simulations.tune_router import accuracy, draw_global
 
-from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.embed import get_embedder
-from synapse_flwr.core.merge import merge_typed
 from synapse_flwr.core.router import PROTOTYPE_WEIGHTS, Router
 from synapse_flwr.data.federation import load_federated
 from synapse_flwr.eval.results import run_lab
@@ -35,9 +33,7 @@ def one_run(run: dict, cfg: dict, _emb) -> list[dict]:
     eps = math.inf if run["epsilon"] == "inf" else float(run["epsilon"])
     rows = []
     for draw in run["draws"]:
-        merged = merge_typed([build_compendium(events, ds.catalog, org, round_=draw, epsilon=eps, delta=cfg["delta"],
-                                               rounds=1, seed=cfg["seed"], embedder=None)
-                              for org, events in sorted(ds.orgs.items())])
+        merged = draw_global(ds, eps, draw, cfg, None)  # no embedder: no prototypes
         for emb_name in cfg["embedders"]:
             # a lexical embedder is fitted per router, so each router gets its own
             docs = accuracy(Router(None, ds.catalog, embedder=get_embedder(emb_name), reranker="none"), ds)

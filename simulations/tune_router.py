@@ -62,8 +62,11 @@ def global_compendium(ds: FederatedDataset, epsilon: float, weight: float, cfg: 
     return merge_typed(arts), [len(canonical_json(a)) for a in arts]
 
 
-def draw_global(ds: FederatedDataset, epsilon: float, draw: int, cfg: dict, emb: Embedder) -> Compendium:
-    """Merged global of every org's one release at the shipped build config; ``draw`` is the builder's round (noise draw)."""
+def draw_global(ds: FederatedDataset, epsilon: float, draw: int, cfg: dict, emb: Embedder | None) -> Compendium:
+    """Merged global of every org's one release at the shipped build config; ``draw`` is the builder's round (noise draw).
+
+    ``emb`` None releases no query prototypes.
+    """
     return merge_typed([build_compendium(events, ds.catalog, org, round_=draw, epsilon=epsilon, delta=cfg["delta"],
                                          rounds=1, seed=cfg["seed"], embedder=emb)
                         for org, events in sorted(ds.orgs.items())])
