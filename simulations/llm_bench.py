@@ -7,8 +7,10 @@ On ``dev_seed`` each model's channel scores choose that model's LLM weight
 measured); on ``report_seed`` every model
 reranks the same sampled queries with the federated compendium rendered typed
 and flat, and with no compendium (``docs_only``), beside retrieval order and
-the ``fields`` reranker. Each LLM arm is routed once: its raw LLM scores are
-kept per candidate and fused with retrieval at any weight
+the ``fields`` reranker. Each LLM arm is routed once: its candidates'
+retrieval, documentation and raw LLM scores are kept per query in ``rows/``
+of the output folder (reread by later runs and by
+``simulations/llm_fusion.py``) and fused at any weight
 (:func:`~synapse_flwr.core.router.fuse_llm`): the report keeps top-1 at every
 grid weight and reads it at the dev choice, so the dev stage and the report
 can run side by side (``--stage``). A shuffled-order check reroutes some
@@ -71,6 +73,40 @@ def llm_rows(router: Router, queries: list[str]) -> tuple[Rows, float, int]:
     return rows, qps, sum(r.fallback for r in results)
 
 
+def rows_path(folder: Path, model: str, arm: str, seed: int) -> Path:
+    """The file keeping one LLM arm's rows on one seed (``arm`` as in :data:`ARMS`)."""
+    return folder / f"{model.replace('/', '_')}_{arm.replace('/', '_')}_{seed}.json"
+
+
+def cached_rows(router: Router, splits: dict[str, list], path: Path) -> dict[str, dict]:
+    """Per split: ``rows`` (each query with its gold and its candidates' scores), ``queries_per_s`` and ``fallbacks``.
+
+    The LLM is the costly part, so each split is routed once and kept in
+    ``path``; a later run (a new fusion rule, a report beside the dev grid)
+    rereads a split whose queries are the same. ``queries_per_s`` and
+    ``fallbacks`` are None in rows written before they were recorded.
+    """
+    kept = json.loads(path.read_text()) if path.exists() else {}
+    for split, items in splits.items():
+        queries = [i.query for i in items]
+        if [r["query"] for r in kept.get(split, {}).get("rows", [])] == queries:
+            continue
+        rows, qps, fallbacks = llm_rows(router, queries)
+        kept[split] = {"queries_per_s": qps, "fallbacks": fallbacks, "rows": [
+            {"query": q, "gold": list(i.gold), "ids": ids, "retrieval": ret.tolist(), "docs": docs.tolist(),
+             "llm": llm.tolist()} for q, i, (ids, ret, docs, llm) in zip(queries, items, rows)]}
+        log.info("%s %s: %d queries at %.2f/s, %d fallbacks", path.stem, split, len(queries), qps, fallbacks)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(kept))
+    return {split: kept[split] for split in splits}
+
+
+def as_rows(kept: list[dict]) -> tuple[Rows, list]:
+    """Kept rows as :data:`Rows` and their golds."""
+    return ([(r["ids"], np.array(r["retrieval"]), np.array(r["docs"]), np.array(r["llm"])) for r in kept],
+            [r["gold"] for r in kept])
+
+
 def by_weight(rows: Rows, golds: list, weights: list[float]) -> dict[str, float]:
     """Top-1 at every weight of the grid (``str(weight)`` keys)."""
     return {str(w): top1(rows, golds, w) for w in weights}
@@ -117,16 +153,18 @@ def retrieval_baselines(comp, ds, splits: dict, cfg: dict, emb) -> dict:
     return out
 
 
-def dev_grid(cfg: dict, emb, model: str) -> dict:
+def dev_grid(cfg: dict, emb, model: str, rows_dir: Path) -> dict:
     """One model's dev top-1 by LLM weight (federated, typed) and the weight that maximises its mean."""
-    ds = dataset(cfg["dev_seed"], cfg)
-    comp, _ = global_compendium(ds, cfg["epsilon"], PROTOTYPE_WEIGHT, cfg, emb, cfg["dev_seed"])
+    seed = cfg["dev_seed"]
+    ds = dataset(seed, cfg)
+    comp, _ = global_compendium(ds, cfg["epsilon"], PROTOTYPE_WEIGHT, cfg, emb, seed)
     router = Router(comp, ds.catalog, embedder=emb, reranker="llm", k=cfg["k"], model=model)
+    picked = {split: sample(items, cfg["dev_n_per_split"], seed)
+              for split, items in (("seen", ds.seen_test), ("heldout", ds.heldout_test))}
+    kept = cached_rows(router, picked, rows_path(rows_dir, model, "federated/typed", seed))
     grid: dict[str, dict[str, float]] = {str(w): {} for w in cfg["weights"]}
-    for split, items in (("seen", ds.seen_test), ("heldout", ds.heldout_test)):
-        picked = sample(items, cfg["dev_n_per_split"], cfg["dev_seed"])
-        rows, _, _ = llm_rows(router, [i.query for i in picked])
-        for w, acc in by_weight(rows, [i.gold for i in picked], cfg["weights"]).items():
+    for split, got in kept.items():
+        for w, acc in by_weight(*as_rows(got["rows"]), cfg["weights"]).items():
             grid[w][split] = acc
     best = max(cfg["weights"], key=lambda w: (sum(grid[str(w)].values()), -w))
     log.info("%s dev grid %s -> weight %s", model, grid, best)
@@ -142,11 +180,12 @@ def model_arms(model: str, comp, cfg: dict) -> list[tuple[str, object, str]]:
     return arms + ([("federated/flat", comp, "flat")] if model in cfg["flat_models"] else [])
 
 
-def report(cfg: dict, emb, models: list[str], arms: list[str] | None, rep: dict, save) -> dict:
+def report(cfg: dict, emb, models: list[str], arms: list[str] | None, rep: dict, save, rows_dir: Path) -> dict:
     """``models`` x (federated typed, docs_only; federated flat for ``flat_models``) on the report seed.
 
     ``arms`` (None: all) limits the arms measured; arms not measured now are
-    kept from ``rep``. ``save(rep)`` is called after every arm, so a run
+    kept from ``rep``. ``save(rep)`` is called after every arm, and each
+    arm's rows are kept in ``rows_dir`` (:func:`cached_rows`), so a run
     stopped early keeps what it measured.
     """
     seed, weights = cfg["report_seed"], cfg["weights"]
@@ -165,14 +204,13 @@ def report(cfg: dict, emb, models: list[str], arms: list[str] | None, rep: dict,
                 continue
             router = routers[(model, arm)] = Router(compendium, ds.catalog, embedder=emb, reranker="llm",
                                                     k=cfg["k"], model=model, render=render)
-            for split, every in splits.items():
-                items = sample(every, n, seed)
-                rows, qps, fallbacks = llm_rows(router, [i.query for i in items])
-                m = {"by_weight": by_weight(rows, [i.gold for i in items], weights), "queries_per_s": qps,
-                     "fallbacks": fallbacks, "n": len(items)}
+            picked = {split: sample(every, n, seed) for split, every in splits.items()}
+            for split, got in cached_rows(router, picked, rows_path(rows_dir, model, arm, seed)).items():
+                m = {"by_weight": by_weight(*as_rows(got["rows"]), weights), "queries_per_s": got["queries_per_s"],
+                     "fallbacks": got["fallbacks"], "n": len(got["rows"])}
                 rep["arms"][f"{model}/{arm}/{split}"] = m
                 log.info("%s %s %s: %s", model, arm, split, m)
-                save(rep)
+            save(rep)
     queries = [i.query for i in splits["seen"]]
     if cfg["order_check"]:
         for (model, arm), router in routers.items():
@@ -285,14 +323,16 @@ def tables(results: dict) -> str:
         return "-" if v is None else f"{v:.3f}"
 
     lines += ["", f"Transfer gain (federated typed minus docs_only, mean of splits): {gains}", "",
-              "| arm | fused (dev weight) | LLM alone | retrieval | queries/s | fallbacks | n |",
+              "| arm | fused (dev weight) | LLM alone | weight 0 (no LLM) | queries/s | fallbacks | n |",
               "|---|---|---|---|---|---|---|"]
     for key, m in sorted(rep["arms"].items()):
         if "order_check" in key:
             continue
         w = dev.get(model_of(key, cfg["models"]), {}).get("chosen")
         lines.append(f"| {key} | {cell(at_weight(m, w))} | {cell(at_weight(m, 1000.0))} | "
-                     f"{cell(at_weight(m, 0.0))} | {m['queries_per_s']:.3f} | {m['fallbacks']} | {m['n']} |")
+                     f"{cell(at_weight(m, 0.0))} | {cell(m['queries_per_s'])} | {'-' if m['fallbacks'] is None else m['fallbacks']} | {m['n']} |")
+    if any(m["queries_per_s"] is None for key, m in rep["arms"].items() if "order_check" not in key):
+        lines += ["", "queries/s `-`: the arm's rows were reread from a run that did not record its speed."]
     lines += ["", ("Order check (picks changed when the candidates are reversed / shuffled, at the model's dev "
                    "weight and for the LLM alone):"), ""]
     for key, m in sorted(rep["arms"].items()):
@@ -330,7 +370,7 @@ def main() -> None:
     if unknown := sorted(set(models) - set(cfg["models"])):
         parser.error(f"--models {unknown} not in the config's models {cfg['models']}")
     if not {0.0, 1000.0} <= set(map(float, cfg["weights"])):
-        parser.error(f"weights must include 0.0 (retrieval order) and 1000.0 (the LLM alone), got {cfg['weights']}")
+        parser.error(f"weights must include 0.0 (no LLM) and 1000.0 (the LLM alone), got {cfg['weights']}")
     import torch
 
     torch.set_num_threads(cfg["torch_threads"])
@@ -367,10 +407,10 @@ def main() -> None:
         return
     if args.stage in ("all", "dev"):
         for model in models:
-            grid = dev_grid(cfg, emb, model)
+            grid = dev_grid(cfg, emb, model, out / "rows")
             write_atomic(dev_path, json.dumps(read_dev() | {model: grid}, indent=2, sort_keys=True) + "\n")
     if args.stage in ("all", "report"):
-        report(cfg, emb, models, args.arms, rep, save)
+        report(cfg, emb, models, args.arms, rep, save, out / "rows")
 
 if __name__ == "__main__":
     main()

@@ -3,8 +3,8 @@
 Per model, seed and arm (the federated compendium and docs_only, both
 rendered typed), the sampled test queries are routed once by the LLM
 reranker and each query's candidates kept with their retrieval,
-documentation and raw LLM scores (``rows/`` in the output folder: the
-costly part, reused when present). Every rule and weight is then scored
+documentation and raw LLM scores (kept in ``rows``, the bench's
+``docs/results/llm/rows``: the costly part, reused when present). Every rule and weight is then scored
 offline on those rows:
 
 ``retrieval``
@@ -27,13 +27,12 @@ Usage: ``python simulations/llm_fusion.py configs/llm_fusion.toml``
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
 import numpy as np
 from synapse_flwr.simulations.experiment import data_hashes
-from synapse_flwr.simulations.llm_bench import llm_rows, sample
+from synapse_flwr.simulations.llm_bench import cached_rows, rows_path, sample
 from synapse_flwr.simulations.llm_bench import top1 as bench_top1
 from synapse_flwr.simulations.tune_router import dataset, global_compendium
 
@@ -48,24 +47,18 @@ RULES = ("retrieval", "standing")
 SPLITS = ("seen", "heldout")
 
 
-def rows_for(cfg: dict, emb, model: str, seed: int, arm: str, folder: Path) -> dict[str, list[dict]]:
-    """Per split, each sampled query's candidates with retrieval, documentation and raw LLM scores (cached)."""
-    path = folder / f"{model.replace('/', '_')}_{arm}_{seed}.json"
-    if path.exists():
-        return json.loads(path.read_text())
+def rows_for(cfg: dict, emb, model: str, seed: int, arm: str) -> dict[str, list[dict]]:
+    """Per split, each sampled query's candidates with retrieval, documentation and raw LLM scores.
+
+    Kept with the bench's rows (``cfg["rows"]``): the same compendium and samples.
+    """
     ds = dataset(seed, cfg)
     comp = global_compendium(ds, cfg["epsilon"], PROTOTYPE_WEIGHT, cfg, emb, seed)[0] if arm == "federated" else None
     router = Router(comp, ds.catalog, embedder=emb, reranker="llm", k=cfg["k"], model=model)
-    out = {}
-    for split, items in zip(SPLITS, (ds.seen_test, ds.heldout_test)):
-        picked = sample(items, cfg["n_per_split"], seed)
-        rows, qps, fallbacks = llm_rows(router, [i.query for i in picked])
-        log.info("%s %s %d %s: %d queries at %.2f/s, %d fallbacks", model, arm, seed, split, len(picked), qps,
-                 fallbacks)
-        out[split] = [{"ids": ids, "gold": list(item.gold), "retrieval": ret.tolist(), "docs": docs.tolist(),
-                       "llm": llm.tolist()} for (ids, ret, docs, llm), item in zip(rows, picked)]
-    write_atomic(path, json.dumps(out))
-    return out
+    picked = {split: sample(items, cfg["n_per_split"], seed) for split, items in zip(SPLITS, (ds.seen_test,
+                                                                                          ds.heldout_test))}
+    kept = cached_rows(router, picked, rows_path(Path(cfg["rows"]), model, f"{arm}/typed", seed))
+    return {split: got["rows"] for split, got in kept.items()}
 
 
 def top1(rows: list[dict], rule: str, weight: float) -> float:
@@ -109,12 +102,11 @@ def main() -> None:
     torch.set_num_threads(cfg["torch_threads"])
     emb = get_embedder(cfg["embedder"])
     out = Path(cfg["output"])
-    (out / "rows").mkdir(parents=True, exist_ok=True)
     table = []
     for model in cfg["models"]:
         for seed in cfg["seeds"]:
             for arm in cfg["arms"]:
-                rows = rows_for(cfg, emb, model, seed, arm, out / "rows")
+                rows = rows_for(cfg, emb, model, seed, arm)
                 for rule in RULES if arm == "federated" else ("retrieval",):  # docs_only: the rules agree
                     for w in cfg["weights"]:
                         table.append({"model": model, "seed": seed, "arm": arm, "rule": rule, "weight": w,

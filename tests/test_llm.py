@@ -460,3 +460,30 @@ def test_bench_runs_side_by_side_keep_each_others_arms_and_results() -> None:
     rerun = merge_report(merged, {"arms": {"local/gemma3/federated/typed/seen": {"n": 100}}})
     assert rerun["arms"]["local/gemma3/federated/typed/seen"] == {"n": 100}
     assert rerun["arms"]["local/smollm2/federated/typed/seen"] == {"n": 200}
+
+
+def test_bench_rows_are_routed_once_and_reread_only_for_the_same_queries(monkeypatch, tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from synapse_flwr.simulations.llm_bench import as_rows, cached_rows
+
+    calls: list[int] = []
+
+    def counted(model, pairs):
+        calls.append(len(pairs))
+        return [float(i % 3) for i in range(len(pairs))]
+
+    monkeypatch.setattr("synapse_flwr.core.llm.channel_scores", counted)
+    router = Router(None, CATALOG, embedder=TfidfEmbedder(), reranker="llm", k=3, model="local/smollm2")
+    items = [SimpleNamespace(query=q, gold=[g]) for q, g in (("will it snow in Oslo tomorrow?", "weather"),
+                                                             ("send an email to my landlord", "email"))]
+    path = tmp_path / "rows" / "arm.json"
+    first = cached_rows(router, {"seen": items}, path)
+    assert len(calls) == 1 and path.exists() and first["seen"]["fallbacks"] == 0
+    again = cached_rows(router, {"seen": items}, path)
+    assert len(calls) == 1 and again == first  # reread, not routed again
+    rows, golds = as_rows(again["seen"]["rows"])
+    assert golds == [["weather"], ["email"]] and len(rows[0][0]) == 3 and sorted(rows[0][3]) == [0.0, 1.0, 2.0]
+    cached_rows(router, {"seen": items[:1], "heldout": items[1:]}, path)
+    assert len(calls) == 3  # other queries for seen, a split not kept yet: both routed
+    assert set(json.loads(path.read_text())) == {"seen", "heldout"}
