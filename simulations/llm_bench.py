@@ -8,9 +8,9 @@ measured); on ``report_seed`` every model
 reranks the same sampled queries with the federated compendium rendered typed
 and flat, and with no compendium (``docs_only``), beside retrieval order and
 the ``fields`` reranker. Each LLM arm is routed once: its candidates'
-retrieval, documentation and raw LLM scores are kept per query in ``rows/``
-of the output folder (reread by later runs and by
-``simulations/llm_fusion.py``) and fused at any weight
+retrieval, documentation and raw LLM scores are kept per query in the
+config's ``rows`` folder (reread by later runs, by other report seeds' configs
+and by ``simulations/llm_fusion.py``) and fused at any weight
 (:func:`~synapse_flwr.core.router.fuse_llm`): the report keeps top-1 at every
 grid weight and reads it at the dev choice, so the dev stage and the report
 can run side by side (``--stage``). A shuffled-order check reroutes some
@@ -333,8 +333,9 @@ def tables(results: dict) -> str:
                      f"{cell(at_weight(m, 0.0))} | {cell(m['queries_per_s'])} | {'-' if m['fallbacks'] is None else m['fallbacks']} | {m['n']} |")
     if any(m["queries_per_s"] is None for key, m in rep["arms"].items() if "order_check" not in key):
         lines += ["", "queries/s `-`: the arm's rows were reread from a run that did not record its speed."]
-    lines += ["", ("Order check (picks changed when the candidates are reversed / shuffled, at the model's dev "
-                   "weight and for the LLM alone):"), ""]
+    if any("order_check" in key for key in rep["arms"]) or "list_balanced" in rep:
+        lines += ["", ("Order check (picks changed when the candidates are reversed / shuffled, at the model's dev "
+                       "weight and for the LLM alone):"), ""]
     for key, m in sorted(rep["arms"].items()):
         if "order_check" in key:
             w = dev.get(model_of(key, cfg["models"]), {}).get("chosen")
@@ -407,10 +408,10 @@ def main() -> None:
         return
     if args.stage in ("all", "dev"):
         for model in models:
-            grid = dev_grid(cfg, emb, model, out / "rows")
+            grid = dev_grid(cfg, emb, model, Path(cfg["rows"]))
             write_atomic(dev_path, json.dumps(read_dev() | {model: grid}, indent=2, sort_keys=True) + "\n")
     if args.stage in ("all", "report"):
-        report(cfg, emb, models, args.arms, rep, save, out / "rows")
+        report(cfg, emb, models, args.arms, rep, save, Path(cfg["rows"]))
 
 if __name__ == "__main__":
     main()
