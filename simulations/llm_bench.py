@@ -78,15 +78,26 @@ def rows_path(folder: Path, model: str, arm: str, seed: int) -> Path:
     return folder / f"{model.replace('/', '_')}_{arm.replace('/', '_')}_{seed}.json"
 
 
-def cached_rows(router: Router, splits: dict[str, list], path: Path) -> dict[str, dict]:
+# the settings a compendium's rows depend on besides model, arm and seed (named in the file)
+ROW_SETTINGS = ("dataset", "orgs", "alpha", "epsilon", "delta", "embedder", "k")
+
+
+def cached_rows(router: Router, splits: dict[str, list], path: Path, cfg: dict) -> dict[str, dict]:
     """Per split: ``rows`` (each query with its gold and its candidates' scores), ``queries_per_s`` and ``fallbacks``.
 
     The LLM is the costly part, so each split is routed once and kept in
-    ``path``; a later run (a new fusion rule, a report beside the dev grid)
-    rereads a split whose queries are the same. ``queries_per_s`` and
-    ``fallbacks`` are None in rows written before they were recorded.
+    ``path`` with the config's :data:`ROW_SETTINGS`; a later run (a new
+    fusion rule, a report beside the dev grid) rereads a split whose queries
+    and settings are the same. A change to the router's code is not seen:
+    remove the rows after one. ``queries_per_s`` and ``fallbacks`` are None
+    in rows written before they were recorded.
     """
+    settings = {key: cfg[key] for key in ROW_SETTINGS}
     kept = json.loads(path.read_text()) if path.exists() else {}
+    if kept and kept.get("settings") != settings:
+        log.warning("%s was written with settings %s, not %s: routing again", path, kept.get("settings"), settings)
+        kept = {}
+    kept["settings"] = settings
     for split, items in splits.items():
         queries = [i.query for i in items]
         if [r["query"] for r in kept.get(split, {}).get("rows", [])] == queries:
@@ -161,7 +172,7 @@ def dev_grid(cfg: dict, emb, model: str, rows_dir: Path) -> dict:
     router = Router(comp, ds.catalog, embedder=emb, reranker="llm", k=cfg["k"], model=model)
     picked = {split: sample(items, cfg["dev_n_per_split"], seed)
               for split, items in (("seen", ds.seen_test), ("heldout", ds.heldout_test))}
-    kept = cached_rows(router, picked, rows_path(rows_dir, model, "federated/typed", seed))
+    kept = cached_rows(router, picked, rows_path(rows_dir, model, "federated/typed", seed), cfg)
     grid: dict[str, dict[str, float]] = {str(w): {} for w in cfg["weights"]}
     for split, got in kept.items():
         for w, acc in by_weight(*as_rows(got["rows"]), cfg["weights"]).items():
@@ -205,7 +216,7 @@ def report(cfg: dict, emb, models: list[str], arms: list[str] | None, rep: dict,
             router = routers[(model, arm)] = Router(compendium, ds.catalog, embedder=emb, reranker="llm",
                                                     k=cfg["k"], model=model, render=render)
             picked = {split: sample(every, n, seed) for split, every in splits.items()}
-            for split, got in cached_rows(router, picked, rows_path(rows_dir, model, arm, seed)).items():
+            for split, got in cached_rows(router, picked, rows_path(rows_dir, model, arm, seed), cfg).items():
                 m = {"by_weight": by_weight(*as_rows(got["rows"]), weights), "queries_per_s": got["queries_per_s"],
                      "fallbacks": got["fallbacks"], "n": len(got["rows"])}
                 rep["arms"][f"{model}/{arm}/{split}"] = m
@@ -329,8 +340,9 @@ def tables(results: dict) -> str:
         if "order_check" in key:
             continue
         w = dev.get(model_of(key, cfg["models"]), {}).get("chosen")
+        fallbacks = "-" if m["fallbacks"] is None else m["fallbacks"]
         lines.append(f"| {key} | {cell(at_weight(m, w))} | {cell(at_weight(m, 1000.0))} | "
-                     f"{cell(at_weight(m, 0.0))} | {cell(m['queries_per_s'])} | {'-' if m['fallbacks'] is None else m['fallbacks']} | {m['n']} |")
+                     f"{cell(at_weight(m, 0.0))} | {cell(m['queries_per_s'])} | {fallbacks} | {m['n']} |")
     if any(m["queries_per_s"] is None for key, m in rep["arms"].items() if "order_check" not in key):
         lines += ["", "queries/s `-`: the arm's rows were reread from a run that did not record its speed."]
     if any("order_check" in key for key in rep["arms"]) or "list_balanced" in rep:

@@ -4,8 +4,8 @@ Per model, seed and arm (the federated compendium and docs_only, both
 rendered typed), the sampled test queries are routed once by the LLM
 reranker and each query's candidates kept with their retrieval,
 documentation and raw LLM scores (kept in ``rows``, the bench's
-``docs/results/llm/rows``: the costly part, reused when present). Every rule and weight is then scored
-offline on those rows:
+``docs/results/llm/rows``: the costly part, reused when present). Every
+rule and weight is then scored offline on those rows:
 
 ``retrieval``
     the LLM fused with the candidates' retrieval scores alone (the rule
@@ -55,9 +55,9 @@ def rows_for(cfg: dict, emb, model: str, seed: int, arm: str) -> dict[str, list[
     ds = dataset(seed, cfg)
     comp = global_compendium(ds, cfg["epsilon"], PROTOTYPE_WEIGHT, cfg, emb, seed)[0] if arm == "federated" else None
     router = Router(comp, ds.catalog, embedder=emb, reranker="llm", k=cfg["k"], model=model)
-    picked = {split: sample(items, cfg["n_per_split"], seed) for split, items in zip(SPLITS, (ds.seen_test,
-                                                                                          ds.heldout_test))}
-    kept = cached_rows(router, picked, rows_path(Path(cfg["rows"]), model, f"{arm}/typed", seed))
+    tests = (ds.seen_test, ds.heldout_test)
+    picked = {split: sample(items, cfg["n_per_split"], seed) for split, items in zip(SPLITS, tests)}
+    kept = cached_rows(router, picked, rows_path(Path(cfg["rows"]), model, f"{arm}/typed", seed), cfg)
     return {split: got["rows"] for split, got in kept.items()}
 
 

@@ -478,12 +478,16 @@ def test_bench_rows_are_routed_once_and_reread_only_for_the_same_queries(monkeyp
     items = [SimpleNamespace(query=q, gold=[g]) for q, g in (("will it snow in Oslo tomorrow?", "weather"),
                                                              ("send an email to my landlord", "email"))]
     path = tmp_path / "rows" / "arm.json"
-    first = cached_rows(router, {"seen": items}, path)
+    cfg = {"dataset": "demo", "orgs": 3, "alpha": 0.5, "epsilon": 4.0, "delta": 1e-5, "embedder": "tfidf", "k": 3}
+    first = cached_rows(router, {"seen": items}, path, cfg)
     assert len(calls) == 1 and path.exists() and first["seen"]["fallbacks"] == 0
-    again = cached_rows(router, {"seen": items}, path)
+    again = cached_rows(router, {"seen": items}, path, cfg)
     assert len(calls) == 1 and again == first  # reread, not routed again
     rows, golds = as_rows(again["seen"]["rows"])
     assert golds == [["weather"], ["email"]] and len(rows[0][0]) == 3 and sorted(rows[0][3]) == [0.0, 1.0, 2.0]
-    cached_rows(router, {"seen": items[:1], "heldout": items[1:]}, path)
+    cached_rows(router, {"seen": items[:1], "heldout": items[1:]}, path, cfg)
     assert len(calls) == 3  # other queries for seen, a split not kept yet: both routed
-    assert set(json.loads(path.read_text())) == {"seen", "heldout"}
+    assert set(json.loads(path.read_text())) == {"settings", "seen", "heldout"}
+    cached_rows(router, {"seen": items[:1]}, path, cfg | {"epsilon": 8.0})
+    assert len(calls) == 4  # same queries, another compendium: routed again
+    assert set(json.loads(path.read_text())) == {"settings", "seen"}
