@@ -139,6 +139,7 @@ def order_changes(router: Router, queries: list[str], seed: int, weights: list[f
     reads = [router.experience_read(parts["prototype"][row], c) for row, c in enumerate(cands)]
     orders = {"reversed": [c[::-1] for c in cands], "shuffled": [list(rng.permutation(c)) for c in cands]}
     base = router.llm_scores(queries, cands, reads)
+    scored = [(fused[row][c], parts["description"][row][c]) for row, c in enumerate(cands)]  # retrieval, docs
     out: dict = {"n": len(queries), "by_weight": {str(w): {} for w in weights}}
     for name, perm in orders.items():
         other = router.llm_scores(queries, perm, reads)
@@ -147,8 +148,7 @@ def order_changes(router: Router, queries: list[str], seed: int, weights: list[f
                    for row, (c, p) in enumerate(zip(cands, perm)) if base[row] is not None and other[row] is not None}
         for w in weights:
             out["by_weight"][str(w)][name] = sum(
-                int(np.argmax(fuse_llm(fused[row][cands[row]], parts["description"][row][cands[row]], base[row], w)))
-                != int(np.argmax(fuse_llm(fused[row][cands[row]], parts["description"][row][cands[row]], scores, w)))
+                int(np.argmax(fuse_llm(*scored[row], base[row], w))) != int(np.argmax(fuse_llm(*scored[row], scores, w)))
                 for row, scores in aligned.items())
     return out
 

@@ -47,18 +47,25 @@ RULES = ("retrieval", "standing")
 SPLITS = ("seen", "heldout")
 
 
-def rows_for(cfg: dict, emb, model: str, seed: int, arm: str) -> dict[str, list[dict]]:
+def rows_for(cfg: dict, emb, model: str, seed: int, arm: str, built: tuple) -> dict[str, list[dict]]:
     """Per split, each sampled query's candidates with retrieval, documentation and raw LLM scores.
 
+    ``built`` is the seed's dataset and federated global (:func:`build`).
     Kept with the bench's rows (``cfg["rows"]``): the same compendium and samples.
     """
-    ds = dataset(seed, cfg)
-    comp = global_compendium(ds, cfg["epsilon"], PROTOTYPE_WEIGHT, cfg, emb, seed)[0] if arm == "federated" else None
-    router = Router(comp, ds.catalog, embedder=emb, reranker="llm", k=cfg["k"], model=model)
+    ds, comp = built
+    router = Router(comp if arm == "federated" else None, ds.catalog, embedder=emb, reranker="llm", k=cfg["k"],
+                    model=model)
     tests = (ds.seen_test, ds.heldout_test)
     picked = {split: sample(items, cfg["n_per_split"], seed) for split, items in zip(SPLITS, tests)}
     kept = cached_rows(router, picked, rows_path(Path(cfg["rows"]), model, f"{arm}/typed", seed), cfg)
     return {split: got["rows"] for split, got in kept.items()}
+
+
+def build(cfg: dict, emb, seed: int) -> tuple:
+    """One seed's dataset and the federated global its rows were routed with (the bench's)."""
+    ds = dataset(seed, cfg)
+    return ds, global_compendium(ds, cfg["epsilon"], PROTOTYPE_WEIGHT, cfg, emb, seed)[0]
 
 
 def top1(rows: list[dict], rule: str, weight: float) -> float:
@@ -103,10 +110,11 @@ def main() -> None:
     emb = get_embedder(cfg["embedder"])
     out = Path(cfg["output"])
     table = []
+    built = {seed: build(cfg, emb, seed) for seed in cfg["seeds"]}
     for model in cfg["models"]:
         for seed in cfg["seeds"]:
             for arm in cfg["arms"]:
-                rows = rows_for(cfg, emb, model, seed, arm)
+                rows = rows_for(cfg, emb, model, seed, arm, built[seed])
                 for rule in RULES if arm == "federated" else ("retrieval",):  # docs_only: the rules agree
                     for w in cfg["weights"]:
                         table.append({"model": model, "seed": seed, "arm": arm, "rule": rule, "weight": w,
