@@ -46,6 +46,7 @@ from synapse_flwr.core.schema import Compendium
 from synapse_flwr.core.wire import content_hash, load_artifact
 from synapse_flwr.data.check import file_hashes, require_valid
 from synapse_flwr.data.federation import FederatedDataset, load_federated, own_orgs
+from synapse_flwr.eval.order_check import order_changes
 from synapse_flwr.eval.results import write_results
 from synapse_flwr.flower.config import SPACES, RunConfig
 
@@ -57,10 +58,19 @@ ARMS = ("local_only", "docs_only", "federated", "federated_private", "centralize
         "oracle", "fedavg_dp")
 MERGES = (TYPED, FLAT_MAJORITY)
 SPLITS = ("seen", "heldout")
+# Sampled queries per split whose LLM picks are rechecked in reversed and
+# shuffled candidate order (each costs two more LLM passes over its candidates)
+ORDER_CHECK = 20
 # Evaluations are cached under a hash of the code that routes, so a router
 # change re-scores every arm while the (slow) Flower runs stay cached; a
 # change to the builder or the merge needs ``--fresh``.
-ROUTING_MODULES = ("core.router", "core.phrases", "core.votes", "core.render", "core.embed", "eval.baselines", "flower.fedavg_dp")
+ROUTING_MODULES = ("core.router", "core.phrases", "core.votes", "core.render", "core.embed", "core.llm",
+                   "eval.baselines", "eval.order_check", "flower.fedavg_dp")
+
+
+def llm_subsample(items: list, n: int) -> list:
+    """Every ``len(items) // n``-th item, ``n`` at most (all of them for ``n`` = 0): the LLM sample."""
+    return items[:: max(1, len(items) // n)][:n] if n else items
 
 
 def routing_code() -> str:
@@ -454,12 +464,8 @@ class Experiment:
             ds = self.dataset(seed)
             router = Router(compendium, ds.catalog, embedder=self.embedder, reranker=reranker,
                             k=self.cfg.k, render=render, model=self.cfg.llm_model)
-            out = {}
-            for split, items in self.splits(ds).items():
-                if sample:
-                    items = items[:: max(1, len(items) // sample)][:sample]
-                out[split] = self._score(router, items, oracle)
-            return out
+            return {split: self._score(router, llm_subsample(items, sample), oracle)
+                    for split, items in self.splits(ds).items()}
 
         return self.unit(key, compute)
 
@@ -574,14 +580,36 @@ class Experiment:
         return out
 
     def llm_sample(self, seed: int) -> dict:
-        """The LLM reranker on a fixed sample of every split, for the router arms."""
-        n, out = self.cfg.llm_sample, {}
+        """The LLM reranker on a fixed sample of every split, beside retrieval order on the same queries.
+
+        ``arms``: per router arm and split the LLM's metrics and
+        ``retrieval_acc``, retrieval order's top-1 on the same queries (the
+        line an LLM has to beat). ``order_check``: per split, the federated
+        arm's picks that change when the candidates are shown reversed or
+        shuffled (:func:`~synapse_flwr.eval.order_check.order_changes`, on the
+        first :data:`ORDER_CHECK` sampled queries, at the router's weight).
+        """
+        n, arms = self.cfg.llm_sample, {}
         fed = self.global_of(self.federate(seed, TYPED, math.inf, 0.0))
         central = self.centralized(seed)
         # (no flat render here: a whole compendium entry as one string makes
         # prompts of thousands of tokens, minutes per query for the local model)
         for arm, comp in (("docs_only", None), ("federated", fed), ("centralized", central)):
-            out[arm] = self.evaluate(comp, seed, reranker="llm", sample=n, label=f"llm-{arm}")
+            llm = self.evaluate(comp, seed, reranker="llm", sample=n, label=f"llm-{arm}")
+            order = self.evaluate(comp, seed, reranker="none", sample=n, label=f"llm-{arm}")
+            arms[arm] = {split: {**m, "retrieval_acc": order[split]["acc"]} for split, m in llm.items()}
+        key = f"llm-order/{content_hash(fed)[:16]}/n{n}/seed{seed}/code{self.code}"
+        return {"arms": arms, "order_check": self.unit(key, lambda: self._order_check(fed, seed))}
+
+    def _order_check(self, compendium: Compendium, seed: int) -> dict:
+        ds = self.dataset(seed)
+        router = Router(compendium, ds.catalog, embedder=self.embedder, reranker="llm", k=self.cfg.k,
+                        model=self.cfg.llm_model)
+        out = {}
+        for split, items in self.splits(ds).items():
+            queries = [i.query for i in llm_subsample(items, self.cfg.llm_sample)[:ORDER_CHECK]]
+            check = order_changes(router, queries, seed, [router.llm_weight])
+            out[split] = {"n": check["n"], **check["by_weight"][str(router.llm_weight)]}
         return out
 
     # ------------------------------------------------------------ driver
@@ -589,7 +617,7 @@ class Experiment:
         """A rough count of units, for the progress bar."""
         cfg = self.cfg
         per_seed = len(cfg.arms) + cfg.orgs + len(cfg.rates) * (len(cfg.merges) * 2 + 3) + 2 * cfg.rounds + 4
-        return per_seed * len(cfg.seeds) + (5 if cfg.llm_sample else 0)
+        return per_seed * len(cfg.seeds) + (9 if cfg.llm_sample else 0)
 
     def federations(self) -> list[tuple[int, str, float, float, bool]]:
         """Every Flower run the config needs: ``(seed, policy, epsilon, rate, replay)``."""
@@ -738,7 +766,26 @@ def targets(results: dict) -> list[dict]:
     if fed is not None and acc("classifier", seen) is not None:
         add(f"federated - classifier ({seen}, moonshot)", fed - acc("classifier", seen), ">= 0",
             lambda v: v >= 0)
+    out += llm_targets(results.get("llm_sample") or {})
     return out
+
+
+def llm_targets(llm: dict) -> list[dict]:
+    """Targets of the LLM sample: above retrieval order, no harm against docs_only's LLM, order-free picks."""
+    arms, out = llm.get("arms", {}), []
+    for split, m in arms.get("federated", {}).items():
+        out.append(("LLM sample: federated - retrieval order, same queries", split, m["acc"] - m["retrieval_acc"], 0.0))
+        if docs := arms.get("docs_only", {}).get(split):
+            margin = NO_HARM_MARGIN if split == "heldout" else 0.0
+            out.append(("LLM sample, no harm: federated - docs_only", split, m["acc"] - docs["acc"], -margin))
+    rows = [{"target": f"{name} ({split})", "value": round(value, 4), "goal": f">= {goal:g}", "met": value >= goal}
+            for name, split, value, goal in out]
+    for split, c in llm.get("order_check", {}).items():
+        moved = (c["reversed"] + c["shuffled"]) / max(2 * c["n"], 1)
+        rows.append({"target": f"LLM sample: share of picks moved by reversing or shuffling the candidates "
+                               f"({split}, {c['n']} queries)", "value": round(moved, 4), "goal": "= 0",
+                     "met": moved == 0})
+    return rows
 
 
 # ---------------------------------------------------------------- reports
@@ -843,17 +890,28 @@ def tables(results: dict) -> str:
             for i, m in enumerate(rounds, start=1):
                 lines.append(f"| {arm} | {i} | " + " | ".join(_cell(m.get(s)) for s in splits) + " |")
     if results["llm_sample"]:
-        lines += ["", f"## LLM reranker (sample, seed {results['seeds'][0]})", "",
-                  "| arm | split | acc | r5 | n |", "|---|---|---|---|---|"]
-        for arm, m in results["llm_sample"].items():
-            for split in splits:
-                if split in m:
-                    s = m[split]
-                    lines.append(f"| {arm} | {split} | {s['acc']:.3f} | {s['r5']:.3f} | {s['n']} |")
+        lines += _llm_lines(results["llm_sample"], results["seeds"][0], splits)
     lines += ["", "## Targets", "", "| target | measured | goal | met |", "|---|---|---|---|"]
     for t in results["targets"]:
         lines.append(f"| {t['target']} | {t['value']:+.3f} | {t['goal']} | {'yes' if t['met'] else 'NO'} |")
     return "\n".join(lines) + "\n"
+
+
+def _llm_lines(llm: dict, seed: int, splits: Sequence[str]) -> list[str]:
+    """The LLM sample's table: its top-1 beside retrieval order on the same queries, and the order check."""
+    lines = ["", f"## LLM reranker (sample, seed {seed})", "",
+             "| arm | split | LLM top-1 | retrieval order top-1 | LLM - retrieval | recall@k | n |",
+             "|---|---|---|---|---|---|---|"]
+    for arm, m in llm["arms"].items():
+        for split in (s for s in splits if s in m):
+            r = m[split]
+            lines.append(f"| {arm} | {split} | {r['acc']:.3f} | {r['retrieval_acc']:.3f} | "
+                         f"{r['acc'] - r['retrieval_acc']:+.3f} | {r['r5']:.3f} | {r['n']} |")
+    checks = [f"{split} {c['reversed']} and {c['shuffled']} of {c['n']}" for split, c in llm["order_check"].items()]
+    note = ("Order check (federated arm, at the router's LLM weight): picks changed with the candidates "
+            "reversed and shuffled: ")
+    lines += ["", note + "; ".join(checks) + "."]
+    return lines
 
 
 def _panel_figure(out_dir: Path, name: str, splits: Sequence[str], draw: Callable[[Any, str], None]) -> Path:

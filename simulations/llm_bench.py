@@ -41,7 +41,8 @@ from synapse_flwr.simulations.tune_router import dataset, global_compendium
 from synapse_flwr.core.builder import PROTOTYPE_WEIGHT
 from synapse_flwr.core.embed import get_embedder
 from synapse_flwr.core.files import write_atomic
-from synapse_flwr.core.router import Router, candidate_set, evaluate_routes, fuse_llm
+from synapse_flwr.core.router import Router, evaluate_routes, fuse_llm
+from synapse_flwr.eval.order_check import order_changes
 from synapse_flwr.eval.results import (
     experiment_parser,
     load_experiment,
@@ -128,29 +129,6 @@ def top1(rows: Rows, golds: list, weight: float) -> float:
     hits = [ids[int(np.argmax(fuse_llm(ret, docs, llm, weight)))] in gold
             for (ids, ret, docs, llm), gold in zip(rows, golds)]
     return float(np.mean(hits)) if hits else 0.0
-
-
-def order_changes(router: Router, queries: list[str], seed: int, weights: list[float]) -> dict:
-    """Fused picks, at every weight, that change when each query's candidates are shown reversed or shuffled."""
-    rng = np.random.default_rng(seed)
-    parts = router.evidence(queries)
-    fused = sum(parts.values())
-    cands = [candidate_set(row, docs, router.k, router.docs_candidates) for row, docs in zip(fused, parts["description"])]
-    reads = [router.experience_read(parts["prototype"][row], c) for row, c in enumerate(cands)]
-    orders = {"reversed": [c[::-1] for c in cands], "shuffled": [list(rng.permutation(c)) for c in cands]}
-    base = router.llm_scores(queries, cands, reads)
-    scored = [(fused[row][c], parts["description"][row][c]) for row, c in enumerate(cands)]  # retrieval, docs
-    out: dict = {"n": len(queries), "by_weight": {str(w): {} for w in weights}}
-    for name, perm in orders.items():
-        other = router.llm_scores(queries, perm, reads)
-        # each permuted row's scores back in the candidates' order; failed calls are skipped
-        aligned = {row: np.array([dict(zip(p, other[row]))[t] for t in c])
-                   for row, (c, p) in enumerate(zip(cands, perm)) if base[row] is not None and other[row] is not None}
-        for w in weights:
-            out["by_weight"][str(w)][name] = sum(
-                int(np.argmax(fuse_llm(*scored[row], base[row], w))) != int(np.argmax(fuse_llm(*scored[row], scores, w)))
-                for row, scores in aligned.items())
-    return out
 
 
 def retrieval_baselines(comp, ds, splits: dict, cfg: dict, emb) -> dict:

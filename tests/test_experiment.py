@@ -293,3 +293,55 @@ def test_the_run_ends_with_a_readable_summary_of_arms_and_targets():
     assert any(line.strip().startswith("MISSED no harm: federated - docs_only (heldout): -0.010")
                for line in lines), lines
     assert any(line.strip().startswith("met    no harm: federated - docs_only (seen): +0.200") for line in lines)
+
+
+def test_the_llm_sample_sits_beside_retrieval_order_and_its_order_check_catches_a_position_biased_llm(
+        tmp_path, monkeypatch):
+    """The LLM rows of an experiment name retrieval order on the same queries, and a reader that picks by
+    position is flagged by the reversed / shuffled check (a content reader is not)."""
+    import zlib
+
+    from synapse_flwr.simulations.experiment import Experiment, llm_targets, tables
+
+    from synapse_flwr.core import router as router_mod
+
+    def by_content(model, pairs):  # order-free: each (entry, query) pair has its own score
+        return [float(zlib.crc32((entry + query).encode()) % 97) for entry, query in pairs]
+
+    def by_position(model, pairs):  # the later a candidate is shown, the higher it scores
+        out, pos, prev = [], 0, None
+        for _, query in pairs:
+            pos, prev = (pos + 1 if query == prev else 0), query
+            out.append(float(pos))
+        return out
+
+    # the federated global is the pooled compendium here: no Flower run in a fast test
+    monkeypatch.setattr(Experiment, "federate", lambda self, *a, **k: {})
+    monkeypatch.setattr(Experiment, "global_of", lambda self, run, round_=None: self.centralized(7))
+    monkeypatch.setitem(router_mod.LLM_WEIGHTS, "local/smollm2", 100.0)  # the LLM's pick decides
+    found = {}
+    for name, reader in (("content", by_content), ("position", by_position)):
+        monkeypatch.setattr("synapse_flwr.core.llm.channel_scores", reader)
+        cfg = ExperimentConfig(name="x", dataset="demo", seeds=[7], embedder="static", llm_sample=6,
+                               cache=str(tmp_path / name))
+        found[name] = Experiment(cfg).llm_sample(7)
+    content, position = found["content"], found["position"]
+    assert set(content["arms"]) == {"docs_only", "federated", "centralized"}
+    for split, m in content["arms"]["federated"].items():
+        assert m["n"] == 6 and 0.0 <= m["retrieval_acc"] <= 1.0
+        assert content["order_check"][split] == {"n": 6, "reversed": 0, "shuffled": 0}
+        assert position["order_check"][split]["reversed"] == 6  # last shown wins: reversing moves every pick
+    moved = {t["target"]: t["met"] for t in llm_targets(position) if "moved" in t["target"]}
+    assert moved and not any(moved.values())
+    assert all(t["met"] for t in llm_targets(content) if "moved" in t["target"])
+    text = tables({"name": "x", "dataset": "demo", "seeds": [7], "orgs": 3, "alpha": 0.5, "rounds": 3,
+                   "embedder": "static", "reranker": "fields", "k": 5, "ablation_2x2": {},
+                   "arms": {"docs_only": {s: {"acc_mean": 0.5, "acc_sd": 0.0, "r5_mean": 0.7}
+                                          for s in position["arms"]["federated"]}},
+                   "contradiction": {}, "injection": {}, "per_round": {}, "llm_sample": position,
+                   "targets": llm_targets(position), "orgs_as_given": True, "epsilon": None,
+                   "epsilon_target": 4.0, "delta": 1e-5, "leak_filter": {}})
+    assert "| LLM top-1 | retrieval order top-1 |" in text and "reversed and shuffled: seen 6 and" in text
+    row = position["arms"]["federated"]["seen"]
+    assert (f"| federated | seen | {row['acc']:.3f} | {row['retrieval_acc']:.3f} | "
+            f"{row['acc'] - row['retrieval_acc']:+.3f} |") in text

@@ -432,7 +432,7 @@ def test_second_embedded_model_gemma3_scores() -> None:
 
 
 def test_the_bench_order_check_catches_a_position_biased_llm_even_at_weight_zero(monkeypatch) -> None:
-    from synapse_flwr.simulations.llm_bench import order_changes
+    from synapse_flwr.eval.order_check import order_changes
 
     def last_wins(model, pairs):  # scores rise with the position a candidate is shown in
         return [float(i % 4) for i in range(len(pairs))]

@@ -1,0 +1,57 @@
+"""Position-bias check of an LLM reranker: do its picks move when the candidates are shown in another order?
+
+A reader that picks by position rather than by content changes its pick
+when each query's candidates are shown reversed or shuffled. The check
+scores the same candidates in the retrieval order and in both permutations
+and counts the queries whose fused pick (:func:`~synapse_flwr.core.router.fuse_llm`)
+changes, at every weight asked. At weight 0 the fused pick is retrieval's
+and cannot move; a check that never moves at the router's own weight is the
+evidence that the LLM's contribution does not depend on the order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from synapse_flwr.core.router import Router, candidate_set, fuse_llm
+
+
+def order_changes(router: Router, queries: list[str], seed: int, weights: list[float]) -> dict:
+    """Fused picks, at every weight, that change when each query's candidates are shown reversed or shuffled.
+
+    Parameters
+    ----------
+    router : Router
+        An LLM-reranking router (its model and render are the ones checked).
+    queries : list of str
+        The queries to recheck (each costs two more LLM passes over its candidates).
+    seed : int
+        Seed of the shuffled orders.
+    weights : list of float
+        LLM weights at which picks are compared.
+
+    Returns
+    -------
+    dict
+        ``n`` (queries) and ``by_weight``: ``str(weight) -> {"reversed": changes, "shuffled": changes}``;
+        a query whose LLM call failed in either order is not counted.
+    """
+    rng = np.random.default_rng(seed)
+    parts = router.evidence(queries)
+    fused = sum(parts.values())
+    cands = [candidate_set(row, docs, router.k, router.docs_candidates) for row, docs in zip(fused, parts["description"])]
+    reads = [router.experience_read(parts["prototype"][row], c) for row, c in enumerate(cands)]
+    orders = {"reversed": [c[::-1] for c in cands], "shuffled": [list(rng.permutation(c)) for c in cands]}
+    base = router.llm_scores(queries, cands, reads)
+    scored = [(fused[row][c], parts["description"][row][c]) for row, c in enumerate(cands)]  # retrieval, docs
+    out: dict = {"n": len(queries), "by_weight": {str(w): {} for w in weights}}
+    for name, perm in orders.items():
+        other = router.llm_scores(queries, perm, reads)
+        # each permuted row's scores back in the candidates' order; failed calls are skipped
+        aligned = {row: np.array([dict(zip(p, other[row]))[t] for t in c])
+                   for row, (c, p) in enumerate(zip(cands, perm)) if base[row] is not None and other[row] is not None}
+        for w in weights:
+            out["by_weight"][str(w)][name] = sum(
+                int(np.argmax(fuse_llm(*scored[row], base[row], w))) != int(np.argmax(fuse_llm(*scored[row], scores, w)))
+                for row, scores in aligned.items())
+    return out
