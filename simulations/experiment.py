@@ -751,7 +751,7 @@ def targets(results: dict) -> list[dict]:
     for arm, block in no_harm(results).items():
         for split, gap in block.items():
             goal = NO_HARM_MARGIN if split == "heldout" else 0.0
-            add(f"no harm: {arm} - docs_only ({split})", gap, f">= -{goal:g}", lambda v, g=goal: v >= -g)
+            add(f"no harm: {arm} - docs_only ({split})", gap, f">= {0.0 - goal:g}", lambda v, g=goal: v >= -g)
     cells = results["ablation_2x2"]
     for split in (seen, "heldout"):
         if acc("typed/typed", split, cells) is not None and acc("typed/flat", split, cells) is not None:
@@ -778,7 +778,7 @@ def llm_targets(llm: dict) -> list[dict]:
         if docs := arms.get("docs_only", {}).get(split):
             margin = NO_HARM_MARGIN if split == "heldout" else 0.0
             out.append(("LLM sample, no harm: federated - docs_only", split, m["acc"] - docs["acc"], -margin))
-    rows = [{"target": f"{name} ({split})", "value": round(value, 4), "goal": f">= {goal:g}", "met": value >= goal}
+    rows = [{"target": f"{name} ({split})", "value": round(value, 4), "goal": f">= {goal + 0.0:g}", "met": value >= goal}
             for name, split, value, goal in out]
     for split, c in llm.get("order_check", {}).items():
         moved = (c["reversed"] + c["shuffled"]) / max(2 * c["n"], 1)
