@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from synapse_flwr.simulations.experiment import data_hashes
+from synapse_flwr.simulations.experiment import data_hashes, routing_code
 from synapse_flwr.simulations.tune_router import dataset, global_compendium
 
 from synapse_flwr.core.builder import PROTOTYPE_WEIGHT
@@ -89,11 +89,15 @@ def cached_rows(router: Router, splits: dict[str, list], path: Path, cfg: dict) 
     The LLM is the costly part, so each split is routed once and kept in
     ``path`` with the config's :data:`ROW_SETTINGS`; a later run (a new
     fusion rule, a report beside the dev grid) rereads a split whose queries
-    and settings are the same. A change to the router's code is not seen:
-    remove the rows after one. ``queries_per_s`` and ``fallbacks`` are None
-    in rows written before they were recorded.
+    and settings are the same. Each split names the routing code that
+    scored it (:func:`~synapse_flwr.simulations.experiment.routing_code`); a
+    split scored by other code is reread with a warning, not routed again
+    (most router changes leave the LLM's scores alone, and routing is the
+    costly part): remove the file after a change to the LLM path. Rows
+    written before splits named their code, and ``queries_per_s`` and
+    ``fallbacks`` before those were recorded, lack those keys.
     """
-    settings = {key: cfg[key] for key in ROW_SETTINGS}
+    settings, code = {key: cfg[key] for key in ROW_SETTINGS}, routing_code()
     kept = json.loads(path.read_text()) if path.exists() else {}
     if kept and kept.get("settings") != settings:
         log.warning("%s was written with settings %s, not %s: routing again", path, kept.get("settings"), settings)
@@ -101,10 +105,14 @@ def cached_rows(router: Router, splits: dict[str, list], path: Path, cfg: dict) 
     kept["settings"] = settings
     for split, items in splits.items():
         queries = [i.query for i in items]
-        if [r["query"] for r in kept.get(split, {}).get("rows", [])] == queries:
+        old = kept.get(split, {})
+        if [r["query"] for r in old.get("rows", [])] == queries:
+            if old.get("code", code) != code:
+                log.warning("%s %s was scored by routing code %s, this is %s: reread as it is (remove the file "
+                            "to route again after a change to the LLM path)", path.stem, split, old["code"], code)
             continue
         rows, qps, fallbacks = llm_rows(router, queries)
-        kept[split] = {"queries_per_s": qps, "fallbacks": fallbacks, "rows": [
+        kept[split] = {"code": code, "queries_per_s": qps, "fallbacks": fallbacks, "rows": [
             {"query": q, "gold": list(i.gold), "ids": ids, "retrieval": ret.tolist(), "docs": docs.tolist(),
              "llm": llm.tolist()} for q, i, (ids, ret, docs, llm) in zip(queries, items, rows)]}
         log.info("%s %s: %d queries at %.2f/s, %d fallbacks", path.stem, split, len(queries), qps, fallbacks)

@@ -10,6 +10,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import json
+import logging
 import re
 import threading
 from collections.abc import Iterator
@@ -462,7 +463,7 @@ def test_bench_runs_side_by_side_keep_each_others_arms_and_results() -> None:
     assert rerun["arms"]["local/smollm2/federated/typed/seen"] == {"n": 200}
 
 
-def test_bench_rows_are_routed_once_and_reread_only_for_the_same_queries(monkeypatch, tmp_path) -> None:
+def test_bench_rows_are_routed_once_and_reread_only_for_the_same_queries(monkeypatch, tmp_path, caplog) -> None:
     from types import SimpleNamespace
 
     from synapse_flwr.simulations.llm_bench import as_rows, cached_rows
@@ -491,3 +492,8 @@ def test_bench_rows_are_routed_once_and_reread_only_for_the_same_queries(monkeyp
     cached_rows(router, {"seen": items[:1]}, path, cfg | {"epsilon": 8.0})
     assert len(calls) == 4  # same queries, another compendium: routed again
     assert set(json.loads(path.read_text())) == {"settings", "seen"}
+    # rows scored by other routing code are reread, with a warning that names both codes
+    monkeypatch.setattr("synapse_flwr.simulations.llm_bench.routing_code", lambda: "c0ffee")
+    with caplog.at_level(logging.WARNING, logger="llm_bench"):
+        cached_rows(router, {"seen": items[:1]}, path, cfg | {"epsilon": 8.0})
+    assert len(calls) == 4 and "this is c0ffee" in caplog.text
