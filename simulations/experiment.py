@@ -473,7 +473,10 @@ class Experiment:
         golds = [i.gold for i in items]
         queries = [i.query for i in items]
         results = router.route_many(queries, force=golds) if oracle else router.route_many(queries)
-        return evaluate_routes(results, golds, self.cfg.k)
+        metrics = evaluate_routes(results, golds, self.cfg.k)
+        if router.reranker == "llm":  # a failed LLM call routes in retrieval order: say how often
+            metrics["fallbacks"] = sum(r.fallback for r in results)
+        return metrics
 
     def _golds(self, ds: FederatedDataset) -> dict[str, list]:
         from synapse_flwr.core.experience import TestItem
@@ -609,7 +612,8 @@ class Experiment:
         for split, items in self.splits(ds).items():
             queries = [i.query for i in llm_subsample(items, self.cfg.llm_sample)[:ORDER_CHECK]]
             check = order_changes(router, queries, seed, [router.llm_weight])
-            out[split] = {"n": check["n"], **check["by_weight"][str(router.llm_weight)]}
+            out[split] = {"n": check["n"], "checked": min(check["checked"].values()),
+                          **check["by_weight"][str(router.llm_weight)]}
         return out
 
     # ------------------------------------------------------------ driver
@@ -771,20 +775,30 @@ def targets(results: dict) -> list[dict]:
 
 
 def llm_targets(llm: dict) -> list[dict]:
-    """Targets of the LLM sample: above retrieval order, no harm against docs_only's LLM, order-free picks."""
+    """Targets of the LLM sample: answered, above retrieval order, no harm against docs_only's LLM, order-free.
+
+    An LLM call that fails routes in retrieval order, so the first two rows
+    would hold trivially for an LLM that never answers: every arm's LLM
+    calls must answer, and the order check must have compared some query.
+    """
     arms, out = llm.get("arms", {}), []
+    answered = [(f"{arm} ({split})", 1.0 - m["fallbacks"] / max(m["n"], 1))
+                for arm, by_split in arms.items() for split, m in by_split.items() if "fallbacks" in m]
+    rows = [{"target": f"LLM sample: share of queries the LLM answered, {name}", "value": round(share, 4),
+             "goal": "= 1", "met": share == 1.0} for name, share in answered]
     for split, m in arms.get("federated", {}).items():
         out.append(("LLM sample: federated - retrieval order, same queries", split, m["acc"] - m["retrieval_acc"], 0.0))
         if docs := arms.get("docs_only", {}).get(split):
             margin = NO_HARM_MARGIN if split == "heldout" else 0.0
             out.append(("LLM sample, no harm: federated - docs_only", split, m["acc"] - docs["acc"], -margin))
-    rows = [{"target": f"{name} ({split})", "value": round(value, 4), "goal": f">= {goal + 0.0:g}", "met": value >= goal}
-            for name, split, value, goal in out]
+    rows += [{"target": f"{name} ({split})", "value": round(value, 4), "goal": f">= {goal + 0.0:g}",
+              "met": value >= goal} for name, split, value, goal in out]
     for split, c in llm.get("order_check", {}).items():
-        moved = (c["reversed"] + c["shuffled"]) / max(2 * c["n"], 1)
+        checked = c.get("checked", c["n"])
+        moved = (c["reversed"] + c["shuffled"]) / max(2 * checked, 1)
         rows.append({"target": f"LLM sample: share of picks moved by reversing or shuffling the candidates "
-                               f"({split}, {c['n']} queries)", "value": round(moved, 4), "goal": "= 0",
-                     "met": moved == 0})
+                               f"({split}, {checked} of {c['n']} queries compared)", "value": round(moved, 4),
+                     "goal": "= 0, on at least one query", "met": moved == 0 and checked > 0})
     return rows
 
 
@@ -900,14 +914,16 @@ def tables(results: dict) -> str:
 def _llm_lines(llm: dict, seed: int, splits: Sequence[str]) -> list[str]:
     """The LLM sample's table: its top-1 beside retrieval order on the same queries, and the order check."""
     lines = ["", f"## LLM reranker (sample, seed {seed})", "",
-             "| arm | split | LLM top-1 | retrieval order top-1 | LLM - retrieval | recall@k | n |",
-             "|---|---|---|---|---|---|---|"]
+             "| arm | split | LLM top-1 | retrieval order top-1 | LLM - retrieval | recall@k | n | LLM calls failed |",
+             "|---|---|---|---|---|---|---|---|"]
     for arm, m in llm["arms"].items():
         for split in (s for s in splits if s in m):
             r = m[split]
             lines.append(f"| {arm} | {split} | {r['acc']:.3f} | {r['retrieval_acc']:.3f} | "
-                         f"{r['acc'] - r['retrieval_acc']:+.3f} | {r['r5']:.3f} | {r['n']} |")
-    checks = [f"{split} {c['reversed']} and {c['shuffled']} of {c['n']}" for split, c in llm["order_check"].items()]
+                         f"{r['acc'] - r['retrieval_acc']:+.3f} | {r['r5']:.3f} | {r['n']} | "
+                         f"{r.get('fallbacks', '-')} |")
+    checks = [f"{split} {c['reversed']} and {c['shuffled']} of {c.get('checked', c['n'])}"
+              for split, c in llm["order_check"].items()]
     note = ("Order check (federated arm, at the router's LLM weight): picks changed with the candidates "
             "reversed and shuffled: ")
     lines += ["", note + "; ".join(checks) + "."]

@@ -319,21 +319,31 @@ def test_the_llm_sample_sits_beside_retrieval_order_and_its_order_check_catches_
     monkeypatch.setattr(Experiment, "federate", lambda self, *a, **k: {})
     monkeypatch.setattr(Experiment, "global_of", lambda self, run, round_=None: self.centralized(7))
     monkeypatch.setitem(router_mod.LLM_WEIGHTS, "local/smollm2", 100.0)  # the LLM's pick decides
+    def unreachable(model, pairs):  # a hosted model without a network: every call fails
+        raise RuntimeError("connection refused")
+
     found = {}
-    for name, reader in (("content", by_content), ("position", by_position)):
+    for name, reader in (("content", by_content), ("position", by_position), ("failing", unreachable)):
         monkeypatch.setattr("synapse_flwr.core.llm.channel_scores", reader)
         cfg = ExperimentConfig(name="x", dataset="demo", seeds=[7], embedder="static", llm_sample=6,
                                cache=str(tmp_path / name))
         found[name] = Experiment(cfg).llm_sample(7)
-    content, position = found["content"], found["position"]
+    content, position, failing = found["content"], found["position"], found["failing"]
     assert set(content["arms"]) == {"docs_only", "federated", "centralized"}
     for split, m in content["arms"]["federated"].items():
-        assert m["n"] == 6 and 0.0 <= m["retrieval_acc"] <= 1.0
-        assert content["order_check"][split] == {"n": 6, "reversed": 0, "shuffled": 0}
+        assert m["n"] == 6 and m["fallbacks"] == 0 and 0.0 <= m["retrieval_acc"] <= 1.0
+        assert content["order_check"][split] == {"n": 6, "checked": 6, "reversed": 0, "shuffled": 0}
         assert position["order_check"][split]["reversed"] == 6  # last shown wins: reversing moves every pick
+        # an LLM that never answers routes in retrieval order and compares nothing
+        assert failing["arms"]["federated"][split]["fallbacks"] == 6
+        assert failing["arms"]["federated"][split]["acc"] == failing["arms"]["federated"][split]["retrieval_acc"]
+        assert failing["order_check"][split]["checked"] == 0
     moved = {t["target"]: t["met"] for t in llm_targets(position) if "moved" in t["target"]}
     assert moved and not any(moved.values())
-    assert all(t["met"] for t in llm_targets(content) if "moved" in t["target"])
+    assert all(t["met"] for t in llm_targets(content) if "moved" in t["target"] or "answered" in t["target"])
+    # ... so its rows cannot pass: none answered, no order compared
+    unmet = [t["target"] for t in llm_targets(failing) if not t["met"]]
+    assert sum("answered" in t for t in unmet) == 6 and sum("moved" in t for t in unmet) == 2
     text = tables({"name": "x", "dataset": "demo", "seeds": [7], "orgs": 3, "alpha": 0.5, "rounds": 3,
                    "embedder": "static", "reranker": "fields", "k": 5, "ablation_2x2": {},
                    "arms": {"docs_only": {s: {"acc_mean": 0.5, "acc_sd": 0.0, "r5_mean": 0.7}

@@ -33,8 +33,9 @@ def order_changes(router: Router, queries: list[str], seed: int, weights: list[f
     Returns
     -------
     dict
-        ``n`` (queries) and ``by_weight``: ``str(weight) -> {"reversed": changes, "shuffled": changes}``;
-        a query whose LLM call failed in either order is not counted.
+        ``n`` (queries), ``checked``: per order the queries compared (a
+        query whose LLM call failed in either order is not), and
+        ``by_weight``: ``str(weight) -> {"reversed": changes, "shuffled": changes}``.
     """
     rng = np.random.default_rng(seed)
     parts = router.evidence(queries)
@@ -44,12 +45,13 @@ def order_changes(router: Router, queries: list[str], seed: int, weights: list[f
     orders = {"reversed": [c[::-1] for c in cands], "shuffled": [list(rng.permutation(c)) for c in cands]}
     base = router.llm_scores(queries, cands, reads)
     scored = [(fused[row][c], parts["description"][row][c]) for row, c in enumerate(cands)]  # retrieval, docs
-    out: dict = {"n": len(queries), "by_weight": {str(w): {} for w in weights}}
+    out: dict = {"n": len(queries), "checked": {}, "by_weight": {str(w): {} for w in weights}}
     for name, perm in orders.items():
         other = router.llm_scores(queries, perm, reads)
         # each permuted row's scores back in the candidates' order; failed calls are skipped
         aligned = {row: np.array([dict(zip(p, other[row]))[t] for t in c])
                    for row, (c, p) in enumerate(zip(cands, perm)) if base[row] is not None and other[row] is not None}
+        out["checked"][name] = len(aligned)
         for w in weights:
             out["by_weight"][str(w)][name] = sum(
                 int(np.argmax(fuse_llm(*scored[row], base[row], w))) != int(np.argmax(fuse_llm(*scored[row], scores, w)))
