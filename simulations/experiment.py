@@ -782,19 +782,22 @@ def llm_targets(llm: dict) -> list[dict]:
     calls must answer, and the order check must have compared some query.
     """
     arms, out = llm.get("arms", {}), []
-    answered = [(f"{arm} ({split})", 1.0 - m["fallbacks"] / max(m["n"], 1))
-                for arm, by_split in arms.items() for split, m in by_split.items() if "fallbacks" in m]
+    # splits in SPLITS order, whether the metrics came fresh or from the (sorted) cache
+    answered = [(f"{arm} ({split})", 1.0 - by_split[split]["fallbacks"] / max(by_split[split]["n"], 1))
+                for arm, by_split in arms.items() for split in SPLITS if split in by_split]
     rows = [{"target": f"LLM sample: share of queries the LLM answered, {name}", "value": round(share, 4),
              "goal": "= 1", "met": share == 1.0} for name, share in answered]
-    for split, m in arms.get("federated", {}).items():
+    fed = arms.get("federated", {})
+    for split, m in ((s, fed[s]) for s in SPLITS if s in fed):
         out.append(("LLM sample: federated - retrieval order, same queries", split, m["acc"] - m["retrieval_acc"], 0.0))
         if docs := arms.get("docs_only", {}).get(split):
             margin = NO_HARM_MARGIN if split == "heldout" else 0.0
             out.append(("LLM sample, no harm: federated - docs_only", split, m["acc"] - docs["acc"], -margin))
     rows += [{"target": f"{name} ({split})", "value": round(value, 4), "goal": f">= {goal + 0.0:g}",
               "met": value >= goal} for name, split, value, goal in out]
-    for split, c in llm.get("order_check", {}).items():
-        checked = c.get("checked", c["n"])
+    checks = llm.get("order_check", {})
+    for split, c in ((s, checks[s]) for s in SPLITS if s in checks):
+        checked = c["checked"]
         moved = (c["reversed"] + c["shuffled"]) / max(2 * checked, 1)
         rows.append({"target": f"LLM sample: share of picks moved by reversing or shuffling the candidates "
                                f"({split}, {checked} of {c['n']} queries compared)", "value": round(moved, 4),
@@ -921,9 +924,10 @@ def _llm_lines(llm: dict, seed: int, splits: Sequence[str]) -> list[str]:
             r = m[split]
             lines.append(f"| {arm} | {split} | {r['acc']:.3f} | {r['retrieval_acc']:.3f} | "
                          f"{r['acc'] - r['retrieval_acc']:+.3f} | {r['r5']:.3f} | {r['n']} | "
-                         f"{r.get('fallbacks', '-')} |")
-    checks = [f"{split} {c['reversed']} and {c['shuffled']} of {c.get('checked', c['n'])}"
-              for split, c in llm["order_check"].items()]
+                         f"{r['fallbacks']} |")
+    by_split = llm["order_check"]
+    checks = [f"{s} {by_split[s]['reversed']} and {by_split[s]['shuffled']} of {by_split[s]['checked']}"
+              for s in SPLITS if s in by_split]
     note = ("Order check (federated arm, at the router's LLM weight): picks changed with the candidates "
             "reversed and shuffled: ")
     lines += ["", note + "; ".join(checks) + "."]
