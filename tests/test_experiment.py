@@ -355,3 +355,24 @@ def test_the_llm_sample_sits_beside_retrieval_order_and_its_order_check_catches_
     row = position["arms"]["federated"]["seen"]
     assert (f"| federated | seen | {row['acc']:.3f} | {row['retrieval_acc']:.3f} | "
             f"{row['acc'] - row['retrieval_acc']:+.3f} |") in text
+
+
+def test_a_results_stamp_is_dirty_for_changed_code_not_for_rewritten_results(tmp_path):
+    from synapse_flwr.eval.results import code_commit
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "synapse_flwr").mkdir()
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "synapse_flwr" / "m.py").write_text("x = 1\n")
+    (tmp_path / "docs" / "tables.md").write_text("old\n")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    clean = code_commit(tmp_path)
+    assert len(clean) == 40 and not clean.endswith("+dirty")
+    (tmp_path / "docs" / "tables.md").write_text("new\n")  # a run rewriting its own results
+    assert code_commit(tmp_path) == clean
+    (tmp_path / "synapse_flwr" / "m.py").write_text("x = 2\n")
+    assert code_commit(tmp_path) == clean + "+dirty"

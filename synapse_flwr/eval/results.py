@@ -17,16 +17,20 @@ from typing import Any
 
 from synapse_flwr.core.files import write_atomic
 
+#: What a results folder's numbers depend on; a run rewrites tracked files under
+#: ``docs/results`` itself, which must not mark its own stamp dirty.
+CODE_PATHS = ("synapse_flwr", "strategies", "simulations", "configs", "pyproject.toml")
+
 
 def code_commit(repo: Path | None = None) -> str:
-    """The git commit of the code (``+dirty`` when the tree has changes), or ``unknown``."""
+    """The git commit of the code (``+dirty`` when :data:`CODE_PATHS` have changes), or ``unknown``."""
     cwd = repo or Path(__file__).resolve().parents[2]
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS],
             cwd=cwd, capture_output=True, text=True, check=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
