@@ -585,9 +585,10 @@ class Experiment:
     def llm_sample(self, seed: int) -> dict:
         """The LLM reranker on a fixed sample of every split, beside retrieval order on the same queries.
 
-        ``arms``: per router arm and split the LLM's metrics and
-        ``retrieval_acc``, retrieval order's top-1 on the same queries (the
-        line an LLM has to beat). ``order_check``: per split, the federated
+        ``arms``: per router arm and split the LLM's metrics (``fallbacks``:
+        failed calls, routed in retrieval order) and ``retrieval_acc``,
+        retrieval order's top-1 on the same queries (the line an LLM has to
+        beat). ``order_check``: per split, the federated
         arm's picks that change when the candidates are shown reversed or
         shuffled (:func:`~synapse_flwr.eval.order_check.order_changes`, on the
         first :data:`ORDER_CHECK` sampled queries, at the router's weight).
