@@ -373,6 +373,10 @@ def test_a_results_stamp_is_dirty_for_changed_code_not_for_rewritten_results(tmp
     clean = code_commit(tmp_path)
     assert len(clean) == 40 and not clean.endswith("+dirty")
     (tmp_path / "docs" / "tables.md").write_text("new\n")  # a run rewriting its own results
+    (tmp_path / "docs" / "new.md").write_text("new\n")
     assert code_commit(tmp_path) == clean
+    (tmp_path / "synapse_flwr" / "new.py").write_text("y = 1\n")  # a script not yet committed
+    assert code_commit(tmp_path) == clean + "+dirty"
+    (tmp_path / "synapse_flwr" / "new.py").unlink()
     (tmp_path / "synapse_flwr" / "m.py").write_text("x = 2\n")
     assert code_commit(tmp_path) == clean + "+dirty"

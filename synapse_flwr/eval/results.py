@@ -23,14 +23,18 @@ CODE_PATHS = ("synapse_flwr", "strategies", "simulations", "configs", "pyproject
 
 
 def code_commit(repo: Path | None = None) -> str:
-    """The git commit of the code (``+dirty`` when :data:`CODE_PATHS` have changes), or ``unknown``."""
+    """The git commit of the code (``+dirty`` when :data:`CODE_PATHS` have changes), or ``unknown``.
+
+    A new file under them that git does not ignore counts as a change: a
+    script not yet committed is code the commit does not hold.
+    """
     cwd = repo or Path(__file__).resolve().parents[2]
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS],
+            ["git", "status", "--porcelain", "--", *CODE_PATHS],
             cwd=cwd, capture_output=True, text=True, check=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
