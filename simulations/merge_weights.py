@@ -83,7 +83,7 @@ def one_run(run: dict, cfg: dict, emb: Embedder) -> list[dict]:
 def tables(rows: list[dict], cfg: dict) -> str:
     """Mean seen / held-out top-1 over draws per federation and merge."""
     lines = [f"# Count-weighted prototype merge, seed-{cfg['seed']} dev split", "",
-             "Mean over noise draws (per-draw seen in brackets); docs_only beside.", "",
+             "Mean over noise draws; the last column lists each draw's seen top-1. docs_only beside.", "",
              "| dataset | orgs | epsilon | draws | merge | seen | held-out | seen - plain | per draw (seen) |",
              "|---|---|---|---|---|---|---|---|---|"]
     groups: dict[tuple, list[dict]] = defaultdict(list)
