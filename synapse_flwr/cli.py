@@ -111,7 +111,8 @@ def build(
         time.perf_counter() - t0,
     )
     if comp.privacy.mechanism != "none" and any(t.prototype for t in comp.tools):
-        read = sum(readable([t.prototype for t in comp.tools], Fusion().gate_alpha))
+        gate = Fusion()
+        read = sum(readable([t.prototype for t in comp.tools], gate.gate_alpha, gate.gate_count_sds))
         log.info("prototypes a router reads (above the noise): %d of %d tools", read, len(comp.tools))
         if not read:
             log.warning("at epsilon %s no prototype clears the noise: this artifact routes as the documentation "

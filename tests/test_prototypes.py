@@ -288,7 +288,8 @@ def test_the_llm_reads_experience_only_where_the_prototype_gate_counts_it(monkey
 def test_noise_alone_rarely_passes_the_gate_even_over_a_large_catalog():
     rng = np.random.default_rng(3)
     n, dim, sd = 3000, 384, 1.3
-    noise = [encode_prototype(rng.normal(0, sd, dim), 0.0, sd, 10.5) for _ in range(n)]
+    # counts well above their noise, so the length test alone holds noise back here
+    noise = [encode_prototype(rng.normal(0, sd, dim), 100.0, sd, 10.5) for _ in range(n)]
     # a fixed 3-SD rule on |x|^2 lets about 0.23% of pure noise through: several tools here
     assert sum(signal_energy(p)[0] > 3 * signal_energy(p)[1] for p in noise) >= 3
     pvalues = np.array([noise_pvalue(p) for p in noise])
@@ -302,3 +303,22 @@ def test_noise_alone_rarely_passes_the_gate_even_over_a_large_catalog():
     assert readable([*noise, real, None], Fusion().gate_alpha) == [False] * n + [True, False]
     exact = [encode_prototype(np.ones(4), 1.0, 0.0, 0.0), encode_prototype(np.zeros(4), 0.0, 0.0, 0.0)]
     assert readable(exact, 0.05) == [True, False]  # without noise: any non-zero sum
+
+
+def test_the_gate_also_asks_the_released_count_to_clear_its_noise():
+    rng = np.random.default_rng(4)
+    dim, sd, count_sd = 384, 1.3, 10.5
+    direction = l2_normalize(rng.normal(size=(1, dim)))[0]
+    long_sum = 60 * 0.6 * direction + rng.normal(0, sd, dim)
+    # a sum far above its noise with a count within one count SD (the count's noise is drawn apart): not read
+    proto = {n: encode_prototype(long_sum, n, sd, count_sd) for n in (5.0, 11.0)}
+    gate = Fusion()
+    assert gate.gate_count_sds == 1.0
+    assert readable([proto[5.0], proto[11.0]], gate.gate_alpha, gate.gate_count_sds) == [False, True]
+    assert readable([proto[5.0]], gate.gate_alpha, 0.0) == [True]
+    # noise alone clears the count test about as often as N(0, 1) exceeds 1 (0.159): it divides the false passes
+    counts = np.maximum(rng.normal(0, count_sd, 4000), 0.0)
+    passed = np.mean([readable([encode_prototype(long_sum, c, sd, count_sd)], 1.0, 1.0)[0] for c in counts])
+    assert 0.13 < passed < 0.19
+    with pytest.raises(ValueError, match="gate_count_sds"):
+        Fusion(gate_count_sds=-1.0)

@@ -238,16 +238,20 @@ def noise_pvalue(p: Prototype) -> float:
     return float(chi2.sf(energy / p.sum_sd**2, x.size))
 
 
-def readable(protos: Sequence[Prototype | None], alpha: float) -> list[bool]:
-    """Which prototypes a router reads: those noise alone would make as long with probability ``<= alpha / n``.
+def readable(protos: Sequence[Prototype | None], alpha: float, count_sds: float = 0.0) -> list[bool]:
+    """Which prototypes a router reads: those noise alone would make as long with probability ``<= alpha / n``,
+    whose released count also exceeds ``count_sds`` of its noise SDs.
 
     ``n`` counts the noised prototypes (Bonferroni over the catalog, so
-    noise alone passes any of them with probability at most ``alpha``); a
+    noise alone passes the length test on any of them with probability at
+    most ``alpha``; the count's noise is independent of the sum's, so the
+    count test multiplies that chance by ``P(N(0, 1) > count_sds)``); a
     prototype without noise is read when its sum is not zero.
     """
     noised = sum(p is not None and p.sum_sd > 0 for p in protos)
     level = alpha / max(noised, 1)
-    return [p is not None and signal_energy(p)[0] > 0 and noise_pvalue(p) <= level for p in protos]
+    return [p is not None and signal_energy(p)[0] > 0 and noise_pvalue(p) <= level
+            and p.count > count_sds * p.count_sd for p in protos]
 
 
 def above_noise(p: Prototype, sds: float) -> bool:
