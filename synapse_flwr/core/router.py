@@ -210,7 +210,7 @@ class Fusion:
         epsilon 4 (``docs/results/tuning/gate_count``): 0 and 1 keep every
         MetaTool prototype the energy test passes (K = 5 and 20, 3 draws
         each); 1 also drops 0-3 of the demo's 9-12 and lifts its seen top-1
-        0.677 -> 0.691 (4 draws); 2 costs MetaTool 1.3 seen points at K = 5.
+        0.677 -> 0.691 (4 draws); 2 costs MetaTool 1.4 seen points at K = 5.
     margin : float
         Cosine with a prototype's direction counts only above this floor.
     prior : float
