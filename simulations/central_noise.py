@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import defaultdict
 
-import numpy as np
 from synapse_flwr.simulations.tune_router import accuracy
 
 from synapse_flwr.core.builder import BuildConfig, build_compendium
@@ -30,7 +28,7 @@ from synapse_flwr.core.merge import merge_typed
 from synapse_flwr.core.privacy import calibrate
 from synapse_flwr.core.router import Router
 from synapse_flwr.data.federation import FederatedDataset, load_federated
-from synapse_flwr.eval.results import run_lab
+from synapse_flwr.eval.results import group_rows, mean_of, run_lab
 
 log = logging.getLogger("central_noise")
 
@@ -82,13 +80,9 @@ def tables(rows: list[dict], cfg: dict) -> str:
              " dev split"), "", ("Mean over noise draws. `central`: every organisation built at `per-org epsilon`, whose "
              "sigma is sigma(epsilon) / sqrt(K), so the merged global carries sigma once."), "",
              "| dataset | orgs | epsilon | per-org epsilon | draws | noise | seen | held-out |", "|---|---|---|---|---|---|---|---|"]
-    groups: dict[tuple, list[dict]] = defaultdict(list)
-    for r in rows:
-        groups[(r["dataset"], r["orgs"], r["epsilon"])].append(r)
-    for (dataset, orgs, eps), sel in groups.items():
+    for (dataset, orgs, eps), sel in group_rows(rows, "dataset", "orgs", "epsilon").items():
         for noise in ("docs_only", "local", "central", "no_noise"):
-            seen = np.mean([r[noise]["seen"] for r in sel])
-            held = np.mean([r[noise]["heldout"] for r in sel])
+            seen, held = mean_of(sel, "seen", noise), mean_of(sel, "heldout", noise)
             lines.append(f"| {dataset} | {orgs} | {eps} | {sel[0]['per_org_epsilon']} | {len(sel)} | {noise} "
                          f"| {seen:.4f} | {held:.4f} |")
     return "\n".join([*lines, ""])

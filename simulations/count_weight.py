@@ -41,7 +41,7 @@ from synapse_flwr.core.prototypes import (
 from synapse_flwr.core.router import Router
 from synapse_flwr.core.schema import Compendium, Prototype
 from synapse_flwr.data.federation import FederatedDataset, load_federated
-from synapse_flwr.eval.results import run_lab
+from synapse_flwr.eval.results import group_rows, mean_of, run_lab
 
 log = logging.getLogger("count_weight")
 
@@ -118,14 +118,10 @@ def tables(rows: list[dict], cfg: dict) -> str:
              ("Mean over noise draws. `plain@c_n` / `count@c_n`: prototypes released with count weight c_n "
               "(1 is today's), summed or count-weighted; `product`: the shipped global of the same draw."), "",
              "| dataset | orgs | epsilon | draws | arm | seen | held-out | seen - product |", "|---|---|---|---|---|---|---|---|"]
-    groups: dict[tuple, list[dict]] = defaultdict(list)
-    for r in rows:
-        groups[(r["dataset"], r["orgs"], r["epsilon"])].append(r)
-    for (dataset, orgs, eps), sel in groups.items():
-        product = np.mean([r["product"]["seen"] for r in sel])
+    for (dataset, orgs, eps), sel in group_rows(rows, "dataset", "orgs", "epsilon").items():
+        product = mean_of(sel, "seen", "product")
         for arm in [k for k in sel[0] if isinstance(sel[0][k], dict)]:
-            seen = np.mean([r[arm]["seen"] for r in sel])
-            held = np.mean([r[arm]["heldout"] for r in sel])
+            seen, held = mean_of(sel, "seen", arm), mean_of(sel, "heldout", arm)
             lines.append(f"| {dataset} | {orgs} | {eps} | {len(sel)} | {arm} | {seen:.4f} | {held:.4f} "
                          f"| {seen - product:+.4f} |")
     return "\n".join([*lines, ""])

@@ -21,7 +21,6 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections import defaultdict
 from dataclasses import replace
 
 import numpy as np
@@ -38,7 +37,7 @@ from synapse_flwr.core.router import Fusion, Router
 from synapse_flwr.core.schema import FusionSetting, FusionVotes
 from synapse_flwr.core.votes import chosen_setting, sum_votes
 from synapse_flwr.data.federation import load_federated
-from synapse_flwr.eval.results import run_lab
+from synapse_flwr.eval.results import group_rows, run_lab
 from synapse_flwr.flower.client_app import cast_votes
 
 log = logging.getLogger("fusion_votes")
@@ -90,9 +89,7 @@ def one_run(run: dict, cfg: dict, emb) -> list[dict]:
 
 def tables(rows: list[dict], cfg: dict) -> str:
     """Markdown: per federation and share, mean top-1 over draws beside docs_only, and the settings chosen."""
-    groups: dict[tuple, list[dict]] = defaultdict(list)
-    for r in rows:
-        groups[(r["dataset"], r["orgs"], r["epsilon"], r["share"], r["rule"], r["vote_sds"])].append(r)
+    groups = group_rows(rows, "dataset", "orgs", "epsilon", "share", "rule", "vote_sds")
     intro = ("Top-1 (retrieval order), mean over noise draws; share 0 is the MetaTool defaults without votes "
              "(prototype 8, prior 0.5). Chosen: (prototype weight, prior) per draw.")
     head = ("| dataset | orgs | epsilon | share | rule | margin (SDs) | draws | seen | held-out | docs seen "

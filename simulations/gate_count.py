@@ -16,10 +16,8 @@ Usage: ``python simulations/gate_count.py configs/gate_count.toml``
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from dataclasses import replace
 
-import numpy as np
 from synapse_flwr.simulations.tune_router import accuracy
 
 from synapse_flwr.core.builder import build_compendium
@@ -28,7 +26,7 @@ from synapse_flwr.core.merge import merge_typed
 from synapse_flwr.core.prototypes import readable
 from synapse_flwr.core.router import Fusion, Router
 from synapse_flwr.data.federation import load_federated
-from synapse_flwr.eval.results import run_lab
+from synapse_flwr.eval.results import group_rows, mean_of, run_lab
 
 log = logging.getLogger("gate_count")
 
@@ -60,12 +58,9 @@ def tables(rows: list[dict], cfg: dict) -> str:
              "Mean over noise draws; `read`: prototypes the router reads (per draw); count SDs 0: a positive count.",
              "", "| dataset | orgs | epsilon | draws | count SDs | read | seen | held-out | docs seen | docs held-out |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    groups: dict[tuple, list[dict]] = defaultdict(list)
-    for r in rows:
-        groups[(r["dataset"], r["orgs"], r["epsilon"], str(r["count_sds"]))].append(r)
-    for (dataset, orgs, eps, sds), sel in groups.items():
+    for (dataset, orgs, eps, sds), sel in group_rows(rows, "dataset", "orgs", "epsilon", "count_sds").items():
         lines.append(f"| {dataset} | {orgs} | {eps} | {len(sel)} | {sds} | {', '.join(str(r['read']) for r in sel)} "
-                     f"| {np.mean([r['seen'] for r in sel]):.4f} | {np.mean([r['heldout'] for r in sel]):.4f} "
+                     f"| {mean_of(sel, 'seen'):.4f} | {mean_of(sel, 'heldout'):.4f} "
                      f"| {sel[0]['docs_only']['seen']:.4f} | {sel[0]['docs_only']['heldout']:.4f} |")
     return "\n".join([*lines, ""])
 

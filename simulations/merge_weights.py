@@ -31,7 +31,7 @@ from synapse_flwr.core.prototypes import decode_prototype, encode_prototype
 from synapse_flwr.core.router import Router
 from synapse_flwr.core.schema import Compendium, Prototype
 from synapse_flwr.data.federation import load_federated
-from synapse_flwr.eval.results import run_lab
+from synapse_flwr.eval.results import group_rows, mean_of, run_lab
 
 log = logging.getLogger("merge_weights")
 RULES = ("count", "count_sd")
@@ -86,14 +86,10 @@ def tables(rows: list[dict], cfg: dict) -> str:
              "Mean over noise draws; the last column lists each draw's seen top-1. docs_only beside.", "",
              "| dataset | orgs | epsilon | draws | merge | seen | held-out | seen - plain | per draw (seen) |",
              "|---|---|---|---|---|---|---|---|---|"]
-    groups: dict[tuple, list[dict]] = defaultdict(list)
-    for r in rows:
-        groups[(r["dataset"], r["orgs"], r["epsilon"])].append(r)
-    for (dataset, orgs, eps), sel in groups.items():
-        plain = np.mean([r["plain"]["seen"] for r in sel])
+    for (dataset, orgs, eps), sel in group_rows(rows, "dataset", "orgs", "epsilon").items():
+        plain = mean_of(sel, "seen", "plain")
         for merge in ("docs_only", "plain", *RULES):
-            seen = np.mean([r[merge]["seen"] for r in sel])
-            held = np.mean([r[merge]["heldout"] for r in sel])
+            seen, held = mean_of(sel, "seen", merge), mean_of(sel, "heldout", merge)
             per = ", ".join(f"{r[merge]['seen']:.4f}" for r in sel)
             lines.append(f"| {dataset} | {orgs} | {eps} | {len(sel)} | {merge} | {seen:.4f} | {held:.4f} "
                          f"| {seen - plain:+.4f} | {per} |")

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,19 @@ def update_summary(path: Path, values: dict[str, Any]) -> dict[str, Any]:
     summary.update(_jsonable(values))
     write_atomic(path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
     return summary
+
+
+def group_rows(rows: Sequence[dict], *keys: str) -> dict[tuple, list[dict]]:
+    """A lab's rows grouped by the values of ``keys`` (one table line per group), in first-seen order."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[tuple(r[k] for k in keys)].append(r)
+    return dict(groups)
+
+
+def mean_of(rows: Sequence[dict], split: str, arm: str | None = None) -> float:
+    """Mean of ``row[arm][split]`` (``row[split]`` without ``arm``) over a group's rows (its noise draws)."""
+    return math.fsum((r[arm] if arm else r)[split] for r in rows) / len(rows)
 
 
 def paired(first: Sequence[dict], second: Sequence[dict], key: str = "seen") -> str:
