@@ -20,11 +20,10 @@ from __future__ import annotations
 import logging
 import math
 
-from synapse_flwr.simulations.tune_router import accuracy
+from synapse_flwr.simulations.tune_router import accuracy, draw_global
 
-from synapse_flwr.core.builder import BuildConfig, build_compendium
+from synapse_flwr.core.builder import BuildConfig
 from synapse_flwr.core.embed import Embedder
-from synapse_flwr.core.merge import merge_typed
 from synapse_flwr.core.privacy import calibrate
 from synapse_flwr.core.router import Router
 from synapse_flwr.data.federation import FederatedDataset, load_federated
@@ -51,10 +50,7 @@ def epsilon_for_sigma(target: float, delta: float) -> float:
 
 def global_top1(ds: FederatedDataset, epsilon: float, draw: int, cfg: dict, emb: Embedder) -> dict:
     """Seen / held-out top-1 of the merged global of every organisation's one release at ``epsilon``."""
-    glob = merge_typed([build_compendium(evs, ds.catalog, org, round_=draw, epsilon=epsilon, delta=cfg["delta"],
-                                         rounds=1, seed=cfg["seed"], embedder=emb)
-                        for org, evs in sorted(ds.orgs.items())])
-    return accuracy(Router(glob, ds.catalog, embedder=emb), ds)
+    return accuracy(Router(draw_global(ds, epsilon, draw, cfg, emb), ds.catalog, embedder=emb), ds)
 
 
 def one_run(run: dict, cfg: dict, emb: Embedder) -> list[dict]:

@@ -11,10 +11,14 @@ squared sensitivity becomes ``m + c^2 + c_n^2`` (today ``c_n`` = 1 and
 ``sqrt((68 + c_n^2) / 69)``, and the count's noise falls to ``sigma' / c_n``. Emulated from each organisation's exact sums and
 counts (a build without noise) with that noise drawn here; the rest of the
 global (documentation, statistics) is the product's epsilon-4 global of the
-same draw. Shipped router (``fields``, default fusion, no votes), seen /
-held-out top-1 of the plain sum and of the count-weighted merge
+same draw. The router reads prototypes with the length test alone
+(:data:`LENGTH_TEST`: this lab was first measured before the gate's count
+test shipped), ``fields`` reranker, no votes: seen / held-out top-1 of the
+plain sum and of the count-weighted merge
 (:func:`~synapse_flwr.simulations.merge_weights.weighted_merge`, rule
-``count``), beside docs_only and the product.
+``count``), beside docs_only and the product, and per global the held-out
+tools (no records anywhere) whose noise the gate reads with the length test
+alone and with the count test at 1 SD as well.
 
 Usage: ``python simulations/count_weight.py configs/count_weight.toml``
 """
@@ -24,9 +28,10 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
+from dataclasses import replace
 
 import numpy as np
-from synapse_flwr.simulations.merge_weights import weighted_merge
+from synapse_flwr.simulations.merge_weights import with_merged
 from synapse_flwr.simulations.tune_router import accuracy
 
 from synapse_flwr.core.builder import BuildConfig, build_compendium, derive_seed
@@ -35,15 +40,17 @@ from synapse_flwr.core.merge import merge_typed
 from synapse_flwr.core.prototypes import (
     decode_prototype,
     encode_prototype,
-    merge_prototypes,
     prototype_sensitivity,
+    readable,
 )
-from synapse_flwr.core.router import Router
+from synapse_flwr.core.router import Fusion, Router
 from synapse_flwr.core.schema import Compendium, Prototype
 from synapse_flwr.data.federation import FederatedDataset, load_federated
 from synapse_flwr.eval.results import group_rows, mean_of, run_lab
 
 log = logging.getLogger("count_weight")
+#: The gate as measured here: the length test (a positive count, no count SDs), before the count test shipped.
+LENGTH_TEST = replace(Fusion(), gate_count_sds=0.0)
 
 
 def today_sensitivity2() -> float:
@@ -53,26 +60,24 @@ def today_sensitivity2() -> float:
     return prototype_sensitivity(params.max_contributions, config.prototype_weight, params.prototypes_per_record) ** 2
 
 
-def noised(exact: Prototype | None, dim: int, sigma: float, c: float, c_n: float,
-           rng: np.random.Generator) -> Prototype:
-    """One organisation's prototype released with count weight ``c_n`` (``sigma``: today's calibrated sigma).
+def noised(exact: Prototype | None, dim: int, sum_sd: float, count_sd: float, rng: np.random.Generator) -> Prototype:
+    """One organisation's released prototype: its exact sum and count plus noise of these SDs.
 
     ``exact`` None: a tool the organisation has no record of (its release is noise alone).
     """
-    today = today_sensitivity2()
-    grown = sigma * math.sqrt((today - 1.0 + c_n**2) / today)
     x = decode_prototype(exact) if exact is not None else np.zeros(dim)
     count = exact.count if exact is not None else 0.0
-    return encode_prototype(x + rng.normal(0.0, grown / c, size=x.shape), count + rng.normal(0.0, grown / c_n),
-                            grown / c, grown / c_n)
+    return encode_prototype(x + rng.normal(0.0, sum_sd, size=x.shape), count + rng.normal(0.0, count_sd),
+                            sum_sd, count_sd)
 
 
-def with_prototypes(glob: Compendium, per: dict[str, list[Prototype]], merge: str) -> Compendium:
-    """``glob`` with every tool's prototype merged from ``per`` (``plain``: summed; ``count``: count-weighted)."""
-    tools = [e.model_copy(update={"prototype": merge_prototypes(per[e.tool_id]) if merge == "plain"
-                                  else weighted_merge(per[e.tool_id], "count")}) if per.get(e.tool_id) else e
-             for e in glob.tools]
-    return glob.model_copy(update={"tools": tools})
+def routed(glob: Compendium, ds: FederatedDataset, emb: Embedder) -> dict:
+    """Top-1 with the length test alone (as measured), and the held-out tools the gate reads at 0 and 1 count SD."""
+    held = [e.tool_id in {g for t in ds.heldout_test for g in t.gold} for e in glob.tools]
+    protos = [e.prototype for e in glob.tools]
+    return {**accuracy(Router(glob, ds.catalog, embedder=emb, fusion=LENGTH_TEST), ds),
+            "heldout_read": [sum(r and h for r, h in zip(readable(protos, LENGTH_TEST.gate_alpha, s), held))
+                             for s in (0.0, 1.0)]}
 
 
 def one_draw(ds: FederatedDataset, exact: dict, run: dict, cfg: dict, emb: Embedder, draw: int) -> dict:
@@ -82,17 +87,17 @@ def one_draw(ds: FederatedDataset, exact: dict, run: dict, cfg: dict, emb: Embed
     product = merge_typed(arts)
     some = next(e.prototype for e in arts[0].tools if e.prototype is not None)
     sigma, c = some.count_sd, some.count_sd / some.sum_sd
-    row = {"draw": draw, "sigma": round(sigma, 4), "c": round(c, 4),
-           "product": accuracy(Router(product, ds.catalog, embedder=emb), ds)}
+    row = {"draw": draw, "sigma": round(sigma, 4), "c": round(c, 4), "product": routed(product, ds, emb)}
+    today = today_sensitivity2()
     for c_n in cfg["count_weights"]:
+        grown = sigma * math.sqrt((today - 1.0 + c_n**2) / today)  # every field's noise at count weight c_n
         per: dict[str, list[Prototype]] = defaultdict(list)
         for org, protos in sorted(exact.items()):
             rng = np.random.default_rng(derive_seed(cfg["seed"], draw, org, c_n, "count_weight"))
             for tool in ds.catalog.ids:  # privately every tool is released, records or not
-                per[tool].append(noised(protos.get(tool), some.dim, sigma, c, c_n, rng))
+                per[tool].append(noised(protos.get(tool), some.dim, grown / c, grown / c_n, rng))
         for merge in ("plain", "count"):
-            row[f"{merge}@{c_n:g}"] = accuracy(Router(with_prototypes(product, per, merge), ds.catalog,
-                                                      embedder=emb), ds)
+            row[f"{merge}@{c_n:g}"] = routed(with_merged(product, per, merge), ds, emb)
     return row
 
 
@@ -115,15 +120,20 @@ def one_run(run: dict, cfg: dict, emb: Embedder) -> list[dict]:
 def tables(rows: list[dict], cfg: dict) -> str:
     """Mean seen / held-out top-1 over draws per federation, count weight and merge."""
     lines = [f"# Counts at a weight of their own, seed-{cfg['seed']} dev split", "",
-             ("Mean over noise draws. `plain@c_n` / `count@c_n`: prototypes released with count weight c_n "
-              "(1 is today's), summed or count-weighted; `product`: the shipped global of the same draw."), "",
-             "| dataset | orgs | epsilon | draws | arm | seen | held-out | seen - product |", "|---|---|---|---|---|---|---|---|"]
+             ("Mean over noise draws, routed with the length test alone (the gate before its count test). "
+              "`plain@c_n` / `count@c_n`: prototypes released with count weight c_n (1 is today's), summed or "
+              "count-weighted; `product`: the shipped global of the same draw. Held-out tools read: per draw, "
+              "tools without experience whose noise the gate reads with the length test alone / with the count "
+              "test at 1 SD as well."), "",
+             "| dataset | orgs | epsilon | draws | arm | seen | held-out | seen - product | held-out tools read |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for (dataset, orgs, eps), sel in group_rows(rows, "dataset", "orgs", "epsilon").items():
         product = mean_of(sel, "seen", "product")
         for arm in [k for k in sel[0] if isinstance(sel[0][k], dict)]:
             seen, held = mean_of(sel, "seen", arm), mean_of(sel, "heldout", arm)
+            read = ", ".join("/".join(map(str, r[arm]["heldout_read"])) for r in sel if "heldout_read" in r[arm])
             lines.append(f"| {dataset} | {orgs} | {eps} | {len(sel)} | {arm} | {seen:.4f} | {held:.4f} "
-                         f"| {seen - product:+.4f} |")
+                         f"| {seen - product:+.4f} | {read} |")
     return "\n".join([*lines, ""])
 
 

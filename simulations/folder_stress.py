@@ -45,7 +45,7 @@ from synapse_flwr.core.builder import (
 from synapse_flwr.core.catalog import Catalog
 from synapse_flwr.core.embed import Embedder
 from synapse_flwr.core.merge import merge_typed
-from synapse_flwr.core.router import Router
+from synapse_flwr.core.router import Router, voted_fusion
 from synapse_flwr.core.votes import VOTE_SHARE, sum_votes
 from synapse_flwr.data.federation import FederatedDataset, load_folder
 from synapse_flwr.eval.results import run_lab
@@ -90,13 +90,14 @@ def federated(ds: FederatedDataset, eps: float, draw: int, cfg: dict, emb: Embed
     comp = merge_typed([build_compendium(evs, ds.catalog, org, round_=draw, epsilon=eps, delta=cfg["delta"], rounds=1,
                                          seed=cfg["seed"], embedder=emb, config=config)
                         for org, evs in sorted(ds.orgs.items())])
-    out = {f"{k}_no_votes": v for k, v in accuracy(Router(comp, ds.catalog, embedder=emb, k=cfg["k"]), ds).items()}
+    router = Router(comp, ds.catalog, embedder=emb, k=cfg["k"])
+    out = {f"{k}_no_votes": v for k, v in accuracy(router, ds).items()}
     sd, _ = vote_noise(eps, cfg["delta"], 1, 1, config, emb)
     votes = sum_votes([cast_votes(evs, ds.catalog, comp, emb, sd,
                                   np.random.default_rng(derive_seed(cfg["seed"], draw, org, "votes")))
                        for org, evs in sorted(ds.orgs.items())])
-    # the product's router reads the votes off the global (router.voted_fusion)
-    router = Router(comp.model_copy(update={"votes": votes}), ds.catalog, embedder=emb, k=cfg["k"])
+    # the fusion the product's router reads off a global that carries these votes
+    router.set_fusion(voted_fusion(comp.model_copy(update={"votes": votes}), emb.name))
     out |= accuracy(router, ds)
     out["setting"] = [router.fusion.prototype, router.fusion.prior]
     out["ok"] = harmless(out, docs)

@@ -18,11 +18,9 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from synapse_flwr.simulations.tune_router import accuracy
+from synapse_flwr.simulations.tune_router import accuracy, draw_global
 
-from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.embed import Embedder
-from synapse_flwr.core.merge import merge_typed
 from synapse_flwr.core.prototypes import readable
 from synapse_flwr.core.router import Fusion, Router
 from synapse_flwr.data.federation import load_federated
@@ -37,9 +35,7 @@ def one_run(run: dict, cfg: dict, emb: Embedder) -> list[dict]:
     docs = accuracy(Router(None, ds.catalog, embedder=emb), ds)
     rows = []
     for draw in run["draws"]:
-        glob = merge_typed([build_compendium(evs, ds.catalog, org, round_=draw, epsilon=run["epsilon"],
-                                             delta=cfg["delta"], rounds=1, seed=cfg["seed"], embedder=emb)
-                            for org, evs in sorted(ds.orgs.items())])
+        glob = draw_global(ds, run["epsilon"], draw, cfg, emb)
         router = Router(glob, ds.catalog, embedder=emb)
         protos = [e.prototype for e in glob.tools]
         for sds in cfg["count_sds"]:

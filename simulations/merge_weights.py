@@ -27,7 +27,11 @@ from synapse_flwr.simulations.tune_router import accuracy
 from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.embed import Embedder
 from synapse_flwr.core.merge import merge_typed
-from synapse_flwr.core.prototypes import decode_prototype, encode_prototype
+from synapse_flwr.core.prototypes import (
+    decode_prototype,
+    encode_prototype,
+    merge_prototypes,
+)
 from synapse_flwr.core.router import Router
 from synapse_flwr.core.schema import Compendium, Prototype
 from synapse_flwr.data.federation import load_federated
@@ -50,15 +54,21 @@ def weighted_merge(protos: list[Prototype], rule: str) -> Prototype:
                             math.sqrt(math.fsum(p.count_sd**2 for p in protos)))
 
 
-def reweighted(glob: Compendium, arts: list[Compendium], rule: str) -> Compendium:
-    """``glob`` with every merged prototype replaced by the count-weighted merge of the artifacts' prototypes."""
+def per_tool(arts: list[Compendium]) -> dict[str, list[Prototype]]:
+    """Each tool's prototypes across the artifacts."""
     per: dict[str, list[Prototype]] = defaultdict(list)
     for a in arts:
         for e in a.tools:
             if e.prototype is not None:
                 per[e.tool_id].append(e.prototype)
-    tools = [e.model_copy(update={"prototype": weighted_merge(per[e.tool_id], rule)})
-             if e.prototype is not None and per[e.tool_id] else e for e in glob.tools]
+    return per
+
+
+def with_merged(glob: Compendium, per: dict[str, list[Prototype]], rule: str) -> Compendium:
+    """``glob`` with every tool's prototype merged from ``per``: ``plain`` summed, else :func:`weighted_merge`."""
+    tools = [e.model_copy(update={"prototype": merge_prototypes(per[e.tool_id]) if rule == "plain"
+                                  else weighted_merge(per[e.tool_id], rule)}) if per.get(e.tool_id) else e
+             for e in glob.tools]
     return glob.model_copy(update={"tools": tools})
 
 
@@ -70,11 +80,11 @@ def one_run(run: dict, cfg: dict, emb: Embedder) -> list[dict]:
     for draw in run["draws"]:
         arts = [build_compendium(evs, ds.catalog, org, round_=draw, epsilon=run["epsilon"], delta=cfg["delta"],
                                  rounds=1, seed=cfg["seed"], embedder=emb) for org, evs in sorted(ds.orgs.items())]
-        glob = merge_typed(arts)
+        glob, per = merge_typed(arts), per_tool(arts)
         row = {"dataset": run["dataset"], "orgs": run["orgs"], "epsilon": run["epsilon"], "draw": draw,
                "docs_only": docs, "plain": accuracy(Router(glob, ds.catalog, embedder=emb), ds)}
         for rule in RULES:
-            row[rule] = accuracy(Router(reweighted(glob, arts, rule), ds.catalog, embedder=emb), ds)
+            row[rule] = accuracy(Router(with_merged(glob, per, rule), ds.catalog, embedder=emb), ds)
         log.info("%s", row)
         rows.append(row)
     return rows
