@@ -245,8 +245,10 @@ def readable(protos: Sequence[Prototype | None], alpha: float, count_sds: float 
     ``n`` counts the noised prototypes (Bonferroni over the catalog, so
     noise alone passes the length test on any of them with probability at
     most ``alpha``; the count's noise is independent of the sum's, so the
-    count test multiplies that chance by ``P(N(0, 1) > count_sds)``); a
-    prototype without noise is read when its sum is not zero.
+    count test multiplies that chance by how often noise alone clears it:
+    ``P(N(0, 1) > count_sds)`` for one release, more for a merged count,
+    whose parts were each clipped at 0); a prototype without noise is read
+    when its sum is not zero.
     """
     noised = sum(p is not None and p.sum_sd > 0 for p in protos)
     level = alpha / max(noised, 1)

@@ -203,10 +203,13 @@ class Fusion:
     gate_count_sds : float
         A prototype is also read only when its released count exceeds this
         many of its count's noise SDs. The count's noise is drawn apart from
-        the sum's, so noise alone passes both tests with probability
-        ``0.16 * gate_alpha / n`` at 1 SD (one noise-only prototype that
-        passes costs the held-out queries its tool's documentation would
-        route right: 8.6 points on one seed-7 draw). Seed-7 dev split at
+        the sum's, so the test divides how often noise alone passes the gate
+        (one noise-only prototype read costs the held-out queries its tool's
+        documentation would route right: 8.6 points on one seed-7 lab draw),
+        but by less than ``P(N(0, 1) > s)``: each organisation's count is
+        clipped at 0 before the merge, so a merged count of noise alone sits
+        above 0. At 1 SD noise alone clears it in 0.25 (demo, K = 3), 0.42
+        (K = 5) and 0.96 (K = 20) of the cases (``gate_count``). Seed-7 dev split at
         epsilon 4 (``docs/results/tuning/gate_count``): 0 and 1 keep every
         MetaTool prototype the energy test passes (K = 5 and 20, 3 draws
         each); 1 also drops 0-3 of the demo's 9-12 and lifts its seen top-1
