@@ -16,6 +16,7 @@ from synapse_flwr.core.experience import Event
 from synapse_flwr.core.merge import merge_typed
 from synapse_flwr.core.privacy import PrivacyParams, calibrate
 from synapse_flwr.core.prototypes import (
+    along_documentation,
     decode_prototype,
     encode_prototype,
     merge_prototypes,
@@ -322,3 +323,36 @@ def test_the_gate_also_asks_the_released_count_to_clear_its_noise():
     assert 0.13 < passed < 0.19
     with pytest.raises(ValueError, match="gate_count_sds"):
         Fusion(gate_count_sds=-1.0)
+
+
+def test_the_gate_asks_a_noised_prototype_to_point_along_its_documentation():
+    rng = np.random.default_rng(5)
+    n, dim, sd = 4000, 384, 1.3
+    docs = l2_normalize(rng.normal(size=(n, dim)))
+    # noise alone: the projection on a fixed public vector is N(0, sd^2), so 2 SDs pass about 2.3% of tools
+    noise = [encode_prototype(rng.normal(0, sd, dim), 100.0, sd, 10.5) for _ in range(n)]
+    assert 0.015 < np.mean(along_documentation(noise, docs, 2.0)) < 0.032
+    # ... even among the noise-only sums long enough to pass the length test (about 1.2x the variance there)
+    long_noise = [encode_prototype(x * math.sqrt(1.3), 100.0, sd, 10.5) for x in rng.normal(0, sd, (n, dim))]
+    assert 0.03 < np.mean(along_documentation(long_noise, docs, 2.0)) < 0.06
+    # a tool's real queries point along its documentation: read; the same sum beside another tool's is not
+    real = encode_prototype(40 * (0.5 * docs[0] + 0.5 * docs[1]) + rng.normal(0, sd, dim), 40.0, sd, 10.5)
+    assert along_documentation([real, real, real], docs[[0, 1, 2]], 2.0) == [True, True, False]
+    exact = encode_prototype(-docs[2], 1.0, 0.0, 0.0)  # without noise every prototype passes, as with no test
+    assert along_documentation([exact, real, None], docs[[0, 2, 3]], None) == [True, True, False]
+    assert along_documentation([exact], docs[[0]], 2.0) == [True]
+    with pytest.raises(ValueError):
+        along_documentation([real], docs[[0, 1]], 2.0)
+    # the router applies it: a prototype pointing away from its tool's documentation gets no gain
+    away = [e.model_copy(update={"prototype": encode_prototype(
+        8 * rng.normal(0, 1.0, len(WORDS)) if e.tool_id != "book_hotel" else -6.0 * BagEmbedder().encode(
+            [e.description])[0] + rng.normal(0, 0.1, len(WORDS)), 8.0, 0.1, 0.5)})
+        for e in (ToolEntry(tool_id=d.tool_id, description=d.description) for d in CATALOG.tools)]
+    comp = Compendium(kind="global", issuer=Issuer(org="global"), tools=away, embedding=space_of(BagEmbedder()))
+    router = _router(comp)
+    hotel = router.position["book_hotel"]
+    assert router.prototypes[1][hotel] > 0
+    router.set_fusion(Fusion(gate_doc_sds=2.0))
+    assert router.prototypes[1][hotel] == 0
+    with pytest.raises(ValueError, match="gate_doc_sds"):
+        Fusion(gate_doc_sds=-1.0)

@@ -256,6 +256,37 @@ def readable(protos: Sequence[Prototype | None], alpha: float, count_sds: float 
             and p.count > count_sds * p.count_sd for p in protos]
 
 
+def along_documentation(protos: Sequence[Prototype | None], docs: np.ndarray, sds: float | None) -> list[bool]:
+    """Which prototypes point along their tool's public documentation vector by more than ``sds`` noise SDs.
+
+    The projection of a released sum on a fixed public unit vector ``d`` is
+    the true projection plus ``N(0, sum_sd^2)`` exactly (a merge adds the
+    organisations' sums, whose noise is never clipped), so for a tool no
+    record teaches ``S . d > sds * sum_sd`` holds with probability
+    ``P(N(0, 1) > sds)``. Among the noise-only prototypes long enough to pass
+    :func:`readable`'s length test the projection is a little wider
+    (``|x|^2 / (dim * sum_sd^2)`` times the variance, about 1.2 at 384
+    dimensions), so noise passes both somewhat more often than the product
+    of the two rates. A real tool's queries point along its documentation
+    (its prototype's projection is the sum of their cosines with ``d``), so
+    only a tool whose traffic is unlike its own documentation loses its
+    prototype to this test. A prototype without noise, or ``sds`` None,
+    passes.
+
+    Parameters
+    ----------
+    protos : sequence of Prototype or None
+        One per tool (None: nothing to read, False).
+    docs : numpy.ndarray
+        ``(len(protos), dim)`` the tools' unit documentation vectors, in the prototypes' space.
+    sds : float or None
+        Noise SDs the projection must clear; None: no test.
+    """
+    docs = np.asarray(docs, np.float64)
+    return [p is not None and (sds is None or p.sum_sd == 0 or float(decode_prototype(p) @ d) > sds * p.sum_sd)
+            for p, d in zip(protos, docs, strict=True)]
+
+
 def above_noise(p: Prototype, sds: float) -> bool:
     """Whether a prototype's count clears ``sds`` noise SDs (any positive count without noise)."""
     return p.count > 0 and p.count > sds * p.count_sd

@@ -79,6 +79,7 @@ from synapse_flwr.core.embed import Embedder, get_embedder, l2_normalize
 from synapse_flwr.core.phrases import candidate_phrases
 from synapse_flwr.core.privacy import zero_count_floor
 from synapse_flwr.core.prototypes import (
+    along_documentation,
     readable,
     shrunk_directions,
     space_mismatch,
@@ -214,6 +215,13 @@ class Fusion:
         MetaTool prototype the energy test passes (K = 5 and 20, 3 draws
         each); 1 also drops 0-3 of the demo's 9-12 and lifts its seen top-1
         0.677 -> 0.691 (4 draws); 2 costs MetaTool 1.4 seen points at K = 5.
+    gate_doc_sds : float or None
+        A prototype is also read only when its projection on its tool's
+        public documentation vector (the one docs_only scores with) exceeds
+        this many of the sum's noise SDs (:func:`~synapse_flwr.core.prototypes.along_documentation`).
+        That projection's noise is exactly ``N(0, sd^2)`` after any merge, so
+        unlike the count test it divides how often noise alone passes the
+        gate by close to ``P(N(0, 1) > s)`` at every federation size. None: no such test.
     margin : float
         Cosine with a prototype's direction counts only above this floor.
     prior : float
@@ -231,11 +239,12 @@ class Fusion:
     margin: float = 0.0
     prior: float = 0.5
     gate_count_sds: float = 1.0
+    gate_doc_sds: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("phrases", "prototype", "shrink", "prior", "gate_count_sds"):
+        for name in ("phrases", "prototype", "shrink", "prior", "gate_count_sds", "gate_doc_sds"):
             value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
+            if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"fusion {name} must be finite and >= 0, got {value!r}")
         if not 0 < self.gate_alpha <= 1:
             raise ValueError(f"fusion gate_alpha must be in (0, 1], got {self.gate_alpha!r}")
@@ -713,7 +722,8 @@ class Router:
             log.warning("ignoring the compendium's query prototypes: %s", reason)
             return None
         protos = [e.prototype for e in self.entries.values()]
-        read = np.array(readable(protos, self.fusion.gate_alpha, self.fusion.gate_count_sds))
+        read = np.array(readable(protos, self.fusion.gate_alpha, self.fusion.gate_count_sds)) & np.array(
+            along_documentation(protos, self.vectors[self.doc_rows], self.fusion.gate_doc_sds))
         sums, sds, counts = stacked_prototypes(protos, compendium.embedding.dim)
         dirs, gain = shrunk_directions(sums, sds, self.fusion.shrink)
         prior = self.fusion.prior * np.log1p(counts)
