@@ -113,7 +113,8 @@ def build(
     if comp.privacy.mechanism != "none" and any(t.prototype for t in comp.tools):
         gate = Fusion()
         read = sum(readable([t.prototype for t in comp.tools], gate.gate_alpha, gate.gate_count_sds))
-        log.info("prototypes a router reads (above the noise): %d of %d tools", read, len(comp.tools))
+        log.info("prototypes above the noise (length and count tests): %d of %d tools; a router reads those "
+                 "that also point along their tool's documentation", read, len(comp.tools))
         if not read:
             log.warning("at epsilon %s no prototype clears the noise: this artifact routes as the documentation "
                         "alone; more experience per tool, or a larger epsilon, would change that", epsilon)

@@ -228,7 +228,7 @@ def test_build_says_how_many_prototypes_clear_the_noise(data, caplog):
     with caplog.at_level(logging.INFO, logger="synapse_flwr"):
         ok(invoke("build", "--experience", data["acme"], "--catalog", data["catalog"], "--org", "acme",
                   "--epsilon", "1e-6", "--embedder", "static", "-o", out))
-    assert "prototypes a router reads (above the noise): 0 of 3 tools" in caplog.text
+    assert "prototypes above the noise (length and count tests): 0 of 3 tools" in caplog.text
     assert any(r.levelno == logging.WARNING and "no prototype clears the noise" in r.getMessage()
                for r in caplog.records)
 

@@ -345,14 +345,15 @@ def test_the_gate_asks_a_noised_prototype_to_point_along_its_documentation():
         along_documentation([real], docs[[0, 1]], 2.0)
     # the router applies it: a prototype pointing away from its tool's documentation gets no gain
     away = [e.model_copy(update={"prototype": encode_prototype(
-        8 * rng.normal(0, 1.0, len(WORDS)) if e.tool_id != "book_hotel" else -6.0 * BagEmbedder().encode(
-            [e.description])[0] + rng.normal(0, 0.1, len(WORDS)), 8.0, 0.1, 0.5)})
+        (-6.0 if e.tool_id == "book_hotel" else 6.0) * BagEmbedder().encode([e.description])[0]
+        + rng.normal(0, 0.1, len(WORDS)), 8.0, 0.1, 0.5)})
         for e in (ToolEntry(tool_id=d.tool_id, description=d.description) for d in CATALOG.tools)]
     comp = Compendium(kind="global", issuer=Issuer(org="global"), tools=away, embedding=space_of(BagEmbedder()))
     router = _router(comp)
     hotel = router.position["book_hotel"]
+    assert Fusion().gate_doc_sds == 2.0 and router.prototypes[1][hotel] == 0
+    assert all(router.prototypes[1][i] > 0 for i in range(len(CATALOG)) if i != hotel)
+    router.set_fusion(Fusion(gate_doc_sds=None))
     assert router.prototypes[1][hotel] > 0
-    router.set_fusion(Fusion(gate_doc_sds=2.0))
-    assert router.prototypes[1][hotel] == 0
     with pytest.raises(ValueError, match="gate_doc_sds"):
         Fusion(gate_doc_sds=-1.0)
