@@ -585,7 +585,14 @@ def _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_
 
 
 def main() -> None:
-    """Entry point: user mistakes end with a one-line error and exit code 2, not a traceback."""
+    """Entry point: user mistakes end with a one-line error and exit code 2, not a traceback.
+
+    A SIGTERM stops a command as Ctrl-C does, tearing down any Flower
+    processes it started.
+    """
+    from synapse_flwr.flower.processes import interrupt_on_sigterm
+
+    interrupt_on_sigterm()
     try:
         app()
     except SynapseError as exc:

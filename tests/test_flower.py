@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -249,15 +251,18 @@ def test_node_not_online(tmp_path):
 
 
 @pytest.mark.slow
-def test_interrupt_tears_down(tmp_path):
-    """Ctrl-C in the middle of a run stops every process the deployment started."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_tears_down(tmp_path, sig):
+    """Ctrl-C, or a SIGTERM (a scheduler's kill), in the middle of a run stops every process the deployment started."""
     home, out = tmp_path / "flwr", tmp_path / "out"
     script = (
         "import logging, signal, sys; from pathlib import Path\n"
         "from synapse_flwr.flower.launch import DeploymentConfig, run_local_deployment\n"
+        "from synapse_flwr.flower.processes import interrupt_on_sigterm\n"
         # as in a terminal: a suite started in the background (`cmd &`) hands its children
         # SIGINT ignored, and Python then never raises KeyboardInterrupt
         "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "interrupt_on_sigterm()\n"
         "logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n"
         f"rc = {{'dataset': {dataset(tmp_path)!r}, 'num-rounds': 5, 'output-dir': {str(out)!r}}}\n"
         f"run_local_deployment(DeploymentConfig(Path({str(APP_DIR)!r}), 2, rc, Path({str(home)!r})))\n"
@@ -270,7 +275,7 @@ def test_interrupt_tears_down(tmp_path):
                 break
         time.sleep(2)
         assert processes_using_home(home), "the deployment should be running"
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         rest = proc.communicate(timeout=120)[0]
     finally:
         if proc.poll() is None:
@@ -278,6 +283,19 @@ def test_interrupt_tears_down(tmp_path):
     assert "KeyboardInterrupt" in rest
     assert "deployment stopped" in rest
     assert_nothing_left(home)
+
+
+def test_the_cli_stops_on_sigterm_as_on_ctrl_c(monkeypatch):
+    from synapse_flwr import cli
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(cli, "app", lambda: time.sleep(5))
+    try:
+        with pytest.raises(KeyboardInterrupt, match="signal 15"):
+            threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+            cli.main()
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def test_errors_before_starting_anything(tmp_path, monkeypatch):

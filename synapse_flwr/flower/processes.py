@@ -7,7 +7,7 @@ exactly what the group started, directly or not (Flower's SuperExec,
 ServerApp, ClientApp and Ray processes included), and nothing else on the
 machine. :class:`MemorySampler` follows the summed resident memory of the
 tagged processes; :func:`safe_stop` is a teardown that survives a second
-Ctrl-C. Ports (:func:`pick_ports`), log tails (:func:`tail`) and
+Ctrl-C, and :func:`interrupt_on_sigterm` makes a SIGTERM one. Ports (:func:`pick_ports`), log tails (:func:`tail`) and
 :func:`single_threaded_blas` for children that start Ray are the other
 helpers a launcher needs.
 """
@@ -256,6 +256,21 @@ def _ps_find(fragment: str) -> list[int]:
     pids = [int(line.split(None, 1)[0]) for line in out.splitlines()
             if fragment in line and line.split(None, 1)[0].isdigit()]
     return [pid for pid in pids if pid != os.getpid()]
+
+
+def interrupt_on_sigterm() -> None:
+    """Make SIGTERM (a scheduler's kill, ``timeout``, ``pkill``) stop this process as Ctrl-C does.
+
+    Python's default SIGTERM ends the process without running ``finally``
+    blocks, so the SuperLink and ``flwr run`` a launch started outlived it;
+    raised as ``KeyboardInterrupt``, the launch's teardown
+    (:func:`safe_stop`) runs. Call from the main thread.
+    """
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def send_signal_to(pid: int, sig: int) -> None:
