@@ -80,8 +80,7 @@ from synapse_flwr.core.embed import Embedder, get_embedder, l2_normalize
 from synapse_flwr.core.phrases import candidate_phrases
 from synapse_flwr.core.privacy import zero_count_floor
 from synapse_flwr.core.prototypes import (
-    along_documentation,
-    readable,
+    gate_reads,
     shrunk_directions,
     space_mismatch,
     stacked_prototypes,
@@ -732,8 +731,9 @@ class Router:
             log.warning("ignoring the compendium's query prototypes: %s", reason)
             return None
         protos = [e.prototype for e in self.entries.values()]
-        read = np.array(readable(protos, self.fusion.gate_alpha, self.fusion.gate_count_sds)) & np.array(
-            along_documentation(protos, self.vectors[self.doc_rows], self.fusion.gate_doc_sds))
+        gate = self.fusion
+        read = np.array(gate_reads(protos, self.vectors[self.doc_rows], gate.gate_alpha, gate.gate_count_sds,
+                                   gate.gate_doc_sds))
         sums, sds, counts = stacked_prototypes(protos, compendium.embedding.dim)
         dirs, gain = shrunk_directions(sums, sds, self.fusion.shrink)
         prior = self.fusion.prior * np.log1p(counts)
