@@ -343,17 +343,26 @@ def test_the_gate_asks_a_noised_prototype_to_point_along_its_documentation():
     assert along_documentation([exact], docs[[0]], 2.0) == [True]
     with pytest.raises(ValueError):
         along_documentation([real], docs[[0, 1]], 2.0)
-    # the router applies it: a prototype pointing away from its tool's documentation gets no gain
-    away = [e.model_copy(update={"prototype": encode_prototype(
-        (-6.0 if e.tool_id == "book_hotel" else 6.0) * BagEmbedder().encode([e.description])[0]
-        + rng.normal(0, 0.1, len(WORDS)), 8.0, 0.1, 0.5)})
-        for e in (ToolEntry(tool_id=d.tool_id, description=d.description) for d in CATALOG.tools)]
-    comp = Compendium(kind="global", issuer=Issuer(org="global"), tools=away, embedding=space_of(BagEmbedder()))
-    router = _router(comp)
-    hotel = router.position["book_hotel"]
-    assert Fusion().gate_doc_sds == 2.0 and router.prototypes[1][hotel] == 0
-    assert all(router.prototypes[1][i] > 0 for i in range(len(CATALOG)) if i != hotel)
+    # the router applies it through gate_reads: a sum only as long as a marginal noise pass (p = 0.005 against
+    # the level 0.05 / 3) is read along its tool's documentation, not against it, unless far longer (p < 1e-9)
+    def catalog_with(hotel_sign: float, energy: float) -> Compendium:
+        hotel = hotel_sign * math.sqrt(energy) * BagEmbedder().encode([CATALOG.get("book_hotel").description])[0]
+        entries = [ToolEntry(tool_id=d.tool_id, description=d.description, prototype=encode_prototype(
+            hotel if d.tool_id == "book_hotel" else 6.0 * BagEmbedder().encode([d.description])[0], 8.0,
+            1.0 if d.tool_id == "book_hotel" else 0.1, 0.5)) for d in CATALOG.tools]
+        return Compendium(kind="global", issuer=Issuer(org="global"), tools=entries, embedding=space_of(BagEmbedder()))
+
+    from scipy.stats import chi2
+
+    marginal, clear = chi2.isf(0.005, len(WORDS)), chi2.isf(1e-9, len(WORDS))
+    assert Fusion().gate_doc_sds == 2.0
+    for sign, energy, read in ((1.0, marginal, True), (-1.0, marginal, False), (-1.0, clear, True)):
+        router = _router(catalog_with(sign, energy))
+        gains = router.prototypes[1]
+        assert (gains[router.position["book_hotel"]] > 0) == read, (sign, energy)
+        assert all(g > 0 for i, g in enumerate(gains) if i != router.position["book_hotel"])
+    router = _router(catalog_with(-1.0, marginal))
     router.set_fusion(Fusion(gate_doc_sds=None))
-    assert router.prototypes[1][hotel] > 0
+    assert router.prototypes[1][router.position["book_hotel"]] > 0
     with pytest.raises(ValueError, match="gate_doc_sds"):
         Fusion(gate_doc_sds=-1.0)

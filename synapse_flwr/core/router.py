@@ -80,8 +80,7 @@ from synapse_flwr.core.embed import Embedder, get_embedder, l2_normalize
 from synapse_flwr.core.phrases import candidate_phrases
 from synapse_flwr.core.privacy import zero_count_floor
 from synapse_flwr.core.prototypes import (
-    along_documentation,
-    readable,
+    gate_reads,
     shrunk_directions,
     space_mismatch,
     stacked_prototypes,
@@ -217,21 +216,23 @@ class Fusion:
         each); 1 also drops 0-3 of the demo's 9-12 and lifts its seen top-1
         0.677 -> 0.691 (4 draws); 2 costs MetaTool 1.4 seen points at K = 5.
     gate_doc_sds : float or None
-        A prototype is also read only when its projection on its tool's
-        public documentation vector (the one docs_only scores with) exceeds
-        this many of the sum's noise SDs (:func:`~synapse_flwr.core.prototypes.along_documentation`).
-        That projection's noise is exactly ``N(0, sd^2)`` after any merge (on
+        A prototype that passes the length and count tests is also read only
+        when its projection on its tool's public documentation vector (the
+        one docs_only scores with) exceeds this many of the sum's noise SDs,
+        or else when it passes the length test at ``gate_alpha * P(N(0, 1) >
+        s)`` (:func:`~synapse_flwr.core.prototypes.gate_reads`). The
+        projection's noise is exactly ``N(0, sd^2)`` after any merge (on
         seed 7, 240 noise-only MetaTool prototypes: mean -0.13 SD, SD 1.02),
-        so unlike the count test it divides how often noise alone passes the
-        gate at every federation size: at 2 SDs by about 26 (0.038 of the
-        noise-only sums long enough for the length test, whose projection is
-        a little wider, point 2 SDs along the documentation; 199 tools, 384
-        dimensions). Seed-7 dev split at epsilon 4
-        (``docs/results/tuning/gate_count``): 1 and 2 read exactly the
-        prototypes the other tests read (MetaTool K = 5 and 20, the demo);
-        3 drops one at K = 5. Over six more K = 5 draws the read seen
-        prototypes project 1.9 SDs or more (1% below 4.1, median 11.4), so 2
-        can drop one now and then. None: no such test.
+        so unlike the count test it holds noise back at every federation
+        size: at 2 SDs noise alone passes about 16 times less often than the
+        length test alone lets it (199 tools, 384 dimensions). The second
+        path keeps a tool whose real traffic is unlike its documentation:
+        the documentation test alone cost the names-only folder shape 1.5 and
+        4.4 seen points at epsilon 4 (``docs/results/folder_stress``), with
+        the path nothing. Seed-7 dev split at epsilon 4
+        (``docs/results/tuning/gate_count``): 2 reads exactly the prototypes
+        the other tests read (MetaTool K = 5 and 20, the demo). None: no
+        such test.
     margin : float
         Cosine with a prototype's direction counts only above this floor.
     prior : float
@@ -732,8 +733,9 @@ class Router:
             log.warning("ignoring the compendium's query prototypes: %s", reason)
             return None
         protos = [e.prototype for e in self.entries.values()]
-        read = np.array(readable(protos, self.fusion.gate_alpha, self.fusion.gate_count_sds)) & np.array(
-            along_documentation(protos, self.vectors[self.doc_rows], self.fusion.gate_doc_sds))
+        gate = self.fusion
+        read = np.array(gate_reads(protos, self.vectors[self.doc_rows], gate.gate_alpha, gate.gate_count_sds,
+                                   gate.gate_doc_sds))
         sums, sds, counts = stacked_prototypes(protos, compendium.embedding.dim)
         dirs, gain = shrunk_directions(sums, sds, self.fusion.shrink)
         prior = self.fusion.prior * np.log1p(counts)
