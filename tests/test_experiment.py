@@ -99,6 +99,17 @@ def _write(tmp_path: Path, body: str) -> Path:
         ('[experiment]\nname="x"\n', "dataset"),
         ("[other]\n", "needs an \\[experiment\\] table"),
         ("[experiment\n", "not valid TOML"),
+        # values of the wrong type, named before anything runs (a string is not a number, nor a list)
+        ('[experiment]\ndataset="demo"\nepsilon="4"\n', "epsilon: expected float, got '4'"),
+        ('[experiment]\ndataset="demo"\nseeds="42"\n', "seeds: expected a list of int, got '42'"),
+        ('[experiment]\ndataset="demo"\nseeds=42\n', "seeds: expected a list of int"),
+        ('[experiment]\ndataset="demo"\nreplay="false"\n', "replay: expected bool"),
+        ('[experiment]\ndataset="demo"\norgs=2.5\n', "orgs: expected int"),
+        ('[experiment]\ndataset=5\n', "dataset: expected str"),
+        ('[experiment]\ndataset="demo"\nembedder="statc"\n', "embedder: unknown 'statc'; choose from minilm"),
+        ('[experiment]\ndataset="demo"\nreranker="feilds"\n', "reranker: unknown 'feilds'"),
+        ('[experiment]\ndataset="demo"\nfedavg={batchsize=8}\n', "fedavg: unknown \\['batchsize'\\].*batch_size"),
+        ('[experiment]\ndataset="demo"\ndelta=2.0\n', "delta in \\(0, 1\\)"),
     ],
 )
 def test_config_mistakes_are_named(tmp_path, body, message):
