@@ -1052,6 +1052,22 @@ def data_hashes(dataset: str) -> dict[str, str]:
     return file_hashes(root)
 
 
+def _arm_problems(cfg: ExperimentConfig, ds: FederatedDataset) -> list[str]:
+    """Arms the loaded data cannot train (checked before any Flower run, on the first seed's federation)."""
+    from synapse_flwr.eval.baselines import labelled_pairs
+
+    problems = []
+    if "classifier" in cfg.arms and len(tools := set(labelled_pairs(ds.all_events, ds.catalog)[1])) < 2:
+        problems.append(f"arm 'classifier' needs labelled training events (a successful call or a gold tool) of "
+                        f"at least 2 tools, got {len(tools)}; drop it from arms")
+    if "fedavg_dp" in cfg.arms and (empty := [o for o, ev in sorted(ds.orgs.items())
+                                              if not labelled_pairs(ev, ds.catalog)[0]]):
+        problems.append(f"arm 'fedavg_dp' needs labelled events in every organisation; {', '.join(empty)} "
+                        f"{'has' if len(empty) == 1 else 'have'} none left after loading (failed calls without "
+                        "gold, or queries the leak and garbage filter dropped); drop it from arms")
+    return problems
+
+
 def cache_fingerprint(cfg: ExperimentConfig) -> str:
     """The config's fingerprint and the sha256 of every data file: changed data recomputes every unit."""
     data = json.dumps(data_hashes(cfg.dataset), sort_keys=True)
@@ -1074,6 +1090,8 @@ def run_experiment(config: Path, fresh: bool = False, output: Path | None = None
     if not exp.splits(first):  # before any Flower run: nothing could be scored
         raise SynapseError(f"{cfg.dataset}: no test queries to score the arms on; add a test.jsonl "
                            "(docs/formats.md: a query and its gold tool per line)")
+    if problems := _arm_problems(cfg, first):
+        raise SynapseError(f"{cfg.dataset}: " + "; ".join(problems))
     if not any(d.examples for d in first.catalog.tools):
         log.info("the catalog carries no example requests; `synapse examples %s` writes them from the catalog "
                  "alone (docs/formats.md; on MetaTool's dev split docs_only gains 3.6 seen and 4.7 held-out "

@@ -261,6 +261,39 @@ def test_a_folder_without_test_queries_is_refused_before_any_flower_run(tmp_path
     assert not (tmp_path / "cache" / "flower").exists()
 
 
+def test_arms_the_data_cannot_train_are_refused_before_any_flower_run(tmp_path):
+    import json
+    import shutil
+
+    from synapse_flwr.simulations.experiment import run_experiment
+
+    from synapse_flwr.core.errors import SynapseError
+    from synapse_flwr.data.federation import demo_dir
+
+    folder = tmp_path / "bench"
+    shutil.copytree(demo_dir(), folder)
+    # one organisation whose every call failed without naming the right tool: nothing labelled to train on
+    org = sorted(folder.glob("org_*.jsonl"))[-1]
+    failed = [{**json.loads(line), "success": False} for line in org.read_text().splitlines() if line.strip()]
+    org.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "gold"}) + "\n" for r in failed))
+    config = tmp_path / "exp.toml"
+    config.write_text(f'[experiment]\ndataset = "{folder}"\ncache = "{tmp_path / "cache"}"\n')
+    with pytest.raises(SynapseError, match=f"arm 'fedavg_dp' needs labelled events in every organisation; "
+                                           f"{org.stem.removeprefix('org_')} has none"):
+        run_experiment(config, output=tmp_path / "out")
+    assert not (tmp_path / "cache" / "flower").exists()
+    # no organisation with a label at all: the classifier has nothing to learn either
+    unlabelled = tmp_path / "unlabelled"
+    shutil.copytree(folder, unlabelled)
+    for other in unlabelled.glob("org_*.jsonl"):
+        other.write_text(org.read_text())
+    config.write_text(f'[experiment]\ndataset = "{unlabelled}"\ncache = "{tmp_path / "cache"}"\n'
+                      'arms = ["docs_only", "federated", "classifier"]\n')
+    with pytest.raises(SynapseError, match="arm 'classifier' needs .* of at least 2 tools, got 0"):
+        run_experiment(config, output=tmp_path / "out")
+    assert not (tmp_path / "cache" / "flower").exists()
+
+
 def test_orgs_default_to_the_dataset_s_own(tmp_path):
     from synapse_flwr.simulations.experiment import DEFAULT_ORGS
 
