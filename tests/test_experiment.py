@@ -273,7 +273,7 @@ def test_arms_the_data_cannot_train_are_refused_before_any_flower_run(tmp_path):
     folder = tmp_path / "bench"
     shutil.copytree(demo_dir(), folder)
     # one organisation whose every call failed without naming the right tool: nothing labelled to train on
-    org = sorted(folder.glob("org_*.jsonl"))[-1]
+    org = max(folder.glob("org_*.jsonl"))
     failed = [{**json.loads(line), "success": False} for line in org.read_text().splitlines() if line.strip()]
     org.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "gold"}) + "\n" for r in failed))
     config = tmp_path / "exp.toml"
