@@ -225,6 +225,15 @@ def test_missing_name_names_file_line_and_field(tmp_path):
     assert "\n" not in str(err)
 
 
+def test_a_name_no_record_could_give_is_refused_in_the_catalog(tmp_path):
+    long = "restaurant_finder_" + "x" * 290  # records cap tool names at the same bound
+    path = write_jsonl_file(tmp_path / "cat.jsonl", [PLAIN, {"name": long, "description": "Find one."}])
+    err = raises_input_error(load_catalog, path)
+    assert (err.line, err.field) == (2, "name") and "308 characters, at most 256" in str(err)
+    ok = write_jsonl_file(tmp_path / "ok.jsonl", [PLAIN, {"name": long[:256], "description": "Find one."}])
+    assert len(load_catalog(ok).ids) == 2
+
+
 def test_openai_shape_errors_name_nested_field(tmp_path):
     bad = {"type": "function", "function": {"name": "x", "description": 5}}
     path = write_jsonl_file(tmp_path / "cat.jsonl", [bad])
