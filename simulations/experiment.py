@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import inspect
 import json
 import logging
 import math
@@ -36,12 +37,13 @@ from typing import Any
 import numpy as np
 
 from synapse_flwr.core.builder import build_compendium
+from synapse_flwr.core.embed import EMBEDDERS
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.files import write_atomic
 from synapse_flwr.core.merge import FLAT_MAJORITY, TYPED
 from synapse_flwr.core.privacy import DEFAULT_DELTA, DEFAULT_EPSILON
 from synapse_flwr.core.release import ReleaseState
-from synapse_flwr.core.router import RENDERS, Router, evaluate_routes
+from synapse_flwr.core.router import RENDERS, RERANKERS, Router, evaluate_routes
 from synapse_flwr.core.schema import Compendium
 from synapse_flwr.core.wire import content_hash, load_artifact
 from synapse_flwr.data.check import file_hashes, require_valid
@@ -193,10 +195,12 @@ class ExperimentConfig:
         for key in ("epsilon", "sweep_epsilon"):
             if table.get(key) == "inf":
                 table[key] = math.inf
-        try:
-            cfg = cls(**table)
-        except TypeError as exc:
-            raise SynapseError(f"{path}: {exc}") from None
+        if "dataset" not in table:
+            raise SynapseError(f"{path}: [experiment] needs dataset = \"demo\", \"metatool\", \"taubench\" or a folder")
+        annotations = {f.name: str(f.type) for f in fields(cls)}
+        if wrong := [p for k, v in table.items() if (p := _wrong_type(k, v, annotations[k]))]:
+            raise SynapseError(f"{path}: " + "; ".join(wrong))
+        cfg = cls(**table)
         cfg.check(path)
         return cfg
 
@@ -232,6 +236,15 @@ class ExperimentConfig:
             problems.append("epsilon and sweep_epsilon must be positive ('inf' turns privacy off)")
         if TYPED not in self.merges:
             problems.append("merges: must include 'typed' (the main arm)")
+        if not self.alpha > 0 or not 0 < self.delta < 1 or not self.timeout > 0:
+            problems.append(f"alpha and timeout must be positive and delta in (0, 1), got alpha {self.alpha}, "
+                            f"delta {self.delta}, timeout {self.timeout}")
+        if self.embedder not in EMBEDDERS:
+            problems.append(f"embedder: unknown {self.embedder!r}; choose from {', '.join(sorted(EMBEDDERS))}")
+        if self.reranker not in RERANKERS:
+            problems.append(f"reranker: unknown {self.reranker!r}; choose from {', '.join(RERANKERS)}")
+        if bad := sorted(set(self.fedavg) - (options := _fedavg_options())):
+            problems.append(f"fedavg: unknown {bad}; choose from {', '.join(sorted(options))}")
         if problems:
             raise SynapseError(f"{where}: " + "; ".join(problems))
 
@@ -239,6 +252,35 @@ class ExperimentConfig:
         """Hash of everything that changes a measurement (not output or cache paths)."""
         keep = {k: v for k, v in asdict(self).items() if k not in ("output", "cache", "name", "timeout")}
         return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+# What a TOML value of each annotated config type may be (bool is an int to Python, not to a config).
+_SCALARS: dict[str, Callable[[Any], bool]] = {
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "float": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "str": lambda v: isinstance(v, str),
+    "bool": lambda v: isinstance(v, bool),
+    "dict": lambda v: isinstance(v, dict),
+}
+
+
+def _fedavg_options() -> set[str]:
+    """Keyword options of the fedavg_dp arm a config's ``fedavg`` table may set (not those the experiment sets)."""
+    from synapse_flwr.eval.baselines import fedavg_dp_arm
+
+    given = {"embedder", "seed", "extra_tests"}
+    return {n for n, p in inspect.signature(fedavg_dp_arm).parameters.items()
+            if p.default is not p.empty and n not in given}
+
+
+def _wrong_type(key: str, value: Any, annotation: str) -> str | None:
+    """Why a config value does not have its key's type (``"4"`` for a number, ``42`` for a list), or None."""
+    inner = annotation.removeprefix("list[").removesuffix("]")
+    if inner != annotation:
+        if isinstance(value, list) and all(_SCALARS[inner](v) for v in value):
+            return None
+        return f"{key}: expected a list of {inner}, got {value!r}"
+    return None if _SCALARS[annotation](value) else f"{key}: expected {annotation}, got {value!r}"
 
 
 class UnitCache:
@@ -1010,6 +1052,22 @@ def data_hashes(dataset: str) -> dict[str, str]:
     return file_hashes(root)
 
 
+def _arm_problems(cfg: ExperimentConfig, ds: FederatedDataset) -> list[str]:
+    """Arms the loaded data cannot train (checked before any Flower run, on the first seed's federation)."""
+    from synapse_flwr.eval.baselines import labelled_pairs
+
+    problems = []
+    if "classifier" in cfg.arms and len(tools := set(labelled_pairs(ds.all_events, ds.catalog)[1])) < 2:
+        problems.append(f"arm 'classifier' needs labelled training events (a successful call or a gold tool) of "
+                        f"at least 2 tools, got {len(tools)}; drop it from arms")
+    if "fedavg_dp" in cfg.arms and (empty := [o for o, ev in sorted(ds.orgs.items())
+                                              if not labelled_pairs(ev, ds.catalog)[0]]):
+        problems.append(f"arm 'fedavg_dp' needs labelled events in every organisation; {', '.join(empty)} "
+                        f"{'has' if len(empty) == 1 else 'have'} none left after loading (failed calls without "
+                        "gold, or queries the leak and garbage filter dropped); drop it from arms")
+    return problems
+
+
 def cache_fingerprint(cfg: ExperimentConfig) -> str:
     """The config's fingerprint and the sha256 of every data file: changed data recomputes every unit."""
     data = json.dumps(data_hashes(cfg.dataset), sort_keys=True)
@@ -1032,6 +1090,8 @@ def run_experiment(config: Path, fresh: bool = False, output: Path | None = None
     if not exp.splits(first):  # before any Flower run: nothing could be scored
         raise SynapseError(f"{cfg.dataset}: no test queries to score the arms on; add a test.jsonl "
                            "(docs/formats.md: a query and its gold tool per line)")
+    if problems := _arm_problems(cfg, first):
+        raise SynapseError(f"{cfg.dataset}: " + "; ".join(problems))
     if not any(d.examples for d in first.catalog.tools):
         log.info("the catalog carries no example requests; `synapse examples %s` writes them from the catalog "
                  "alone (docs/formats.md; on MetaTool's dev split docs_only gains 3.6 seen and 4.7 held-out "

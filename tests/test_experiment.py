@@ -99,6 +99,17 @@ def _write(tmp_path: Path, body: str) -> Path:
         ('[experiment]\nname="x"\n', "dataset"),
         ("[other]\n", "needs an \\[experiment\\] table"),
         ("[experiment\n", "not valid TOML"),
+        # values of the wrong type, named before anything runs (a string is not a number, nor a list)
+        ('[experiment]\ndataset="demo"\nepsilon="4"\n', "epsilon: expected float, got '4'"),
+        ('[experiment]\ndataset="demo"\nseeds="42"\n', "seeds: expected a list of int, got '42'"),
+        ('[experiment]\ndataset="demo"\nseeds=42\n', "seeds: expected a list of int"),
+        ('[experiment]\ndataset="demo"\nreplay="false"\n', "replay: expected bool"),
+        ('[experiment]\ndataset="demo"\norgs=2.5\n', "orgs: expected int"),
+        ('[experiment]\ndataset=5\n', "dataset: expected str"),
+        ('[experiment]\ndataset="demo"\nembedder="statc"\n', "embedder: unknown 'statc'; choose from minilm"),
+        ('[experiment]\ndataset="demo"\nreranker="feilds"\n', "reranker: unknown 'feilds'"),
+        ('[experiment]\ndataset="demo"\nfedavg={batchsize=8}\n', "fedavg: unknown \\['batchsize'\\].*batch_size"),
+        ('[experiment]\ndataset="demo"\ndelta=2.0\n', "delta in \\(0, 1\\)"),
     ],
 )
 def test_config_mistakes_are_named(tmp_path, body, message):
@@ -246,6 +257,39 @@ def test_a_folder_without_test_queries_is_refused_before_any_flower_run(tmp_path
     config = tmp_path / "exp.toml"
     config.write_text(f'[experiment]\ndataset = "{folder}"\ncache = "{tmp_path / "cache"}"\n')
     with pytest.raises(SynapseError, match="no test queries"):
+        run_experiment(config, output=tmp_path / "out")
+    assert not (tmp_path / "cache" / "flower").exists()
+
+
+def test_arms_the_data_cannot_train_are_refused_before_any_flower_run(tmp_path):
+    import json
+    import shutil
+
+    from synapse_flwr.simulations.experiment import run_experiment
+
+    from synapse_flwr.core.errors import SynapseError
+    from synapse_flwr.data.federation import demo_dir
+
+    folder = tmp_path / "bench"
+    shutil.copytree(demo_dir(), folder)
+    # one organisation whose every call failed without naming the right tool: nothing labelled to train on
+    org = max(folder.glob("org_*.jsonl"))
+    failed = [{**json.loads(line), "success": False} for line in org.read_text().splitlines() if line.strip()]
+    org.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "gold"}) + "\n" for r in failed))
+    config = tmp_path / "exp.toml"
+    config.write_text(f'[experiment]\ndataset = "{folder}"\ncache = "{tmp_path / "cache"}"\n')
+    with pytest.raises(SynapseError, match=f"arm 'fedavg_dp' needs labelled events in every organisation; "
+                                           f"{org.stem.removeprefix('org_')} has none"):
+        run_experiment(config, output=tmp_path / "out")
+    assert not (tmp_path / "cache" / "flower").exists()
+    # no organisation with a label at all: the classifier has nothing to learn either
+    unlabelled = tmp_path / "unlabelled"
+    shutil.copytree(folder, unlabelled)
+    for other in unlabelled.glob("org_*.jsonl"):
+        other.write_text(org.read_text())
+    config.write_text(f'[experiment]\ndataset = "{unlabelled}"\ncache = "{tmp_path / "cache"}"\n'
+                      'arms = ["docs_only", "federated", "classifier"]\n')
+    with pytest.raises(SynapseError, match="arm 'classifier' needs .* of at least 2 tools, got 0"):
         run_experiment(config, output=tmp_path / "out")
     assert not (tmp_path / "cache" / "flower").exists()
 

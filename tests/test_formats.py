@@ -190,9 +190,19 @@ def test_json_list_and_jsonl_both_accepted(tmp_path):
     as_jsonl = write_jsonl_file(tmp_path / "c.jsonl", records)
     with_blank = tmp_path / "blank.jsonl"
     with_blank.write_text("\n" + json.dumps(records[0]) + "\n\n   \n" + json.dumps(records[1]) + "\n")
-    cats = [load_catalog(p) for p in (as_list, as_jsonl, with_blank)]
-    assert cats[0] == cats[1] == cats[2]
+    # an MCP tools/list result (or any {"tools": [...]} export), pretty-printed or on one line
+    as_object = tmp_path / "tools.json"
+    as_object.write_text(json.dumps({"tools": records}, indent=2))
+    one_line = tmp_path / "tools_line.json"
+    one_line.write_text(json.dumps({"tools": records}))
+    cats = [load_catalog(p) for p in (as_list, as_jsonl, with_blank, as_object, one_line)]
+    assert all(c == cats[0] for c in cats)
     assert cats[0].ids == ["book_flight", "get_weather"]
+    # an object of another shape is named as such, not as one bad JSON line per line
+    by_name = tmp_path / "by_name.json"
+    by_name.write_text(json.dumps({"get_weather": "Weather.", "book_flight": "Book."}, indent=2))
+    with pytest.raises(InputError, match=r"one JSON object \(keys 'get_weather', 'book_flight'\) where records"):
+        load_catalog(by_name)
 
 
 def test_read_records_line_numbers(tmp_path):
@@ -213,6 +223,15 @@ def test_missing_name_names_file_line_and_field(tmp_path):
     assert (err.path, err.line, err.field) == (str(path), 2, "name")
     assert str(err).startswith(f"{path}:2: field 'name':")
     assert "\n" not in str(err)
+
+
+def test_a_name_no_record_could_give_is_refused_in_the_catalog(tmp_path):
+    long = "restaurant_finder_" + "x" * 290  # records cap tool names at the same bound
+    path = write_jsonl_file(tmp_path / "cat.jsonl", [PLAIN, {"name": long, "description": "Find one."}])
+    err = raises_input_error(load_catalog, path)
+    assert (err.line, err.field) == (2, "name") and "308 characters, at most 256" in str(err)
+    ok = write_jsonl_file(tmp_path / "ok.jsonl", [PLAIN, {"name": long[:256], "description": "Find one."}])
+    assert len(load_catalog(ok).ids) == 2
 
 
 def test_openai_shape_errors_name_nested_field(tmp_path):

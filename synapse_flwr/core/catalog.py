@@ -41,6 +41,8 @@ ALIASES_FILE = "aliases.json"
 EXAMPLES_FILE = "examples.json"
 #: Example requests kept per tool.
 MAX_EXAMPLES = 16
+#: Longest tool name a catalog or a record may give (records must be able to name every catalog tool).
+MAX_NAME = 256
 _ID_JUNK = re.compile(r"[^a-z0-9_.\-]+")
 
 
@@ -155,6 +157,9 @@ def parse_tool(obj: Mapping[str, Any]) -> ToolDoc:
     name = body.get("name")
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"{prefix}name: missing or not a non-empty string")
+    if len(name.strip()) > MAX_NAME:
+        raise ValueError(f"{prefix}name: {len(name.strip())} characters, at most {MAX_NAME} (shorten it; records "
+                         "name tools by it)")
     description = body.get("description", "")
     if not isinstance(description, str):
         raise ValueError(f"{prefix}description: not a string")

@@ -26,13 +26,13 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from synapse_flwr.core.catalog import Catalog, normalize_tool_id
+from synapse_flwr.core.catalog import MAX_NAME, Catalog, normalize_tool_id
 from synapse_flwr.core.errors import InputError
 from synapse_flwr.core.files import read_records
 
 MAX_QUERY = 4000
 Query = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_QUERY)]
-Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=256)]
+Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_NAME)]
 
 log = logging.getLogger(__name__)
 

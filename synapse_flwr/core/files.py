@@ -1,4 +1,4 @@
-"""Reading record files (JSON list or JSONL) and writing outputs atomically."""
+"""Reading record files (JSON list, ``{"tools": [...]}`` or JSONL) and writing outputs atomically."""
 
 from __future__ import annotations
 
@@ -11,14 +11,49 @@ from pathlib import Path
 from synapse_flwr.core.errors import InputError
 
 
+def document_items(path: str | Path, text: str) -> list | None:
+    """The items of a file that is one JSON document, or None for JSONL (one object a line).
+
+    One document is a JSON list, or an object whose ``"tools"`` is a list
+    (an MCP ``tools/list`` result, a ``{"tools": [...]}`` export). Any
+    other object spanning several lines is an error naming the shapes read.
+
+    Raises
+    ------
+    InputError
+        If a JSON list does not parse, or the file is one object of another shape.
+    """
+    stripped = text.strip()
+    if not stripped.startswith(("[", "{")):
+        return None
+    try:
+        doc = json.loads(stripped)
+    except json.JSONDecodeError as exc:
+        if stripped.startswith("{"):
+            return None  # several objects: JSONL
+        raise InputError(path, f"invalid JSON: {exc.msg}", line=exc.lineno) from None
+    except (ValueError, RecursionError) as exc:  # huge number, nesting too deep
+        raise InputError(path, f"invalid JSON: {exc}") from None
+    if isinstance(doc, list):
+        return doc
+    if isinstance(doc, dict) and isinstance(doc.get("tools"), list):
+        return doc["tools"]
+    if "\n" in stripped:
+        keys = ", ".join(map(repr, list(doc)[:5]))
+        raise InputError(path, f"one JSON object (keys {keys}) where records were expected: write a JSON list of "
+                               'objects, one object a line (JSONL), or {"tools": [...]}')
+    return None  # one object on one line: a one-record JSONL file
+
+
 def read_records(path: str | Path) -> Iterator[tuple[int, dict]]:
-    """Yield ``(line, record)`` from a JSON list or a JSONL file.
+    """Yield ``(line, record)`` from a JSON list, a ``{"tools": [...]}`` object or a JSONL file.
 
     Parameters
     ----------
     path : str or Path
-        A ``.json`` file holding a list of objects, or a JSONL file with one
-        object a line (blank lines are skipped).
+        A ``.json`` file holding a list of objects (or an object whose
+        ``"tools"`` is one), or a JSONL file with one object a line (blank
+        lines are skipped). In a list, ``line`` is the item's number.
 
     Raises
     ------
@@ -33,14 +68,8 @@ def read_records(path: str | Path) -> Iterator[tuple[int, dict]]:
         raise InputError(path, "file not found") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(path, f"cannot read file: {exc}") from None
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        try:
-            items = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(path, f"invalid JSON: {exc.msg}", line=exc.lineno) from None
-        except (ValueError, RecursionError) as exc:  # huge number, nesting too deep
-            raise InputError(path, f"invalid JSON: {exc}") from None
+    items = document_items(path, text)
+    if items is not None:
         for i, item in enumerate(items, start=1):
             if not isinstance(item, dict):
                 raise InputError(path, f"item {i} is not a JSON object", line=i)

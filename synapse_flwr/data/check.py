@@ -35,7 +35,7 @@ from synapse_flwr.core.catalog import (
 )
 from synapse_flwr.core.errors import InputError, SynapseError
 from synapse_flwr.core.experience import Event, TestItem, known_fields, warn_ignored
-from synapse_flwr.core.files import read_records
+from synapse_flwr.core.files import document_items, read_records
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,12 @@ def _scan(path: Path) -> Iterator[tuple[int | None, dict | None, Problem | None]
     except (OSError, UnicodeDecodeError) as exc:
         yield None, None, Problem(str(path), f"cannot read file: {exc}")
         return
-    if text.lstrip().startswith("["):  # a JSON list: one parse, one problem at most
+    try:
+        items = document_items(path, text)
+    except InputError as exc:  # one document: one parse, one problem at most
+        yield exc.line, None, Problem(str(path), exc.message, exc.line)
+        return
+    if items is not None:
         try:
             for line, obj in read_records(path):
                 yield line, obj, None
