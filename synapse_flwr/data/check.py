@@ -35,7 +35,7 @@ from synapse_flwr.core.catalog import (
 )
 from synapse_flwr.core.errors import InputError, SynapseError
 from synapse_flwr.core.experience import Event, TestItem, known_fields, warn_ignored
-from synapse_flwr.core.files import document_items, read_records
+from synapse_flwr.core.files import document_items
 
 log = logging.getLogger(__name__)
 
@@ -158,12 +158,12 @@ def _scan(path: Path) -> Iterator[tuple[int | None, dict | None, Problem | None]
     except InputError as exc:  # one document: one parse, one problem at most
         yield exc.line, None, Problem(str(path), exc.message, exc.line)
         return
-    if items is not None:
-        try:
-            for line, obj in read_records(path):
-                yield line, obj, None
-        except InputError as exc:
-            yield exc.line, None, Problem(str(path), exc.message, exc.line)
+    if items is not None:  # already parsed: not read a second time
+        for line, obj in enumerate(items, start=1):
+            if not isinstance(obj, dict):
+                yield line, None, Problem(str(path), f"item {line} is not a JSON object", line)
+                return
+            yield line, obj, None
         return
     for line, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
