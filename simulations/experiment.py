@@ -887,6 +887,26 @@ def _privacy(results: dict) -> str:
     return ("; ".join(parts) or "no private arm ran") + "."
 
 
+# Below this many test queries per split a goal's margin is mostly sampling noise
+SMALL_SPLIT = 100
+
+
+def _size_lines(results: dict) -> list[str]:
+    """Test queries per split (range over seeds); an empty split and a small one are said, not hidden."""
+    sizes = [info.get("test_sizes", {}) for info in results.get("seed_info", {}).values()]
+    if not sizes:
+        return []
+    ns = {split: [s.get(split, 0) for s in sizes] for split in SPLITS}
+    shown = ", ".join(f"{split} {min(n):,}" + (f"-{max(n):,}" if max(n) != min(n) else "") for split, n in ns.items())
+    lines = [f"  test queries per seed: {shown}"]
+    what = {"seen": "on tools with experience", "heldout": "on tools without experience"}
+    lines += [f"  note: no {split} queries ({what[split]}) in the test set of some seed: that split is not measured"
+              for split, n in ns.items() if min(n) == 0]
+    lines += [f"  note: {split} has {min(n)} queries: one query moves its top-1 by {1 / min(n):.3f}, so goals "
+              "met or missed by a few of those are noise" for split, n in ns.items() if 0 < min(n) < SMALL_SPLIT]
+    return lines
+
+
 def summary_lines(results: dict) -> list[str]:
     """The end-of-run summary: top-1 per arm and split (mean over seeds), privacy, and every target."""
     arms = results["arms"]
@@ -896,6 +916,7 @@ def summary_lines(results: dict) -> list[str]:
     for arm in (a for a in ARMS if a in arms):
         lines.append(f"  {arm:<18}" + "".join(
             f"{arms[arm][s]['acc_mean']:>10.3f}" if s in arms[arm] else f"{'-':>10}" for s in splits))
+    lines += _size_lines(results)
     lines.append(f"  privacy: {_privacy(results)}")
     for t in results["targets"]:
         lines.append(f"  {'met   ' if t['met'] else 'MISSED'} {t['target']}: {t['value']:+.3f} (goal {t['goal']})")

@@ -88,6 +88,9 @@ def build(
     cat = load_catalog(catalog)
     events = load_experience(experience, cat)
     log.info("loaded %d events over %d catalog tools", len(events), len(cat))
+    if not events:
+        log.warning("%s holds no events: the artifact will carry the catalog's documentation and nothing "
+                    "learned from experience", experience)
     try:
         config = BuildConfig(rewrite=scenario_rewriter(summarise_model) if summarise_model else None)
         comp = build_compendium(
@@ -426,7 +429,8 @@ def route(
 
     router = _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_weight, count_prior)
     for result in router.route_many(query):
-        typer.echo(explain_route(result) if explain else json.dumps(result.to_dict(), indent=2))
+        answer = explain_route(result, router.names) if explain else json.dumps(result.to_dict(router.names), indent=2)
+        typer.echo(answer)
 
 
 @app.command()

@@ -34,6 +34,6 @@ def build_server(router: Router, name: str = "synapse-router") -> Any:
     @server.tool(name="route", description="Pick the tool that should answer a user request.")
     def route(query: str) -> dict:
         """Route ``query``; returns the chosen tool, ranked candidates and deciding fields."""
-        return router.route(query).to_dict()
+        return router.route(query).to_dict(router.names)
 
     return server

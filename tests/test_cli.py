@@ -233,6 +233,28 @@ def test_build_says_how_many_prototypes_clear_the_noise(data, caplog):
                for r in caplog.records)
 
 
+def test_build_on_empty_experience_warns_that_it_carries_the_documentation_only(data, caplog):
+    empty = data["dir"] / "empty.jsonl"
+    empty.write_text("")
+    with caplog.at_level(logging.INFO, logger="synapse_flwr"):
+        ok(invoke("build", "--experience", empty, "--catalog", data["catalog"], "--org", "acme",
+                  "--embedder", "static", "-o", data["dir"] / "docs_only.json"))
+    assert any(r.levelno == logging.WARNING and "holds no events" in r.getMessage() for r in caplog.records)
+
+
+def test_a_catalog_without_descriptions_is_named_once(tmp_path, caplog):
+    from synapse_flwr.core.catalog import load_catalog
+
+    cat = tmp_path / "catalog.json"
+    cat.write_text(json.dumps([{"name": "get_weather", "description": "Weather forecast."},
+                               {"name": "send_email"}, {"name": "book_hotel", "description": " "}]))
+    with caplog.at_level(logging.WARNING, logger="synapse_flwr"):
+        load_catalog(cat)
+        load_catalog(cat)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "2 of 3 tools have no description ('book_hotel', 'send_email')" in warned[0]
+
+
 def test_build_release_beyond_budget_is_a_user_error(data):
     res = invoke("build", "--experience", data["acme"], "--catalog", data["catalog"], "--org", "acme",
                  "--epsilon", "8", "--rounds", "1", "--releases", "2", "-o", data["dir"] / "never.json")

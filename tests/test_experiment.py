@@ -339,6 +339,20 @@ def test_the_run_ends_with_a_readable_summary_of_arms_and_targets():
     assert any(line.strip().startswith("met    no harm: federated - docs_only (seen): +0.200") for line in lines)
 
 
+def test_the_summary_gives_each_split_s_size_and_names_an_empty_or_small_one():
+    from synapse_flwr.simulations.experiment import summary_lines
+
+    results = {"name": "tiny", "dataset": "f", "seeds": [1, 2], "orgs": 2, "epsilon": None, "epsilon_target": 4.0,
+               "delta": 1e-5, "arms": {"docs_only": {"seen": {"acc_mean": 0.5}}}, "targets": [],
+               "seed_info": {"1": {"test_sizes": {"seen": 40}}, "2": {"test_sizes": {"seen": 44}}}}
+    lines = [line.strip() for line in summary_lines(results)]
+    assert "test queries per seed: seen 40-44, heldout 0" in lines
+    assert any(line.startswith("note: no heldout queries (on tools without experience)") for line in lines)
+    assert any(line.startswith("note: seen has 40 queries: one query moves its top-1 by 0.025") for line in lines)
+    results["seed_info"] = {"1": {"test_sizes": {"seen": 400, "heldout": 300}}}
+    assert not any(line.strip().startswith("note:") for line in summary_lines(results))
+
+
 def test_the_llm_sample_sits_beside_retrieval_order_and_its_order_check_catches_a_position_biased_llm(
         tmp_path, monkeypatch):
     """The LLM rows of an experiment name retrieval order on the same queries, and a reader that picks by

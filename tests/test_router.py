@@ -193,6 +193,26 @@ def test_cli_route_prints_json(tmp_path, central):
     assert json.loads(res.stdout)["tool"] == "get_weather"
 
 
+def test_cli_route_answers_the_catalog_spelling_an_agent_calls(tmp_path, central):
+    from typer.testing import CliRunner
+
+    from synapse_flwr.core.wire import save_artifact
+
+    # "Get Weather" normalises to the compendium's id get_weather; an agent must call "Get Weather"
+    cat = tmp_path / "catalog.json"
+    spelt = {"get_weather": "Get Weather"}
+    cat.write_text(json.dumps([{"name": spelt.get(d.tool_id, d.tool_id), "description": d.description}
+                               for d in CATALOG.tools]))
+    comp = save_artifact(tmp_path / "g.json", central)
+    args = ["route", "--catalog", str(cat), "--compendium", str(comp), "--embedder", "tfidf", "umbrella in Lima?"]
+    answer = json.loads(CliRunner().invoke(app, args).stdout)
+    assert (answer["tool"], answer["tool_id"]) == ("Get Weather", "get_weather")
+    assert {c["tool"] for c in answer["candidates"]} >= {"Get Weather"}
+    explained = CliRunner().invoke(app, [*args, "--explain"])
+    assert explained.exit_code == 0, explained.output
+    assert "tool: Get Weather" in explained.stdout
+
+
 def test_force_puts_a_gold_tool_among_the_candidates(central):
     r = Router(central, CATALOG, embedder=TfidfEmbedder(), reranker="none", k=1)
     query = "do I need an umbrella in Rome"

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from synapse_flwr.core.errors import InputError
+from synapse_flwr.core.errors import InputError, warn_once
 from synapse_flwr.core.files import read_records
 from synapse_flwr.core.schema import MAX_DESCRIPTION, MAX_TEXT
 
@@ -364,4 +364,18 @@ def load_catalog(path: str | Path, aliases: Mapping[str, str] | None = None) -> 
     except ToolCollision as exc:
         where = f"entries {lines[id(exc.first)]} and {lines[id(exc.second)]}"
         raise InputError(path, f"{where}: {exc}", field="name") from None
-    return with_examples_file(catalog, Path(path).parent / EXAMPLES_FILE)
+    catalog = with_examples_file(catalog, Path(path).parent / EXAMPLES_FILE)
+    warn_undocumented(catalog, path)
+    return catalog
+
+
+def warn_undocumented(catalog: Catalog, source: str | Path) -> None:
+    """Warn once about tools with neither a description nor example requests.
+
+    They are routed on their names alone, which a user may not have meant.
+    """
+    bare = [d.name for d in catalog.tools if not d.description and not d.examples]
+    if bare:
+        shown = ", ".join(repr(n) for n in bare[:3]) + (", ..." if len(bare) > 3 else "")
+        warn_once(log, f"{source}: {len(bare)} of {len(catalog)} tools have no description ({shown}): "
+                       "they are routed on their names alone")

@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+
+_WARNED: set[str] = set()
+
+
+def warn_once(log: logging.Logger, message: str) -> None:
+    """Warn about an input once per process (later repeats go to debug).
+
+    An experiment reloads a folder for every unit of work: say it once.
+    """
+    if message in _WARNED:
+        log.debug(message)
+    else:
+        _WARNED.add(message)
+        log.warning(message)
 
 
 class SynapseError(Exception):

@@ -27,7 +27,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from synapse_flwr.core.catalog import MAX_NAME, Catalog, normalize_tool_id
-from synapse_flwr.core.errors import InputError
+from synapse_flwr.core.errors import InputError, warn_once
 from synapse_flwr.core.files import read_records
 
 MAX_QUERY = 4000
@@ -139,25 +139,13 @@ def known_fields(obj: dict, model: type[BaseModel]) -> tuple[dict, list[str]]:
     return out, notes
 
 
-_WARNED: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    # An experiment reloads a folder for every unit of work: say it once per process.
-    if message in _WARNED:
-        log.debug(message)
-    else:
-        _WARNED.add(message)
-        log.warning(message)
-
-
 def warn_ignored(path: Path, notes: Counter[str]) -> None:
     """Log, once per file and process, what :func:`known_fields` left out of its records (with the records' counts)."""
     fields = ", ".join(f"{k} ({n} records)" for k, n in sorted(notes.items()) if k != QUERY_CUT)
     if fields:
-        _warn_once(f"{path}: ignored fields outside the format (docs/formats.md): {fields}")
+        warn_once(log, f"{path}: ignored fields outside the format (docs/formats.md): {fields}")
     if notes[QUERY_CUT]:
-        _warn_once(f"{path}: {notes[QUERY_CUT]} queries longer than {MAX_QUERY} characters cut to that length")
+        warn_once(log, f"{path}: {notes[QUERY_CUT]} queries longer than {MAX_QUERY} characters cut to that length")
 
 
 def _first_error(exc: ValidationError) -> tuple[str, str]:

@@ -69,7 +69,7 @@ import itertools
 import logging
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -350,16 +350,25 @@ class RouteResult:
     decided_by: list[str]
     fallback: bool = False
 
-    def to_dict(self) -> dict:
-        """JSON-ready form."""
+    def to_dict(self, names: Mapping[str, str] | None = None) -> dict:
+        """JSON-ready form.
+
+        Parameters
+        ----------
+        names : mapping of str to str, optional
+            Catalog spelling of each tool id (``Router.names``): ``tool`` is
+            then the name an agent calls, ``tool_id`` the normalised id.
+        """
+        names = names or {}
         return {
             "query": self.query,
-            "tool": self.tool,
+            "tool": names.get(self.tool, self.tool),
+            "tool_id": self.tool,
             "decided_by": self.decided_by,
             "fallback": self.fallback,
             "candidates": [
-                {"tool": c.tool_id, "score": round(c.score, 4), "retrieval": round(c.retrieval, 4),
-                 "signals": {k: round(v, 4) for k, v in c.signals.items()}}
+                {"tool": names.get(c.tool_id, c.tool_id), "tool_id": c.tool_id, "score": round(c.score, 4),
+                 "retrieval": round(c.retrieval, 4), "signals": {k: round(v, 4) for k, v in c.signals.items()}}
                 for c in self.candidates
             ],
         }
@@ -636,6 +645,7 @@ class Router:
         self.descriptions = catalog.descriptions()
         self.fallbacks = 0
         names = {d.tool_id: d.name for d in catalog.tools}
+        self.names = names  # what an agent must call, as its catalog spells it
         self._index(indexed, names)
         privacy = getattr(compendium, "privacy", None)
         # a merged count sums the (clamped) noise of every org artifact behind it
@@ -1084,12 +1094,17 @@ def decided_by(ranked: Sequence[Candidate], docs_choice: str) -> list[str]:
     return fields or ["description"]
 
 
-def explain_route(result: RouteResult) -> str:
-    """A readable account of one route: the choice, the deciding fields, each candidate's evidence."""
-    lines = [f"query: {result.query}", f"tool: {result.tool}  (decided by: {', '.join(result.decided_by)})"]
+def explain_route(result: RouteResult, names: Mapping[str, str] | None = None) -> str:
+    """A readable account of one route: the choice, the deciding fields, each candidate's evidence.
+
+    ``names`` maps tool ids to their catalog spelling (``Router.names``).
+    """
+    names = names or {}
+    lines = [f"query: {result.query}",
+             f"tool: {names.get(result.tool, result.tool)}  (decided by: {', '.join(result.decided_by)})"]
     for c in result.candidates:
         shown = ", ".join(f"{k}={v:.3f}" for k, v in c.signals.items() if v)
-        lines.append(f"  {c.tool_id}: score {c.score:.3f}" + (f"  [{shown}]" if shown else ""))
+        lines.append(f"  {names.get(c.tool_id, c.tool_id)}: score {c.score:.3f}" + (f"  [{shown}]" if shown else ""))
     return "\n".join(lines)
 
 

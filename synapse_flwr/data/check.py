@@ -31,6 +31,7 @@ from synapse_flwr.core.catalog import (
     make_catalog,
     parse_tool,
     read_aliases,
+    warn_undocumented,
     with_examples_file,
 )
 from synapse_flwr.core.errors import InputError, SynapseError
@@ -291,7 +292,7 @@ def check_folder(folder: str | Path, orgs: Sequence[str] | None = None, max_per_
     if catalog is None:
         return FolderReport(folder, tuple(problems))
     try:
-        with_examples_file(catalog, folder / EXAMPLES_FILE)
+        warn_undocumented(with_examples_file(catalog, folder / EXAMPLES_FILE), path)
     except InputError as exc:
         problems.append(Problem(exc.path, exc.message))
     unknown_orgs = sorted(set(orgs or ()) - set(logs))
