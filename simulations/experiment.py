@@ -298,6 +298,7 @@ class UnitCache:
     def __init__(self, root: Path, fingerprint: str) -> None:
         self.root, self.fingerprint = root, fingerprint
         self.hits = self.misses = 0
+        self._written: set[str] = set()  # reading back a unit this run wrote is not a cache hit
 
     def path(self, key: str) -> Path:
         return self.root / "units" / (key.replace("/", "__") + ".json")
@@ -308,9 +309,10 @@ class UnitCache:
         if path.exists():
             entry = json.loads(path.read_text())
             if entry.get("fingerprint") == self.fingerprint:
-                self.hits += 1
+                self.hits += key not in self._written
                 return entry["value"]
         self.misses += 1
+        self._written.add(key)
         value = compute()
         write_atomic(path, json.dumps({"fingerprint": self.fingerprint, "key": key, "value": value},
                                       sort_keys=True) + "\n")
@@ -940,7 +942,7 @@ def tables(results: dict) -> str:
     lines += ["", _leak_line(results)]
     if results.get("cache"):
         lines += ["", f"Units of work: {results['cache']['computed']} computed in this run, "
-                      f"{results['cache']['hits']} read from the cache."]
+                      f"{results['cache']['hits']} read from an earlier run's cache."]
     lines += ["", f"Privacy: {_privacy(results)} Wire (gzip JSON): "
               f"{results.get('bytes_per_client_round_private') or 0:,.0f} bytes per client per round "
               f"with privacy on; {results.get('bytes_per_client_round') or 0:,.0f} on average over all "
@@ -1127,6 +1129,6 @@ def run_experiment(config: Path, fresh: bool = False, output: Path | None = None
     figures(results, out_dir)
     for line in summary_lines(results):
         log.info("%s", line)
-    log.info("results in %s (%.0fs, %d units computed, %d from cache)", out_dir.resolve(), results["wall_s"],
+    log.info("results in %s (%.0fs, %d units computed, %d from an earlier run's cache)", out_dir.resolve(), results["wall_s"],
              exp.cache.misses, exp.cache.hits)
     return out_dir

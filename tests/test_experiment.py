@@ -438,3 +438,14 @@ def test_a_results_stamp_is_dirty_for_changed_code_not_for_rewritten_results(tmp
     (tmp_path / "synapse_flwr" / "new.py").unlink()
     (tmp_path / "synapse_flwr" / "m.py").write_text("x = 2\n")
     assert code_commit(tmp_path) == clean + "+dirty"
+
+
+def test_the_cache_counts_as_hits_only_units_an_earlier_run_wrote(tmp_path):
+    from synapse_flwr.simulations.experiment import UnitCache
+
+    first = UnitCache(tmp_path, "fp")
+    assert [first.get("a", lambda: 1), first.get("a", lambda: 2)] == [1, 1]
+    assert (first.misses, first.hits) == (1, 0)  # read back within the run: not from the cache
+    second = UnitCache(tmp_path, "fp")
+    assert second.get("a", lambda: 3) == 1 and (second.misses, second.hits) == (0, 1)
+    assert UnitCache(tmp_path, "other").get("a", lambda: 4) == 4  # another fingerprint recomputes
