@@ -11,9 +11,9 @@ squared sensitivity becomes ``m + c^2 + c_n^2`` (today ``c_n`` = 1 and
 ``sqrt((68 + c_n^2) / 69)``, and the count's noise falls to ``sigma' / c_n``. Emulated from each organisation's exact sums and
 counts (a build without noise) with that noise drawn here; the rest of the
 global (documentation, statistics) is the product's epsilon-4 global of the
-same draw. The router reads prototypes with the length test alone
-(:data:`LENGTH_TEST`: this lab was first measured before the gate's count
-test shipped), ``fields`` reranker, no votes: seen / held-out top-1 of the
+same draw. The router reads prototypes through the shipped gate (length,
+count and documentation tests; this lab was first measured, 2026-12-03,
+with the length test alone), ``fields`` reranker, no votes: seen / held-out top-1 of the
 plain sum and of the count-weighted merge
 (:func:`~synapse_flwr.simulations.merge_weights.weighted_merge`, rule
 ``count``), beside docs_only and the product, and per global the held-out
@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
-from dataclasses import replace
 
 import numpy as np
 from synapse_flwr.simulations.merge_weights import with_merged
@@ -49,8 +48,8 @@ from synapse_flwr.data.federation import FederatedDataset, load_federated
 from synapse_flwr.eval.results import group_rows, mean_of, run_lab
 
 log = logging.getLogger("count_weight")
-#: The gate as measured here: the length test (a positive count, no count SDs), before the count test shipped.
-LENGTH_TEST = replace(Fusion(), gate_count_sds=0.0)
+#: The shipped gate, which routes every arm here.
+GATE = Fusion()
 
 
 def today_sensitivity2() -> float:
@@ -72,11 +71,11 @@ def noised(exact: Prototype | None, dim: int, sum_sd: float, count_sd: float, rn
 
 
 def routed(glob: Compendium, ds: FederatedDataset, emb: Embedder) -> dict:
-    """Top-1 with the length test alone (as measured), and the held-out tools the gate reads at 0 and 1 count SD."""
+    """Top-1 through the shipped gate, and the held-out tools the length test reads alone and with 1 count SD."""
     held = [e.tool_id in {g for t in ds.heldout_test for g in t.gold} for e in glob.tools]
     protos = [e.prototype for e in glob.tools]
-    return {**accuracy(Router(glob, ds.catalog, embedder=emb, fusion=LENGTH_TEST), ds),
-            "heldout_read": [sum(r and h for r, h in zip(readable(protos, LENGTH_TEST.gate_alpha, s), held))
+    return {**accuracy(Router(glob, ds.catalog, embedder=emb, fusion=GATE), ds),
+            "heldout_read": [sum(r and h for r, h in zip(readable(protos, GATE.gate_alpha, s), held))
                              for s in (0.0, 1.0)]}
 
 
@@ -120,7 +119,7 @@ def one_run(run: dict, cfg: dict, emb: Embedder) -> list[dict]:
 def tables(rows: list[dict], cfg: dict) -> str:
     """Mean seen / held-out top-1 over draws per federation, count weight and merge."""
     lines = [f"# Counts at a weight of their own, seed-{cfg['seed']} dev split", "",
-             ("Mean over noise draws, routed with the length test alone (the gate before its count test). "
+             ("Mean over noise draws, routed through the shipped gate (length, count and documentation tests). "
               "`plain@c_n` / `count@c_n`: prototypes released with count weight c_n (1 is today's), summed or "
               "count-weighted; `product`: the shipped global of the same draw. Held-out tools read: per draw, "
               "tools without experience whose noise the gate reads with the length test alone / with the count "
