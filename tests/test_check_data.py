@@ -241,7 +241,7 @@ def test_tables_describe_what_ran():
     assert "Injected sets" not in text and "None" not in text and "## Merge x render" not in text
     assert "## Contradiction" not in text
     assert "1 exact, 2 near duplicates and 0 garbage dropped of 10" in text
-    assert "3 computed in this run, 4 read from the cache" in text
+    assert "3 computed in this run, 4 read from an earlier run's cache" in text
 
 
 def test_launch_checks_the_folder_before_any_process(folder):

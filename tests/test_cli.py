@@ -252,7 +252,7 @@ def test_a_catalog_without_descriptions_is_named_once(tmp_path, caplog):
         load_catalog(cat)
         load_catalog(cat)
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warned) == 1 and "2 of 3 tools have no description ('book_hotel', 'send_email')" in warned[0]
+    assert len(warned) == 1 and "2 of 3 tools have neither a description nor example requests ('book_hotel', 'send_email')" in warned[0]
 
 
 def test_build_release_beyond_budget_is_a_user_error(data):

@@ -377,5 +377,5 @@ def warn_undocumented(catalog: Catalog, source: str | Path) -> None:
     bare = [d.name for d in catalog.tools if not d.description and not d.examples]
     if bare:
         shown = ", ".join(repr(n) for n in bare[:3]) + (", ..." if len(bare) > 3 else "")
-        warn_once(log, f"{source}: {len(bare)} of {len(catalog)} tools have no description ({shown}): "
-                       "they are routed on their names alone")
+        warn_once(log, f"{source}: {len(bare)} of {len(catalog)} tools have neither a description nor example "
+                       f"requests ({shown}): they are routed on their names alone")
