@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -34,6 +36,23 @@ OutOption = Annotated[
 ]
 
 
+def check_output(output: Path, inputs: list[Path]) -> None:
+    """Refuse, before any work, an output that is a folder or one of the command's inputs."""
+    if output.is_dir():
+        raise SynapseError(f"--output {output} is a folder; name a file to write")
+    clash = [p for p in inputs if p.exists() and output.exists() and p.resolve() == output.resolve()]
+    if clash:
+        raise SynapseError(f"--output {output} is one of the inputs; writing it would destroy that input")
+
+
+def check_org(org: str, what: str = "--org") -> None:
+    """An organisation id the schema accepts: 1-64 of A-Z a-z 0-9 _ . - , starting with a letter or digit."""
+    from synapse_flwr.core.schema import ORG_ID_PATTERN
+
+    if len(org) > 64 or not re.match(ORG_ID_PATTERN, org):
+        raise SynapseError(f"{what} {org!r}: use 1-64 of A-Z a-z 0-9 _ . - , starting with a letter or digit")
+
+
 def _own_or_warning(record: logging.LogRecord) -> bool:
     """Keep libraries' records below WARNING (faiss' optional AVX-512 import at INFO, ...) out of the log."""
     return record.levelno >= logging.WARNING or record.name.startswith("synapse_flwr")
@@ -59,9 +78,15 @@ def build(
         float, typer.Option(help="Privacy budget per record over the whole run; 'inf' turns privacy off.")
     ] = DEFAULT_EPSILON,
     delta: Annotated[float, typer.Option(help="Privacy delta (accounting + phrase selection).")] = DEFAULT_DELTA,
-    rounds: Annotated[int, typer.Option(help="Releases one record may take part in (1: released once).")] = 1,
-    releases: Annotated[int, typer.Option(help="Releases a record has taken part in, this one included.")] = 1,
-    round_: Annotated[int, typer.Option("--round", help="Server round written into the issuer (0: standalone).")] = 0,
+    rounds: Annotated[
+        int, typer.Option(min=1, help="Releases one record may take part in (1: released once).")
+    ] = 1,
+    releases: Annotated[
+        int, typer.Option(min=1, help="Releases a record has taken part in, this one included.")
+    ] = 1,
+    round_: Annotated[
+        int, typer.Option("--round", min=0, help="Server round written into the issuer (0: standalone).")
+    ] = 0,
     seed: Annotated[int, typer.Option(help="Noise seed (combined with org and round).")] = 0,
     embedder: Annotated[
         str, typer.Option(help="Embedding space of the query prototypes: minilm | mpnet | static | none.")
@@ -84,6 +109,8 @@ def build(
     if summarise_model:
         from synapse_flwr.core.llm import scenario_rewriter
 
+    check_org(org)
+    check_output(output, [experience, catalog])
     t0 = time.perf_counter()
     cat = load_catalog(catalog)
     events = load_experience(experience, cat)
@@ -161,6 +188,9 @@ def keygen(
     """
     from synapse_flwr.core.signing import add_to_registry, new_signer, save_private_key
 
+    check_org(owner, "owner")
+    if key_dir.exists() and not key_dir.is_dir():
+        raise SynapseError(f"--dir {key_dir} is a file; name a folder for the keys")
     key_path = key_dir / f"{owner}.key"
     if key_path.exists() and not replace:
         raise SynapseError(f"{key_path} exists; pass --replace to rotate the key of {owner!r}")
@@ -180,6 +210,8 @@ def check_data(folder: Annotated[Path, typer.Argument(help="Dataset folder: cata
     """
     from synapse_flwr.data.check import DataError, require_valid
 
+    if folder.is_file():
+        raise SynapseError(f"{folder} is a file; check-data reads a dataset folder (e.g. {folder.parent})")
     try:
         report = require_valid(folder)
     except DataError as exc:
@@ -191,7 +223,7 @@ def check_data(folder: Annotated[Path, typer.Argument(help="Dataset folder: cata
 @app.command("split-orgs")
 def split_orgs(
     log_file: Annotated[Path, typer.Argument(help="Labelled experience log (e.g. FOLDER/train.jsonl).")],
-    orgs: Annotated[int, typer.Option(help="Organisations (org_org0.jsonl ...).")] = 5,
+    orgs: Annotated[int, typer.Option(min=1, help="Organisations (org_org0.jsonl ...).")] = 5,
     alpha: Annotated[
         float | None, typer.Option(help="Dirichlet concentration of a non-IID split over tools (default: IID).")
     ] = None,
@@ -202,6 +234,9 @@ def split_orgs(
     """Split one labelled log into organisation logs, IID or Dirichlet non-IID."""
     from synapse_flwr.data.split import split_orgs as split
 
+    if alpha is not None and not (math.isfinite(alpha) and alpha > 0):
+        raise SynapseError(f"--alpha must be a finite number > 0 (smaller: more skewed), got {alpha}; omit it "
+                           "for an IID split")
     for org, path in split(log_file, orgs, alpha, seed, out, overwrite).items():
         typer.echo(f"{org}: {path}")
 
@@ -281,6 +316,7 @@ def merge(
 
     if policy not in POLICIES:
         raise SynapseError(f"unknown merge policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    check_output(output, files)
     t0 = time.perf_counter()
     artifacts = []
     for path in files:
@@ -291,13 +327,32 @@ def merge(
     flat = [a for a in artifacts if isinstance(a, FlatCompendium)]
     if flat and policy != "flat-majority":
         raise SynapseError(f"{len(flat)} flat artifact(s) can only be merged with --policy flat-majority")
-    merged = merge_artifacts(artifacts, policy)
+    _warn_merge_inputs(files, artifacts)
+    try:
+        merged = merge_artifacts(artifacts, policy)
+    except ValueError as exc:  # e.g. prototypes from two embedding spaces
+        raise SynapseError(f"cannot merge these artifacts: {exc}") from None
     save_artifact(output, merged)
     conflicts = len(getattr(merged, "conflicts", []))
     log.info(
         "merged %d artifacts with %s into %s (%d conflicts, %.2fs)",
         len(artifacts), policy, output, conflicts, time.perf_counter() - t0,
     )
+
+
+def _warn_merge_inputs(files: list[Path], artifacts: list) -> None:
+    """Say what a merge quietly does with repeated inputs and with private and non-private ones mixed."""
+    from synapse_flwr.core.wire import content_hash
+
+    seen: dict[str, Path] = {}
+    for path, art in zip(files, artifacts):
+        first = seen.setdefault(content_hash(art), path)
+        if first is not path:
+            log.warning("%s is the same artifact as %s: it is merged once", path, first)
+    mechanisms = {getattr(getattr(a, "privacy", None), "mechanism", None) for a in artifacts} - {None}
+    if "none" in mechanisms and len(mechanisms) > 1:
+        log.warning("private and non-private artifacts are mixed: the global's privacy block says 'none', "
+                    "and the non-private inputs carry no guarantee")
 
 
 @app.command()
@@ -318,7 +373,7 @@ def schema(
 @app.command()
 def inspect(
     file: Annotated[Path, typer.Argument(help="An artifact.")],
-    limit: Annotated[int, typer.Option(help="Show at most this many tools (most experience first).")] = 30,
+    limit: Annotated[int, typer.Option(min=0, help="Show at most this many tools (most experience first).")] = 30,
 ) -> None:
     """Summarise an artifact: issuer, privacy, size, and a table of its tools."""
     from synapse_flwr.core.schema import FlatCompendium
@@ -427,10 +482,16 @@ def route(
     """Route queries to tools and print one JSON result per query."""
     from synapse_flwr.core.router import explain_route
 
+    if blank := [i for i, q in enumerate(query, start=1) if not q.strip()]:
+        raise SynapseError(f"query {blank[0]} of {len(query)} is empty: nothing to route")
     router = _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_weight, count_prior)
     for result in router.route_many(query):
-        answer = explain_route(result, router.names) if explain else json.dumps(result.to_dict(router.names), indent=2)
+        answer = (explain_route(result, router.names) if explain
+                  else json.dumps(result.to_dict(router.names), indent=2, ensure_ascii=False))
         typer.echo(answer)
+
+
+TRANSPORTS = ("stdio", "sse", "streamable-http")
 
 
 @app.command()
@@ -449,6 +510,8 @@ def serve(
     """Serve routing to agents as an MCP server with one tool, `route`."""
     from synapse_flwr.serve import build_server
 
+    if transport not in TRANSPORTS:
+        raise SynapseError(f"unknown transport {transport!r}; choose one of {', '.join(TRANSPORTS)}")
     router = _load_router(catalog, compendium, reranker, model, embedder, "typed", 5, llm_weight, count_prior)
     build_server(router).run(transport=transport)
 
@@ -473,7 +536,7 @@ def _log_run_table(output_dir: Path) -> None:
 @app.command()
 def simulate(
     app_dir: Annotated[Path, typer.Option(help="The Flower app (this project's root).")] = Path("."),
-    nodes: Annotated[int, typer.Option(help="Simulated organisations (SuperNodes).")] = 3,
+    nodes: Annotated[int, typer.Option(min=1, help="Simulated organisations (SuperNodes).")] = 3,
     set_: SetOption = [],
     flwr_home: Annotated[Path | None, typer.Option(help="Flower home (default: a new temp folder).")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds before the run is abandoned.")] = 900.0,
@@ -570,6 +633,7 @@ def _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_
     from synapse_flwr.core.catalog import load_catalog
     from synapse_flwr.core.embed import get_embedder
     from synapse_flwr.core.router import Router, voted_fusion
+    from synapse_flwr.core.schema import FlatCompendium
     from synapse_flwr.core.wire import load_artifact
 
     cat = load_catalog(catalog)
@@ -579,6 +643,12 @@ def _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_
             comp = load_artifact(compendium)
         except ArtifactError as exc:
             raise SynapseError(f"{compendium} is not a valid artifact: {exc}") from None
+        held = set(comp.texts) if isinstance(comp, FlatCompendium) else {e.tool_id for e in comp.tools}
+        missing = sorted(held - set(cat.ids))
+        if missing:
+            log.warning("%d of the compendium's %d tools are not in %s (%s%s): nothing routes to them; is this "
+                        "the catalog the federation used?", len(missing), len(held), catalog,
+                        ", ".join(missing[:3]), ", ..." if len(missing) > 3 else "")
     try:
         emb = get_embedder(embedder)
         fusion = None if count_prior is None else replace(voted_fusion(comp, emb.name), prior=count_prior)

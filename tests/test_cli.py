@@ -482,3 +482,104 @@ def test_subprocess_invalid_artifact_to_merge(procs, data):
 
 def test_subprocess_missing_artifact_to_merge(procs, data):
     assert_one_line_error(procs["missing_artifact"], str(data["dir"] / "nope.json"), "cannot read")
+
+
+# --------------------------------------------------------------------------- user mistakes, refused before any work
+
+
+def refused(result, words: str) -> None:
+    """A user mistake: a SynapseError naming it (or typer's usage error), never a traceback or a file."""
+    assert result.exit_code != 0
+    if isinstance(result.exception, SynapseError):
+        assert words in str(result.exception), str(result.exception)
+    else:
+        assert result.exit_code == 2 and words in result.output, (result.output, result.exception)
+
+
+def test_a_build_that_would_claim_zero_releases_or_rounds_is_refused(data):
+    for flag in ("--releases", "--rounds"):
+        res = invoke("build", "--experience", data["acme"], "--catalog", data["catalog"], "--org", "acme",
+                     flag, "0", "-o", data["dir"] / "zero.json")
+        refused(res, flag)
+    assert not (data["dir"] / "zero.json").exists()
+
+
+def test_an_output_that_is_an_input_or_a_folder_is_refused_and_the_input_kept(data, built, tmp_path):
+    log = tmp_path / "org.jsonl"
+    log.write_bytes(data["acme"].read_bytes())
+    refused(invoke("build", "--experience", log, "--catalog", data["catalog"], "--org", "acme", "-o", log),
+            "is one of the inputs")
+    assert log.read_bytes() == data["acme"].read_bytes()
+    before = built["acme"].read_bytes()
+    refused(invoke("merge", built["acme"], built["globex"], "-o", built["acme"]), "is one of the inputs")
+    assert built["acme"].read_bytes() == before
+    refused(invoke("merge", built["acme"], built["globex"], "-o", tmp_path), "is a folder")
+    refused(invoke("schema", "-o", tmp_path), "is a folder")
+
+
+def test_an_org_id_or_key_owner_the_schema_would_refuse_is_refused_first(data, tmp_path):
+    for org in ("", "Acme Corp", "../evil"):
+        refused(invoke("build", "--experience", data["acme"], "--catalog", data["catalog"], "--org", org,
+                       "-o", tmp_path / "x.json"), "--org")
+        refused(invoke("keygen", org, "--dir", tmp_path / "keys"), "owner")
+    assert not (tmp_path / "evil.key").exists() and not (tmp_path / "x.json").exists()
+    refused(invoke("keygen", "bob", "--dir", data["catalog"]), "is a file")
+
+
+def test_merging_spaces_apart_is_a_user_error_and_repeats_are_named(data, built, tmp_path, caplog):
+    static = tmp_path / "static.json"
+    ok(invoke("build", "--experience", data["acme"], "--catalog", data["catalog"], "--org", "acme",
+              "--embedder", "static", "--epsilon", "inf", "-o", static))
+    refused(invoke("merge", built["globex"], static, "-o", tmp_path / "m.json"), "embedding spaces")
+    with caplog.at_level(logging.WARNING, logger="synapse_flwr"):
+        ok(invoke("merge", built["acme"], built["acme"], "-o", tmp_path / "self.json"))
+    assert "is the same artifact as" in caplog.text
+    private = tmp_path / "private.json"
+    ok(invoke("build", "--experience", data["globex"], "--catalog", data["catalog"], "--org", "globex",
+              "--embedder", "static", "-o", private))
+    with caplog.at_level(logging.WARNING, logger="synapse_flwr"):
+        ok(invoke("merge", static, private, "-o", tmp_path / "mixed.json"))
+    assert "private and non-private artifacts are mixed" in caplog.text
+
+
+def test_split_orgs_refuses_a_concentration_or_count_it_cannot_use(tmp_path):
+    log = write_jsonl(tmp_path / "train.jsonl", org_events("acme", True))
+    for args, words in ((["--alpha", "inf"], "--alpha"), (["--alpha", "0"], "--alpha"), (["--orgs", "0"], "--orgs")):
+        refused(invoke("split-orgs", log, *args), words)
+    assert not list(tmp_path.glob("org_*.jsonl"))
+
+
+def test_route_refuses_an_empty_query_and_warns_of_a_catalog_missing_compendium_tools(data, built, tmp_path,
+                                                                                      caplog):
+    refused(invoke("route", "--catalog", data["catalog"], "--embedder", "tfidf", "weather in Rome", "  "),
+            "query 2 of 2 is empty")
+    short = tmp_path / "catalog.json"
+    short.write_text(json.dumps(CATALOG[:1]))
+    with caplog.at_level(logging.WARNING, logger="synapse_flwr"):
+        ok(invoke("route", "--catalog", short, "--compendium", built["global"], "--embedder", "tfidf", "rain?"))
+    assert "2 of the compendium's 3 tools are not in" in caplog.text
+
+
+def test_other_commands_refuse_their_mistakes_before_loading_anything(data, built):
+    refused(invoke("inspect", built["global"], "--limit", "-1"), "--limit")
+    refused(invoke("check-data", data["catalog"]), "is a file")
+    refused(invoke("serve", "--catalog", data["catalog"], "--transport", "carrier-pigeon"), "unknown transport")
+    refused(invoke("simulate", "--nodes", "0"), "--nodes")
+
+
+def test_written_files_are_shareable_and_private_keys_are_not(built, tmp_path):
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert built["global"].stat().st_mode & 0o777 == 0o666 & ~umask
+    ok(invoke("keygen", "acme", "--dir", tmp_path))
+    assert (tmp_path / "acme.key").stat().st_mode & 0o777 == 0o600
+
+
+def test_an_artifact_claiming_more_epsilon_than_its_budget_is_invalid():
+    from pydantic import ValidationError
+
+    from synapse_flwr.core.schema import PrivacyBlock
+
+    assert PrivacyBlock(mechanism="gaussian", epsilon=4.0, epsilon_target=4.0).epsilon == 4.0
+    with pytest.raises(ValidationError, match="exceeds the budget"):
+        PrivacyBlock(mechanism="gaussian", epsilon=9.0, epsilon_target=4.0)

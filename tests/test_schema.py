@@ -296,6 +296,11 @@ def _count_doc(path: str, value: Any) -> dict:
         doc = with_value(doc, "tools.0.stats.successes", 0.0)
     if path.endswith("stats.successes"):
         doc = with_value(doc, "tools.0.stats.calls", MAX_COUNT)
+    # epsilon spent may not exceed its budget: the partner sits where any in-limit value is consistent
+    if path == "privacy.epsilon":
+        doc = with_value(doc, "privacy.epsilon_target", MAX_COUNT)
+    if path == "privacy.epsilon_target":
+        doc = with_value(doc, "privacy.epsilon", 0.0)
     return with_value(doc, path, value)
 
 

@@ -10,6 +10,9 @@ from pathlib import Path
 
 from synapse_flwr.core.errors import InputError
 
+_UMASK = os.umask(0o022)  # reading the umask sets it: put it back at once
+os.umask(_UMASK)
+
 
 def document_items(path: str | Path, text: str) -> list | None:
     """The items of a file that is one JSON document, or None for JSONL (one object a line).
@@ -89,7 +92,7 @@ def read_records(path: str | Path) -> Iterator[tuple[int, dict]]:
         yield lineno, item
 
 
-def write_atomic(path: str | Path, data: bytes | str) -> Path:
+def write_atomic(path: str | Path, data: bytes | str, mode: int | None = None) -> Path:
     """Write ``data`` to ``path`` so that a failure never leaves a partial file.
 
     The bytes go to a temporary file in the same folder, are flushed to disk,
@@ -101,12 +104,24 @@ def write_atomic(path: str | Path, data: bytes | str) -> Path:
         Destination; its folder is created if needed.
     data : bytes or str
         Content (str is written as UTF-8).
+    mode : int or None
+        Permission bits; None: a plain ``open()``'s (0o666 less the umask),
+        since artifacts and results are meant to be shared. A private key
+        passes 0o600.
+
+    Raises
+    ------
+    InputError
+        If ``path`` is a folder.
     """
     path = Path(path)
+    if path.is_dir():
+        raise InputError(path, "is a folder; name a file to write")
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = data.encode("utf-8") if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK if mode is None else mode)  # mkstemp's own mode is 0o600
         with os.fdopen(fd, "wb") as fh:
             fh.write(payload)
             fh.flush()

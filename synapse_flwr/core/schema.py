@@ -49,9 +49,9 @@ VOTE_NOISE_SDS = 6.0  # fusion votes further than this from what the release all
 ToolId = Annotated[
     str, StringConstraints(min_length=1, max_length=128, pattern=r"^[a-z0-9][a-z0-9_.\-]*$")
 ]
-OrgId = Annotated[
-    str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
-]
+#: An organisation id (also a signing key's owner): letters, digits, ``_ . -``, starting with a letter or digit.
+ORG_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
+OrgId = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=ORG_ID_PATTERN)]
 Text = Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT)]
 Count = Annotated[float, Field(ge=0.0, le=MAX_COUNT, allow_inf_nan=False)]
 Rate = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
@@ -364,6 +364,14 @@ class PrivacyBlock(_Strict):
     prototype_weight: Annotated[float, Field(ge=0.0, le=100.0, allow_inf_nan=False)] = 0.0
     sequence_weight: Annotated[float, Field(ge=0.0, le=100.0, allow_inf_nan=False)] = 0.0
     vote_share: Annotated[float, Field(ge=0.0, le=0.5, allow_inf_nan=False)] = 0.0
+
+    @model_validator(mode="after")
+    def _within_budget(self) -> PrivacyBlock:
+        # a release that claims more than its budget is broken or dishonest, never valid
+        if self.epsilon is not None and self.epsilon_target is not None and \
+                self.epsilon > self.epsilon_target * (1 + 1e-9):
+            raise ValueError(f"epsilon {self.epsilon} exceeds the budget, epsilon_target {self.epsilon_target}")
+        return self
 
 
 class Claim(_Strict):

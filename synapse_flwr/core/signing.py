@@ -18,7 +18,6 @@ import base64
 import binascii
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -238,8 +237,7 @@ def load_registry(path: str | Path) -> Registry:
 def save_private_key(path: str | Path, signer: Signer) -> Path:
     """Write ``signer``'s private key as PEM, readable by its owner only."""
     path = Path(path)
-    write_atomic(path, signer.private_pem())
-    os.chmod(path, 0o600)
+    write_atomic(path, signer.private_pem(), mode=0o600)
     return path
 
 
