@@ -229,7 +229,9 @@ def split_orgs(
     ] = None,
     seed: Annotated[int, typer.Option(help="Shuffle / partition seed.")] = 0,
     out: Annotated[Path | None, typer.Option(help="Folder of the org logs (default: beside the log).")] = None,
-    overwrite: Annotated[bool, typer.Option(help="Replace existing org_*.jsonl logs.")] = False,
+    overwrite: Annotated[bool, typer.Option(
+        help="Replace existing logs: every org_*.jsonl in the folder is removed first, so it holds this split alone."
+    )] = False,
 ) -> None:
     """Split one labelled log into organisation logs, IID or Dirichlet non-IID."""
     from synapse_flwr.data.split import split_orgs as split

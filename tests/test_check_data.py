@@ -182,7 +182,7 @@ def test_leak_filter_applies_to_folders(folder):
     assert ds.info["orgs_as_given"] is True
 
 
-def test_split_orgs_round_trip(folder):
+def test_split_orgs_round_trip(folder, caplog):
     for p in folder.glob("org_*.jsonl"):
         p.unlink()
     _jsonl(folder / "train.jsonl", EVENTS)
@@ -192,8 +192,12 @@ def test_split_orgs_round_trip(folder):
     assert report.orgs == {"org0": 4, "org1": 4, "org2": 4}
     ds = load_folder(folder)
     assert sorted(e.query for e in ds.all_events) == sorted(e["query"] for e in EVENTS)
-    skewed = split_orgs(folder / "train.jsonl", 2, alpha=0.5, seed=1, overwrite=True)
+    with caplog.at_level("INFO", logger="synapse_flwr"):
+        skewed = split_orgs(folder / "train.jsonl", 2, alpha=0.5, seed=1, overwrite=True)
     assert sum(len(p.read_text().splitlines()) for p in skewed.values()) == len(EVENTS)
+    # org2 of the first split would otherwise join the federation: removed, and said so
+    assert sorted(p.name for p in folder.glob("org_*.jsonl")) == ["org_org0.jsonl", "org_org1.jsonl"]
+    assert "removed the folder's earlier logs: org_org0.jsonl, org_org1.jsonl, org_org2.jsonl" in caplog.text
     with pytest.raises(Exception, match="--overwrite"):
         split_orgs(folder / "train.jsonl", 2)
 

@@ -89,6 +89,8 @@ def split_orgs(
                            "fewer orgs or a larger alpha")
     for path in existing.values():
         path.unlink()
+    if existing:  # a log left behind would join the federation as one more organisation
+        log.info("removed the folder's earlier logs: %s", ", ".join(sorted(p.name for p in existing.values())))
     written = {}
     for i, part in enumerate(parts):
         written[f"org{i}"] = write_atomic(out_dir / f"org_org{i}.jsonl", write_jsonl(part))
