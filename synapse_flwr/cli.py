@@ -46,11 +46,12 @@ def check_output(output: Path, inputs: list[Path]) -> None:
 
 
 def check_org(org: str, what: str = "--org") -> None:
-    """An organisation id the schema accepts: 1-64 of A-Z a-z 0-9 _ . - , starting with a letter or digit."""
-    from synapse_flwr.core.schema import ORG_ID_PATTERN
+    """An organisation id the schema accepts: letters, digits, ``_ . -``, starting with a letter or digit."""
+    from synapse_flwr.core.schema import MAX_ORG_ID, ORG_ID_PATTERN
 
-    if len(org) > 64 or not re.match(ORG_ID_PATTERN, org):
-        raise SynapseError(f"{what} {org!r}: use 1-64 of A-Z a-z 0-9 _ . - , starting with a letter or digit")
+    if len(org) > MAX_ORG_ID or not re.match(ORG_ID_PATTERN, org):
+        raise SynapseError(f"{what} {org!r}: use 1-{MAX_ORG_ID} of A-Z a-z 0-9 _ . - , starting with a letter "
+                           "or digit")
 
 
 def _own_or_warning(record: logging.LogRecord) -> bool:

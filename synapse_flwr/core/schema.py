@@ -51,7 +51,8 @@ ToolId = Annotated[
 ]
 #: An organisation id (also a signing key's owner): letters, digits, ``_ . -``, starting with a letter or digit.
 ORG_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
-OrgId = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=ORG_ID_PATTERN)]
+MAX_ORG_ID = 64
+OrgId = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ORG_ID, pattern=ORG_ID_PATTERN)]
 Text = Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT)]
 Count = Annotated[float, Field(ge=0.0, le=MAX_COUNT, allow_inf_nan=False)]
 Rate = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
