@@ -268,3 +268,20 @@ def test_a_run_that_merged_nothing_is_a_failure(tmp_path):
     rounds.append({"round": 2, "accepted": [3], "rejected": []})
     (tmp_path / "metrics.json").write_text(json.dumps({"rounds": rounds}))
     assert nothing_merged(tmp_path) is None
+
+
+def test_gzip_files_are_read_by_their_bytes_and_a_compressed_org_log_is_named(folder):
+    import gzip
+
+    from synapse_flwr.core.catalog import load_catalog
+    from synapse_flwr.core.experience import load_experience
+
+    packed = folder / "catalog.json.gz"
+    packed.write_bytes(gzip.compress((folder / "catalog.json").read_bytes()))
+    log = folder / "org_b.jsonl"
+    assert load_catalog(packed).ids == load_catalog(folder / "catalog.json").ids
+    (folder / "org_b.jsonl.gz").write_bytes(gzip.compress(log.read_bytes()))
+    catalog = load_catalog(folder / "catalog.json")
+    assert len(load_experience(folder / "org_b.jsonl.gz", catalog)) == len(load_experience(log, catalog))
+    # in a folder only plain logs are organisations: a compressed one is a problem, never silently left out
+    assert any("org_b.jsonl.gz" in p and "compressed organisation logs are not read" in p for p in _problems(folder))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import tempfile
@@ -48,6 +49,20 @@ def document_items(path: str | Path, text: str) -> list | None:
     return None  # one object on one line: a one-record JSONL file
 
 
+def read_text(path: Path) -> str:
+    """A record file's text: UTF-8 (a BOM tolerated), gunzipped first when it is gzip (by its bytes, not its name).
+
+    Raises
+    ------
+    OSError, UnicodeDecodeError
+        As reading, decompressing or decoding raise them.
+    """
+    data = path.read_bytes()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    return data.decode("utf-8-sig")
+
+
 def read_records(path: str | Path) -> Iterator[tuple[int, dict]]:
     """Yield ``(line, record)`` from a JSON list, a ``{"tools": [...]}`` object or a JSONL file.
 
@@ -66,10 +81,10 @@ def read_records(path: str | Path) -> Iterator[tuple[int, dict]]:
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8-sig")  # tolerate a BOM
+        text = read_text(path)
     except FileNotFoundError:
         raise InputError(path, "file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, EOFError, UnicodeDecodeError) as exc:  # EOFError: a truncated gzip
         raise InputError(path, f"cannot read file: {exc}") from None
     items = document_items(path, text)
     if items is not None:

@@ -36,7 +36,7 @@ from synapse_flwr.core.catalog import (
 )
 from synapse_flwr.core.errors import InputError, SynapseError
 from synapse_flwr.core.experience import Event, TestItem, known_fields, warn_ignored
-from synapse_flwr.core.files import document_items
+from synapse_flwr.core.files import document_items, read_text
 
 log = logging.getLogger(__name__)
 
@@ -150,8 +150,8 @@ def file_hashes(folder: Path) -> dict[str, str]:
 def _scan(path: Path) -> Iterator[tuple[int | None, dict | None, Problem | None]]:
     """Every record of a file as ``(line, record, None)``, every unreadable one as a problem."""
     try:
-        text = path.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_text(path)
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
         yield None, None, Problem(str(path), f"cannot read file: {exc}")
         return
     try:
@@ -287,6 +287,9 @@ def check_folder(folder: str | Path, orgs: Sequence[str] | None = None, max_per_
         return FolderReport(folder, (Problem(exc.path, exc.message),))
     catalog, problems = _check_catalog(path, aliases)
     logs = org_files(folder)
+    # a folder's logs are plain JSONL (docs/formats.md): a compressed one would be left out unsaid
+    problems += [Problem(str(p), "compressed organisation logs are not read", hint=f"gunzip {p}")
+                 for p in sorted(folder.glob(ORG_GLOB + ".gz"))]
     if not logs:
         problems.append(_no_orgs(folder))
     if catalog is None:
