@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 import sys
 import time
 from pathlib import Path
@@ -40,18 +39,21 @@ def check_output(output: Path, inputs: list[Path]) -> None:
     """Refuse, before any work, an output that is a folder or one of the command's inputs."""
     if output.is_dir():
         raise SynapseError(f"--output {output} is a folder; name a file to write")
-    clash = [p for p in inputs if p.exists() and output.exists() and p.resolve() == output.resolve()]
-    if clash:
+    if output.exists() and any(p.exists() and p.resolve() == output.resolve() for p in inputs):
         raise SynapseError(f"--output {output} is one of the inputs; writing it would destroy that input")
 
 
 def check_org(org: str, what: str = "--org") -> None:
-    """An organisation id the schema accepts: letters, digits, ``_ . -``, starting with a letter or digit."""
-    from synapse_flwr.core.schema import MAX_ORG_ID, ORG_ID_PATTERN
+    """Refuse, before any work, an organisation id the artifact's schema would refuse (``schema.OrgId``)."""
+    from pydantic import TypeAdapter, ValidationError
 
-    if len(org) > MAX_ORG_ID or not re.match(ORG_ID_PATTERN, org):
-        raise SynapseError(f"{what} {org!r}: use 1-{MAX_ORG_ID} of A-Z a-z 0-9 _ . - , starting with a letter "
-                           "or digit")
+    from synapse_flwr.core.schema import OrgId
+
+    try:
+        TypeAdapter(OrgId).validate_python(org)
+    except ValidationError:
+        raise SynapseError(f"{what} {org!r}: use 1-64 of A-Z a-z 0-9 _ . - , starting with a letter "
+                           "or digit") from None
 
 
 def _own_or_warning(record: logging.LogRecord) -> bool:

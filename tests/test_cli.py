@@ -518,9 +518,10 @@ def test_an_output_that_is_an_input_or_a_folder_is_refused_and_the_input_kept(da
 
 
 def test_an_org_id_or_key_owner_the_schema_would_refuse_is_refused_first(data, tmp_path):
-    for org in ("", "Acme Corp", "../evil"):
-        refused(invoke("build", "--experience", data["acme"], "--catalog", data["catalog"], "--org", org,
-                       "-o", tmp_path / "x.json"), "--org")
+    for org in ("", "Acme Corp", "../evil", "a" * 65):
+        # the experience log is missing: loading it first would have named that instead
+        refused(invoke("build", "--experience", tmp_path / "absent.jsonl", "--catalog", data["catalog"],
+                       "--org", org, "-o", tmp_path / "x.json"), "--org")
         refused(invoke("keygen", org, "--dir", tmp_path / "keys"), "owner")
     assert not (tmp_path / "evil.key").exists() and not (tmp_path / "x.json").exists()
     refused(invoke("keygen", "bob", "--dir", data["catalog"]), "is a file")
@@ -563,7 +564,9 @@ def test_route_refuses_an_empty_query_and_warns_of_a_catalog_missing_compendium_
 def test_other_commands_refuse_their_mistakes_before_loading_anything(data, built):
     refused(invoke("inspect", built["global"], "--limit", "-1"), "--limit")
     refused(invoke("check-data", data["catalog"]), "is a file")
-    refused(invoke("serve", "--catalog", data["catalog"], "--transport", "carrier-pigeon"), "unknown transport")
+    # the catalog is missing: loading it first would have named that instead
+    refused(invoke("serve", "--catalog", data["dir"] / "absent.json", "--transport", "carrier-pigeon"),
+            "unknown transport")
     refused(invoke("simulate", "--nodes", "0"), "--nodes")
 
 

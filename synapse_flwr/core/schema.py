@@ -49,10 +49,9 @@ VOTE_NOISE_SDS = 6.0  # fusion votes further than this from what the release all
 ToolId = Annotated[
     str, StringConstraints(min_length=1, max_length=128, pattern=r"^[a-z0-9][a-z0-9_.\-]*$")
 ]
-#: An organisation id (also a signing key's owner): letters, digits, ``_ . -``, starting with a letter or digit.
-ORG_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
-MAX_ORG_ID = 64
-OrgId = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ORG_ID, pattern=ORG_ID_PATTERN)]
+OrgId = Annotated[
+    str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+]
 Text = Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT)]
 Count = Annotated[float, Field(ge=0.0, le=MAX_COUNT, allow_inf_nan=False)]
 Rate = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
