@@ -56,6 +56,15 @@ def check_org(org: str, what: str = "--org") -> None:
                            "or digit") from None
 
 
+def check_space(embedder: str) -> None:
+    """Refuse, before any work, an embedder that cannot name a space shared by the federation (``SPACES``)."""
+    from synapse_flwr.flower.config import SPACES
+
+    if embedder not in SPACES:
+        raise SynapseError(f"--embedder {embedder!r}: use one of {' | '.join(SPACES)} (tfidf is fitted per "
+                           "corpus, so organisations' prototypes could not share its space)")
+
+
 def _own_or_warning(record: logging.LogRecord) -> bool:
     """Keep libraries' records below WARNING (faiss' optional AVX-512 import at INFO, ...) out of the log."""
     return record.levelno >= logging.WARNING or record.name.startswith("synapse_flwr")
@@ -92,7 +101,8 @@ def build(
     ] = 0,
     seed: Annotated[int, typer.Option(help="Noise seed (combined with org and round).")] = 0,
     embedder: Annotated[
-        str, typer.Option(help="Embedding space of the query prototypes: minilm | mpnet | static | none.")
+        str, typer.Option(help="Embedding space of the query prototypes, shared by the federation: "
+                          "minilm | mpnet | static | none (none: no prototypes).")
     ] = "minilm",
     summarise_model: Annotated[
         str | None,
@@ -113,6 +123,7 @@ def build(
         from synapse_flwr.core.llm import scenario_rewriter
 
     check_org(org)
+    check_space(embedder)
     check_output(output, [experience, catalog])
     t0 = time.perf_counter()
     cat = load_catalog(catalog)
@@ -637,10 +648,19 @@ def _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_
 
     from synapse_flwr.core.catalog import load_catalog
     from synapse_flwr.core.embed import get_embedder
-    from synapse_flwr.core.router import Router, voted_fusion
+    from synapse_flwr.core.router import (
+        DOCS_CANDIDATES,
+        Router,
+        check_router_args,
+        voted_fusion,
+    )
     from synapse_flwr.core.schema import FlatCompendium
     from synapse_flwr.core.wire import load_artifact
 
+    try:  # before loading anything: a misspelt model or reranker is named at once
+        check_router_args(reranker, k, render, model, "auto", llm_weight, DOCS_CANDIDATES)
+    except ValueError as exc:
+        raise SynapseError(str(exc)) from None
     cat = load_catalog(catalog)
     comp = None
     if compendium is not None:

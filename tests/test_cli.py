@@ -355,6 +355,12 @@ def test_negative_llm_weight_is_a_clear_error(data):
     assert "llm_weight must be >= 0, got -1.0" in str(res.exception)
 
 
+def test_a_misspelt_local_model_is_named_before_anything_loads(tmp_path):
+    # the catalog is missing: loading it first would have named that instead
+    refused(invoke("route", "a forecast", "--catalog", tmp_path / "absent.json", "--reranker", "llm",
+                   "--model", "local/smollm3"), "unknown local model 'local/smollm3'")
+
+
 def test_negative_count_prior_is_a_clear_error(data):
     res = invoke("route", "a forecast", "--catalog", data["catalog"], "--embedder", "tfidf", "--count-prior", "-1")
     assert res.exit_code != 0 and isinstance(res.exception, SynapseError)
@@ -362,21 +368,22 @@ def test_negative_count_prior_is_a_clear_error(data):
 
 
 def test_count_prior_weighs_the_released_calls(data, built):
-    """--count-prior sets the weight of log(1 + calls) inside the prototype evidence (0: queries alone)."""
-    def prototype_evidence(*extra: str) -> float:
+    """--count-prior sets the weight of log(1 + calls), reported as ``prior`` beside the query's ``prototype`` match."""
+    def evidence(*extra: str) -> tuple[float, float]:
         res = invoke("route", "weather forecast for paris", "--catalog", data["catalog"], "--compendium",
                      built["global"], *extra)
         ok(res)
         (weather,) = [c for c in json.loads(res.stdout)["candidates"] if c["tool"] == "get_weather"]
-        return weather["signals"]["prototype"]
+        return weather["signals"]["prototype"], weather["signals"].get("prior", 0.0)
 
     calls = load_artifact(built["global"]).tool("get_weather").prototype.count
     assert calls == 30
-    default, none, double = prototype_evidence(), prototype_evidence("--count-prior", "0"), \
-        prototype_evidence("--count-prior", "1")
-    assert none > 0, "the query's own evidence stays"
-    assert default - none == pytest.approx(0.5 * math.log1p(calls), abs=2e-4)
-    assert double - none == pytest.approx(math.log1p(calls), abs=2e-4)
+    default, none, double = evidence(), evidence("--count-prior", "0"), evidence("--count-prior", "1")
+    assert none[0] > 0, "the query's own evidence stays"
+    assert default[0] == none[0] == double[0], "the query's match does not depend on the prior"
+    assert none[1] == 0
+    assert default[1] == pytest.approx(0.5 * math.log1p(calls), abs=2e-4)
+    assert double[1] == pytest.approx(math.log1p(calls), abs=2e-4)
 
 
 def test_bad_experience_line_names_line_and_field(data, tmp_path):
@@ -487,13 +494,14 @@ def test_subprocess_missing_artifact_to_merge(procs, data):
 # --------------------------------------------------------------------------- user mistakes, refused before any work
 
 
-def refused(result, words: str) -> None:
+def refused(result, words: str):
     """A user mistake: a SynapseError naming it (or typer's usage error), never a traceback or a file."""
     assert result.exit_code != 0
     if isinstance(result.exception, SynapseError):
         assert words in str(result.exception), str(result.exception)
     else:
         assert result.exit_code == 2 and words in result.output, (result.output, result.exception)
+    return result
 
 
 def test_a_build_that_would_claim_zero_releases_or_rounds_is_refused(data):
@@ -525,6 +533,20 @@ def test_an_org_id_or_key_owner_the_schema_would_refuse_is_refused_first(data, t
         refused(invoke("keygen", org, "--dir", tmp_path / "keys"), "owner")
     assert not (tmp_path / "evil.key").exists() and not (tmp_path / "x.json").exists()
     refused(invoke("keygen", "bob", "--dir", data["catalog"]), "is a file")
+
+
+def test_build_refuses_an_unshared_space_first_and_an_out_of_range_epsilon_in_one_line(data, tmp_path):
+    for name in ("tfidf", "bogus"):
+        # the experience log is missing: loading it first would have named that instead
+        res = refused(invoke("build", "--experience", tmp_path / "absent.jsonl", "--catalog", data["catalog"],
+                             "--org", "acme", "--embedder", name, "-o", tmp_path / "x.json"), "--embedder")
+        assert "minilm | mpnet | static | none" in str(res.exception)
+    for epsilon, delta, hint in (("1e9", "1e-5", "inf to turn privacy off"), ("1e-9", "1e-13", "a larger epsilon")):
+        res = refused(invoke("build", "--experience", data["acme"], "--catalog", data["catalog"], "--org", "acme",
+                             "--embedder", "static", "--epsilon", epsilon, "--delta", delta,
+                             "-o", tmp_path / "x.json"), hint)
+        assert "PrivacyParams(" not in str(res.exception)
+    assert not (tmp_path / "x.json").exists()
 
 
 def test_merging_spaces_apart_is_a_user_error_and_repeats_are_named(data, built, tmp_path, caplog):

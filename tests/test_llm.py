@@ -325,6 +325,8 @@ def test_llm_mode_and_weight_errors_are_clear() -> None:
         Router(None, CATALOG, embedder=TfidfEmbedder(), llm_weight=-1.0)
     with pytest.raises(ValueError, match="llm_mode"):
         Router(None, CATALOG, embedder=TfidfEmbedder(), llm_mode="vote")
+    with pytest.raises(ValueError, match="unknown local model 'local/gemma9'; valid: local/gemma3, local/smollm2"):
+        Router(None, CATALOG, embedder=TfidfEmbedder(), reranker="llm", model="local/gemma9")
 
 
 # --- a hosted model's request/response path, against a local OpenAI-compatible server
@@ -388,7 +390,7 @@ def test_hosted_model_over_http_routes_with_the_list_reranker(openai_server: lis
     assert np.allclose(forward, backward)
 
 
-def test_hosted_server_down_falls_back_to_retrieval(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hosted_server_down_falls_back_to_retrieval(monkeypatch: pytest.MonkeyPatch, capfd) -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), OpenAIHandler)
     port = server.server_address[1]
     server.server_close()  # nothing listens there now
@@ -397,6 +399,8 @@ def test_hosted_server_down_falls_back_to_retrieval(monkeypatch: pytest.MonkeyPa
     router = Router(None, CATALOG, embedder=TfidfEmbedder(), reranker="llm", k=4, model="openai/test-model")
     result = router.route("send an email to my landlord")
     assert result.fallback and result.decided_by == ["retrieval"] and router.fallbacks == 1
+    # stdout carries `synapse route`'s JSON and the MCP server's stdio channel: litellm's help banner stays off it
+    assert capfd.readouterr().out == ""
 
 
 # --- embedded models: channel scores (slow) ---------------------------------------------

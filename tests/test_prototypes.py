@@ -29,7 +29,13 @@ from synapse_flwr.core.prototypes import (
     sum_prototypes,
 )
 from synapse_flwr.core.release import combine
-from synapse_flwr.core.router import Fusion, Router, explain_route
+from synapse_flwr.core.router import (
+    Candidate,
+    Fusion,
+    Router,
+    decided_by,
+    explain_route,
+)
 from synapse_flwr.core.schema import Compendium, EmbeddingSpace, Issuer, ToolEntry
 from synapse_flwr.core.wire import canonical_json
 
@@ -240,6 +246,20 @@ def test_explain_names_the_deciding_field():
     assert result.tool == "get_weather" and result.candidates[0].signals["prototype"] > 0
     text = explain_route(result)
     assert "tool: get_weather" in text and "decided by:" in text and "prototype=" in text
+
+
+def test_explain_reports_the_count_prior_apart_from_the_query_match():
+    comp = build_compendium(EVENTS, CATALOG, "acme", embedder=BagEmbedder())
+    r = Router(comp, CATALOG, embedder=BagEmbedder(), reranker="fields", fusion=Fusion(prior=0.5))
+    result = r.route("umbrella umbrella")
+    top = result.candidates[0]
+    scored = r.evidence(["umbrella umbrella"])["prototype"][0, r.position[top.tool_id]]
+    assert top.signals["prototype"] > 0
+    assert top.signals["prior"] == pytest.approx(0.5 * math.log1p(comp.tool(top.tool_id).prototype.count), rel=1e-5)
+    assert top.signals["prototype"] + top.signals["prior"] == pytest.approx(float(scored), rel=1e-5)
+    # a route the released count alone decided is not credited to the query's likeness
+    ranked = [Candidate("get_weather", 2.0, 2.0, {"prototype": 0.0, "prior": 1.5}), Candidate("visa_rules", 1.0, 1.0)]
+    assert decided_by(ranked, "visa_rules") == ["prior"]
 
 
 def test_experience_is_silent_when_the_docs_choice_has_none():

@@ -40,6 +40,10 @@ logger = logging.getLogger(__name__)
 # thousands of calls would drown the caller's own progress and summary.
 for _name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
     logging.getLogger(_name).setLevel(logging.WARNING)
+# litellm prints a help banner to stdout on every failed call: it would corrupt
+# `synapse route`'s JSON answer and the MCP server's stdio channel (the failure
+# itself reaches the caller as an exception, which the router logs).
+litellm.suppress_debug_info = True
 # Seconds between progress lines of a long batch of embedded-model scores.
 PROGRESS_EVERY_S = 30.0
 

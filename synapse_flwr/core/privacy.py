@@ -354,9 +354,11 @@ def gaussian_noise_multiplier(epsilon: float, delta: float, releases: int) -> fl
     # delta(mu) grows with mu = sqrt(R)/z: solve in mu, then keep the safe side
     low, high = _MU_RANGE
     if gaussian_delta(low, epsilon) > delta:
-        raise ValueError(f"epsilon {epsilon:g} at delta {delta:g} needs a noise multiplier above {root / low:.3g}")
+        raise ValueError(f"epsilon {epsilon:g} at delta {delta:g} needs a noise multiplier above {root / low:.3g}; "
+                         "choose a larger epsilon")
     if gaussian_delta(high, epsilon) <= delta:
-        raise ValueError(f"epsilon {epsilon:g} at delta {delta:g} allows almost no noise (z below {root / high:.3g})")
+        raise ValueError(f"epsilon {epsilon:g} at delta {delta:g} allows almost no noise (z below {root / high:.3g}); "
+                         "choose a smaller epsilon, or inf to turn privacy off")
     mu = brentq(lambda m: gaussian_delta(m, epsilon) - delta, low, high, xtol=1e-14, rtol=1e-14)
     # a relative 1e-9 more noise than the root: the reported epsilon stays below the target
     z = root / mu * (1 + 1e-9)
@@ -395,7 +397,7 @@ def calibrate(params: PrivacyParams) -> Calibration:
     try:
         z_all = gaussian_noise_multiplier(params.epsilon, delta_accounting, params.rounds)
     except ValueError as exc:
-        raise ValueError(f"cannot calibrate noise for {params}: {exc}") from exc
+        raise ValueError(f"cannot calibrate noise for {params.rounds} release(s) per record: {exc}") from exc
     # GDP composes in squares: the releases keep (1 - share) mu^2, the vote share * mu^2
     share = params.vote_share
     z = z_all / math.sqrt(1 - share)

@@ -550,6 +550,13 @@ def check_router_args(reranker: str, k: int, render: str, model: str, llm_mode: 
     """Reject a router configuration that cannot work, naming the argument and its choices."""
     if llm_mode not in LLM_MODES:
         raise ValueError(f"unknown llm_mode {llm_mode!r}; choose one of {', '.join(LLM_MODES)}")
+    if reranker == "llm" and model.startswith("local/"):
+        # imported here: litellm loads only for an LLM reranker
+        from synapse_flwr.core.llm import LOCAL_MODELS
+
+        if model.removeprefix("local/") not in LOCAL_MODELS:
+            raise ValueError(f"unknown local model {model!r}; valid: "
+                             + ", ".join(f"local/{n}" for n in sorted(LOCAL_MODELS)))
     if llm_mode == "channel" and not model.startswith("local/"):
         raise ValueError(f"llm_mode 'channel' needs an embedded local/ model, not {model!r}")
     if llm_weight is not None and not llm_weight >= 0:
@@ -848,6 +855,20 @@ class Router:
             "success_prior": min(0.0, math.log((stats.successes + 1) / (stats.calls + 2) / 0.5)) if known else 0.0,
         }
 
+    def _prior_part(self, qv: np.ndarray, tool: int, evidence: float) -> dict[str, float]:
+        """A tool's prototype evidence split into the query's match (``prototype``) and the count prior (``prior``).
+
+        Reported apart so an explanation does not credit the query's likeness
+        to a prototype with what only the tool's released count decided (a
+        query unlike every prototype is routed by the prior alone); the score
+        is their sum, unchanged.
+        """
+        if evidence <= 0 or self.prototypes is None:
+            return {}
+        dirs, gain, prior = self.prototypes
+        match = self.fusion.prototype * max(float(qv @ dirs[tool]) - self.fusion.margin, 0.0) * float(gain[tool])
+        return {"prototype": match, "prior": float(prior[tool])}
+
     def _prefer_target(self, qv: np.ndarray, tool: int) -> tuple[str | None, float]:
         """The ``prefer`` tool of the best-matching when_not scenario, with its similarity."""
         start = self.row_end[tool] - len(self.entries[self.tool_ids[tool]].when_not)
@@ -868,7 +889,8 @@ class Router:
         for t in cand:
             tool_id = self.tool_ids[t]
             # (a flat render has no fields to read: its entries are documentation only)
-            s = {**{f: float(parts[f][t]) for f in EVIDENCE}, **self._field_signals(qv, t, best_doc)}
+            s = {**{f: float(parts[f][t]) for f in EVIDENCE}, **self._prior_part(qv, t, float(parts["prototype"][t])),
+                 **self._field_signals(qv, t, best_doc)}
             # `when` is reported but not added: retrieval already counts scenario
             # evidence (weights[2]); counting it twice cost held-out accuracy (seed 7)
             score = fused[t] - s["when_not"]
@@ -1080,14 +1102,15 @@ def decided_by(ranked: Sequence[Candidate], docs_choice: str) -> list[str]:
 
     ``["description"]`` when the documentation alone would have picked the
     same tool among the candidates; otherwise the experience fields with
-    evidence for the winner (``phrases``, ``scenario``, ``prototype``,
-    ``redirected``), and ``when_not`` when the documentation's choice was
+    evidence for the winner (``phrases``, ``scenario``, ``prototype``: the
+    query's match with the tool's prototype, ``prior``: the tool's released
+    count, ``redirected``), and ``when_not`` when the documentation's choice was
     ruled out by one of its ``when_not`` scenarios.
     """
     top = ranked[0]
     if top.tool_id == docs_choice:
         return ["description"]
-    fields = [f for f in ("phrases", "scenario", "prototype", "redirected") if top.signals.get(f, 0) > 0]
+    fields = [f for f in ("phrases", "scenario", "prototype", "prior", "redirected") if top.signals.get(f, 0) > 0]
     loser = next((c for c in ranked if c.tool_id == docs_choice), None)
     if loser is not None and loser.signals.get("when_not", 0) > 0:
         fields.append("when_not")
