@@ -520,16 +520,28 @@ def serve(
     model: Annotated[str, typer.Option(help="litellm model for --reranker llm.")] = "local/smollm2",
     embedder: Annotated[str, typer.Option(help="minilm, mpnet, static or tfidf.")] = "minilm",
     transport: Annotated[str, typer.Option(help="MCP transport: stdio, sse or streamable-http.")] = "stdio",
+    host: Annotated[str | None, typer.Option(help="Address an HTTP transport listens on (default 127.0.0.1: "
+                                             "this machine only).")] = None,
+    port: Annotated[int | None, typer.Option(min=1, max=65535, help="Port of an HTTP transport (default 8000); "
+                                             "streamable-http answers at /mcp, sse at /sse.")] = None,
     llm_weight: LLMWeightOption = None,
     count_prior: CountPriorOption = None,
 ) -> None:
     """Serve routing to agents as an MCP server with one tool, `route`."""
-    from synapse_flwr.serve import build_server
+    from synapse_flwr.serve import build_server, check_listen
 
     if transport not in TRANSPORTS:
         raise SynapseError(f"unknown transport {transport!r}; choose one of {', '.join(TRANSPORTS)}")
+    listen = {}
+    if transport != "stdio":
+        listen = {"host": host or "127.0.0.1", "port": port or 8000}
+        check_listen(**listen)
+    elif host is not None or port is not None:
+        raise SynapseError("--host and --port apply to --transport sse or streamable-http, not stdio")
     router = _load_router(catalog, compendium, reranker, model, embedder, "typed", 5, llm_weight, count_prior)
-    build_server(router).run(transport=transport)
+    log.info("serving %d tools over %s%s", len(router.tool_ids), transport,
+             f" at http://{listen['host']}:{listen['port']}" if listen else "")
+    build_server(router).run(transport=transport, **listen)
 
 
 SetOption = Annotated[

@@ -7,8 +7,10 @@ decided. The router (compendium, catalog, embedder) is built once at start.
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
+from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.router import Router
 
 INSTRUCTIONS = (
@@ -37,3 +39,27 @@ def build_server(router: Router, name: str = "synapse-router") -> Any:
         return router.route(query).to_dict(router.names)
 
     return server
+
+
+def check_listen(host: str, port: int) -> None:
+    """Refuse, before the router loads, an address an HTTP transport could not listen on.
+
+    Parameters
+    ----------
+    host : str
+        Address to listen on.
+    port : int
+        TCP port.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise SynapseError(f"--host {host!r} does not resolve: {exc}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise SynapseError(f"cannot listen on {host}:{port} ({exc.strerror}); is another server there? "
+                               "choose another --port") from None

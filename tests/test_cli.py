@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -311,7 +312,7 @@ HELP = {
     "inspect": ["FILE", "--limit"],
     "route": ["QUERY", "--catalog", "--compendium", "--reranker", "--model", "--embedder", "--render",
               "--llm-weight", "--count-prior"],
-    "serve": ["--catalog", "--compendium", "--transport", "--llm-weight", "--count-prior"],
+    "serve": ["--catalog", "--compendium", "--transport", "--host", "--port", "--llm-weight", "--count-prior"],
     "simulate": ["--nodes", "--set", "--flwr-home"],
     "deploy-local": ["--nodes", "--node", "--catalog", "--set"],
 }
@@ -589,6 +590,12 @@ def test_other_commands_refuse_their_mistakes_before_loading_anything(data, buil
     # the catalog is missing: loading it first would have named that instead
     refused(invoke("serve", "--catalog", data["dir"] / "absent.json", "--transport", "carrier-pigeon"),
             "unknown transport")
+    refused(invoke("serve", "--catalog", data["dir"] / "absent.json", "--port", "8123"), "not stdio")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        refused(invoke("serve", "--catalog", data["dir"] / "absent.json", "--transport", "streamable-http",
+                       "--port", str(taken.getsockname()[1])), "choose another --port")
     refused(invoke("simulate", "--nodes", "0"), "--nodes")
 
 

@@ -1,10 +1,13 @@
-"""`synapse serve`: a real MCP client talks to the server over stdio."""
+"""`synapse serve`: a real MCP client talks to the server over stdio and over streamable HTTP."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,7 @@ pytest.importorskip("mcp", reason="the mcp package is not installed")
 
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
 
 SYNAPSE = Path(sys.executable).parent / "synapse"
 
@@ -40,3 +44,38 @@ def test_mcp_client_routes_through_the_server(tmp_path):
     assert tools == ["route"]
     assert answer["tool"] == "get_weather"
     assert [c["tool"] for c in answer["candidates"]][0] == "get_weather"
+
+
+async def _call_http(url: str, query: str) -> dict:
+    async with streamable_http_client(url) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        return json.loads((await session.call_tool("route", {"query": query})).content[0].text)
+
+
+@pytest.mark.slow
+def test_mcp_client_routes_over_streamable_http_on_the_port_given(tmp_path):
+    catalog = tmp_path / "catalog.json"
+    catalog.write_text(json.dumps([
+        {"name": "Get Weather", "description": "Weather forecast: rain, snow, temperature."},
+        {"name": "book_hotel", "description": "Book a hotel room for given dates."},
+    ]))
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    server = subprocess.Popen([str(SYNAPSE), "serve", "--catalog", str(catalog), "--embedder", "tfidf",
+                               "--transport", "streamable-http", "--port", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, server.stderr.read().decode()
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert time.monotonic() < deadline, "the server never listened"
+            time.sleep(0.2)
+        answer = asyncio.run(asyncio.wait_for(_call_http(f"http://127.0.0.1:{port}/mcp", "will it rain in Oslo?"), 60))
+        assert answer["tool"] == "Get Weather" and answer["tool_id"] == "get_weather"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
