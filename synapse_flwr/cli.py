@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.privacy import DEFAULT_DELTA, DEFAULT_EPSILON
@@ -115,8 +115,6 @@ def build(
     from synapse_flwr.core.catalog import load_catalog
     from synapse_flwr.core.embed import get_embedder
     from synapse_flwr.core.experience import load_experience
-    from synapse_flwr.core.prototypes import readable
-    from synapse_flwr.core.router import Fusion
     from synapse_flwr.core.wire import content_hash, encode, save_artifact
 
     if summarise_model:
@@ -155,8 +153,7 @@ def build(
         time.perf_counter() - t0,
     )
     if comp.privacy.mechanism != "none" and any(t.prototype for t in comp.tools):
-        gate = Fusion()
-        read = sum(readable([t.prototype for t in comp.tools], gate.gate_alpha, gate.gate_count_sds))
+        read = sum(_above_noise(comp).values())
         log.info("prototypes above the noise (length and count tests): %d of %d tools; a router reads those "
                  "that also point along their tool's documentation", read, len(comp.tools))
         if not read:
@@ -423,28 +420,46 @@ def inspect(
     console.print(f"tools: {len(art.tools)}, conflicts: {len(art.conflicts)}")
     if art.votes is not None:
         console.print(_votes_line(art.votes))
-    table = Table("tool", "when", "when_not", "precautions", "calls", "success", "orgs", "top scenario")
+    read = {tool: f"{art.tool(tool).prototype.count:.0f}" + (" *" if m else "") for tool, m in _above_noise(art).items()}
     ranked = sorted(art.tools, key=lambda t: (-t.stats.calls, t.tool_id))[:limit]
+    # the tool's id whole (up to 40 columns) and the short columns unbroken: the orgs and the scenario wrap instead
+    widest = min(40, max([4, *(len(t.tool_id) for t in ranked)]))
+    table = Table(Column("tool", no_wrap=True, min_width=widest), Column("when/not/prec", no_wrap=True),
+                  "calls", "success", Column("prototype", no_wrap=True), "orgs", "top scenario")
     for t in ranked:
         rate = t.stats.success_rate
         top = max(t.when, key=lambda s: s.support).text if t.when else ""
         table.add_row(
             t.tool_id,
-            str(len(t.when)),
-            str(len(t.when_not)),
-            str(len(t.precautions)),
+            f"{len(t.when)}/{len(t.when_not)}/{len(t.precautions)}",
             f"{t.stats.calls:.0f}",
             "-" if rate is None else f"{rate:.0%}",
+            read.get(t.tool_id, "-"),
             ",".join(t.provenance.orgs),
             top,
         )
     console.print(table)
+    if read:
+        console.print(f"prototype: its released query count; * above the noise (length and count tests): "
+                      f"{sum(m.endswith('*') for m in read.values())} of {len(read)} tools. A router reads those "
+                      "that also point along their tool's documentation.")
     if art.conflicts:
         ctable = Table("tool", "field", "subject", "claims", "resolution")
         for c in art.conflicts[:limit]:
             claims = "; ".join(f"{cl.view} {cl.support:g} ({','.join(cl.orgs)})" for cl in c.claims)
             ctable.add_row(c.tool_id, c.field, c.subject, claims, c.resolution)
         console.print(ctable)
+
+
+def _above_noise(art) -> dict[str, bool]:
+    """Per tool with a prototype, whether it clears the router's noise tests (length and count)."""
+    from synapse_flwr.core.prototypes import readable
+    from synapse_flwr.core.router import Fusion
+
+    tools = [t for t in art.tools if t.prototype is not None]
+    gate = Fusion()
+    return dict(zip([t.tool_id for t in tools],
+                    readable([t.prototype for t in tools], gate.gate_alpha, gate.gate_count_sds)))
 
 
 def _votes_line(votes) -> str:

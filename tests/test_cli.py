@@ -204,11 +204,13 @@ def test_inspect_prints_the_tool_table(built):
     out = res.stdout
     assert "global artifact from global" in out and "policy typed" in out
     assert "tools: 3" in out and "conflicts:" in out and "sha256" in out
-    for header in ("tool", "when_not", "precautions", "calls", "success", "orgs"):
+    for header in ("tool", "when/not/prec", "calls", "success", "prototype", "orgs"):
         assert header in out
     for tool in ("book_flight", "convert_currency", "get_weather"):
         assert tool in out
     assert "acme,globex" in out
+    # the prototypes are what a private artifact carries: their released counts, marked when above the noise
+    assert "prototype" in out and "30 *" in out and "above the noise (length and count tests): 3 of 3 tools" in out
     res = invoke("inspect", built["acme"], "--limit", "1")
     ok(res)
     assert "org artifact from acme" in res.stdout
