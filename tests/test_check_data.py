@@ -73,8 +73,12 @@ def test_bad_json_lines_each_named(folder):
 
 
 def test_bad_field(folder):
-    _jsonl(folder / "org_b.jsonl", [{"query": "x", "tool": "book_hotel"}])
-    assert any("org_b.jsonl:1: field 'success'" in p for p in _problems(folder))
+    _jsonl(folder / "org_b.jsonl", [{"query": "x", "tool": "book_hotel"},
+                                    {"query": "x", "tool": "book_hotel", "success": "maybe"}])
+    problems = _problems(folder)
+    assert any("org_b.jsonl:1: field 'success': Field required" in p for p in problems)
+    # the value given is named, so a converter's wrong encoding shows at once
+    assert any("org_b.jsonl:2: field 'success': Input should be a valid boolean, got 'maybe'" in p for p in problems)
 
 
 def test_fields_outside_the_format_are_ignored_and_named_once_per_file(folder, caplog):

@@ -148,9 +148,11 @@ def warn_ignored(path: Path, notes: Counter[str]) -> None:
         warn_once(log, f"{path}: {notes[QUERY_CUT]} queries longer than {MAX_QUERY} characters cut to that length")
 
 
-def _first_error(exc: ValidationError) -> tuple[str, str]:
+def first_error(exc: ValidationError) -> tuple[str, str]:
+    """The field path and message of a record's first validation error, with the value given (cut to 40 characters)."""
     err = exc.errors()[0]
-    return ".".join(str(p) for p in err["loc"]) or "(record)", err["msg"]
+    got = "" if err["type"] == "missing" or "input" not in err else f", got {repr(err['input'])[:40]}"
+    return ".".join(str(p) for p in err["loc"]) or "(record)", err["msg"] + got
 
 
 def _resolver(catalog: Catalog | None, path: Path, line: int):
@@ -206,7 +208,7 @@ def load_experience(path: str | Path, catalog: Catalog | None = None, warn: bool
         try:
             event = Event.model_validate(obj)
         except ValidationError as exc:
-            field_name, message = _first_error(exc)
+            field_name, message = first_error(exc)
             raise InputError(path, message, line=line, field=field_name) from None
         events.append(resolve_event(event, catalog, path, line))
     if warn:
@@ -230,7 +232,7 @@ def load_testset(path: str | Path, catalog: Catalog | None = None, warn: bool = 
         try:
             item = TestItem.model_validate(obj)
         except ValidationError as exc:
-            field_name, message = _first_error(exc)
+            field_name, message = first_error(exc)
             raise InputError(path, message, line=line, field=field_name) from None
         resolve = _resolver(catalog, path, line)
         gold_ids = tuple(dict.fromkeys(resolve(g, "gold") for g in item.gold))

@@ -35,7 +35,13 @@ from synapse_flwr.core.catalog import (
     with_examples_file,
 )
 from synapse_flwr.core.errors import InputError, SynapseError
-from synapse_flwr.core.experience import Event, TestItem, known_fields, warn_ignored
+from synapse_flwr.core.experience import (
+    Event,
+    TestItem,
+    first_error,
+    known_fields,
+    warn_ignored,
+)
 from synapse_flwr.core.files import document_items, read_text
 
 log = logging.getLogger(__name__)
@@ -221,9 +227,8 @@ def _record_problems(path: Path, obj: dict, line: int, catalog: Catalog, test: b
     try:
         record = (TestItem if test else Event).model_validate(obj)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "(record)"
-        return [Problem(str(path), err["msg"], line, where)]
+        where, message = first_error(exc)
+        return [Problem(str(path), message, line, where)]
     names = (
         [("gold", g) for g in record.gold] if test
         else [(f, n) for f in ("tool", "gold", "prev_tool") if (n := getattr(record, f))]
