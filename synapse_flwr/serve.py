@@ -7,11 +7,11 @@ decided. The router (compendium, catalog, embedder) is built once at start.
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.router import Router
+from synapse_flwr.flower.processes import bind_problem
 
 INSTRUCTIONS = (
     "Before calling one of your tools for a user request, call `route` with the request: "
@@ -50,16 +50,11 @@ def check_listen(host: str, port: int) -> None:
         Address to listen on.
     port : int
         TCP port.
+
+    Raises
+    ------
+    SynapseError
+        If the address does not resolve or the port is taken or not allowed.
     """
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError as exc:
-        raise SynapseError(f"--host {host!r} does not resolve: {exc}") from None
-    family, kind, proto, _, address = infos[0]
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(address)
-        except OSError as exc:
-            raise SynapseError(f"cannot listen on {host}:{port} ({exc.strerror}); is another server there? "
-                               "choose another --port") from None
+    if problem := bind_problem(host, port):
+        raise SynapseError(f"cannot listen on {host}:{port} ({problem}); choose another --host or --port")

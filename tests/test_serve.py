@@ -79,3 +79,18 @@ def test_mcp_client_routes_over_streamable_http_on_the_port_given(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_an_address_serve_cannot_listen_on_is_refused_with_the_reason():
+    from synapse_flwr.core.errors import SynapseError
+    from synapse_flwr.serve import check_listen
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SynapseError, match=rf"cannot listen on 127\.0\.0\.1:{port} \(Address already in use\)"):
+            check_listen("127.0.0.1", port)
+    check_listen("127.0.0.1", port)  # free again once the other server is gone
+    with pytest.raises(SynapseError, match=r"'no-such-host\.invalid' does not resolve"):
+        check_listen("no-such-host.invalid", 8000)

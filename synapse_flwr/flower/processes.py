@@ -52,6 +52,36 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def bind_problem(host: str, port: int) -> str | None:
+    """Why a server could not listen on ``host:port`` right now (None when it could).
+
+    Parameters
+    ----------
+    host : str
+        Address to listen on (a name or an IP address).
+    port : int
+        TCP port.
+
+    Returns
+    -------
+    str or None
+        The reason (unresolvable address, port busy, not allowed), or None.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        return f"{host!r} does not resolve: {exc.strerror or exc}"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        # Servers set SO_REUSEADDR: a port left in TIME_WAIT is free to them, a listening one is not.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
+
+
 def check_port(port: int, what: str) -> int:
     """Return ``port`` if it can be bound on 127.0.0.1.
 
@@ -72,12 +102,9 @@ def check_port(port: int, what: str) -> int:
     SynapseError
         If it is busy.
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((HOST, port))
-        except OSError as exc:
-            raise SynapseError(f"port {port} for the {what} is busy ({exc.strerror}); "
-                               "choose another or leave it unset to pick a free one") from None
+    if problem := bind_problem(HOST, port):
+        raise SynapseError(f"port {port} for the {what} is busy ({problem}); "
+                           "choose another or leave it unset to pick a free one")
     return port
 
 
