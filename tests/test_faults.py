@@ -15,7 +15,11 @@ from __future__ import annotations
 import base64
 import gzip
 import math
+import os
 import random
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from flwr.app import ConfigRecord, Error, Message, MetricRecord, RecordDict
@@ -40,6 +44,7 @@ from synapse_flwr.data.federation import demo_dir
 from synapse_flwr.flower.server_app import RunRecorder, empty_global
 
 SUPERLINK = 1  # the node id the SuperLink answers from for an unavailable node
+needs_proc = pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads Linux /proc")
 
 
 class FakeGrid:
@@ -230,6 +235,108 @@ def test_a_dead_supernodes_superexec_is_stopped(tmp_path):
         for proc in (orphan, bystander):
             proc.kill()
             proc.wait()
+        group.stop(grace=5, linger=1)
+
+
+# A tagged parent that starts a child and sleeps; the child runs argv[1] with the pid file argv[2].
+SPAWNER = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', *sys.argv[1:]]); time.sleep(60)"
+# Writes its pid (atomically) once its title is set, as Ray's DashboardAgent sets its own.
+FAKE_AGENT = ("import os, sys, time\n"
+              "from ray._raylet import setproctitle\n"
+              "setproctitle('ray::FakeAgent')\n"
+              "open(sys.argv[1] + '.tmp', 'w').write(str(os.getpid()))\n"
+              "os.replace(sys.argv[1] + '.tmp', sys.argv[1])\n"
+              "time.sleep(60)\n")
+# Starts a grandchild without the session's tag (as if wiped), writes its pid.
+UNTAGGED_CHILD = ("import os, subprocess, sys, time\n"
+                  "env = {k: v for k, v in os.environ.items() if k != 'SYNAPSE_FLWR_SESSION'}\n"
+                  "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], env=env)\n"
+                  "open(sys.argv[1] + '.tmp', 'w').write(str(child.pid))\n"
+                  "os.replace(sys.argv[1] + '.tmp', sys.argv[1])\n"
+                  "time.sleep(60)\n")
+
+
+def wait_for_pid(path: Path, timeout: float = 30.0) -> int:
+    """The pid a test process wrote to ``path``."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"no pid written to {path}"
+        time.sleep(0.05)
+    return int(path.read_text())
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` runs (not a zombie), read from /proc."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def kill_if(pid: int, title: str) -> None:
+    """SIGKILL ``pid`` if it still runs under ``title`` (a test's leftover, not a reused pid)."""
+    import signal
+
+    if running(pid) and Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode() == title:
+        os.kill(pid, signal.SIGKILL)
+
+
+@needs_proc
+def test_a_ray_agent_whose_title_wiped_its_tag_is_found_and_stopped(tmp_path):
+    """Regression: Ray's agents call setproctitle, which wipes /proc/<pid>/environ (the tag); teardown left them
+    running after their parent was stopped. They are found as descendants, remembered, and stopped."""
+    import signal
+
+    pytest.importorskip("ray._raylet")
+    from synapse_flwr.flower.processes import TAG_ENV, ProcessGroup, tagged_processes
+
+    tag = "test-agents"
+    # setproctitle wipes the environment up to the first variable the process rewrote (Ray's import rewrites
+    # RAY_CLIENT_MODE), so the tag goes first to be wiped, as it is in Ray's agents
+    group = ProcessGroup(tag, {TAG_ENV: tag, **os.environ}, tmp_path)
+    parent = group.start("raylet", [sys.executable, "-c", SPAWNER, FAKE_AGENT, str(tmp_path / "agent.pid")],
+                         cwd=tmp_path)
+    agent = wait_for_pid(tmp_path / "agent.pid")
+    try:
+        marker = f"{TAG_ENV}={tag}".encode()
+        assert marker in Path(f"/proc/{parent.pid}/environ").read_bytes().split(b"\0")
+        assert marker not in Path(f"/proc/{agent}/environ").read_bytes().split(b"\0"), "the title wiped the tag"
+        assert tagged_processes(tag) == sorted([parent.pid, agent])
+        killed = group.stop(grace=5, linger=1)
+        assert parent.returncode == -signal.SIGTERM, "the parent went on SIGTERM, its agent reparented"
+        assert agent in killed and not running(agent)
+        assert group.members() == [] and tagged_processes(tag) == []
+    finally:
+        kill_if(agent, "ray::FakeAgent")
+        group.stop(grace=5, linger=1)
+
+
+@needs_proc
+def test_a_member_is_remembered_after_its_parent_died_until_its_pid_is_reused(tmp_path, monkeypatch):
+    """An untagged child is a member while its parent runs and stays one once reparented; a pid now naming a
+    process started later (another start time) is not."""
+    import signal
+
+    from synapse_flwr.flower import processes
+    from synapse_flwr.flower.processes import TAG_ENV, ProcessGroup, tagged_processes
+
+    tag = "test-remembered"
+    group = ProcessGroup(tag, {**os.environ, TAG_ENV: tag}, tmp_path)
+    parent = group.start("parent", [sys.executable, "-c", UNTAGGED_CHILD, str(tmp_path / "child.pid")],
+                         cwd=tmp_path)
+    child = wait_for_pid(tmp_path / "child.pid")
+    try:
+        assert group.members() == sorted([parent.pid, child])
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        assert tagged_processes(tag) == [], "reparented and untagged: no scan finds it"
+        assert group.members() == [child]
+        started = processes._start_time(child)
+        monkeypatch.setattr(processes, "_start_time", lambda pid: started + 1 if pid == child else None)
+        assert group.members() == []
+    finally:
+        monkeypatch.undo()
+        kill_if(child, sys.executable)
         group.stop(grace=5, linger=1)
 
 

@@ -5,9 +5,12 @@ in per-process log files, and marks each with a tag in its environment
 (:data:`TAG_ENV`) that every descendant inherits, so a teardown finds and stops
 exactly what the group started, directly or not (Flower's SuperExec,
 ServerApp, ClientApp and Ray processes included), and nothing else on the
-machine. :class:`MemorySampler` follows the summed resident memory of the
-tagged processes; :func:`safe_stop` is a teardown that survives a second
-Ctrl-C, and :func:`interrupt_on_sigterm` makes a SIGTERM one. Ports (:func:`pick_ports`), log tails (:func:`tail`) and
+machine; a descendant whose tag ``setproctitle`` wiped (Ray's agents) is
+found through its parent and remembered (:meth:`ProcessGroup.members`).
+:class:`MemorySampler` follows the summed resident memory of the tagged
+processes; :func:`safe_stop` is a teardown that survives a second Ctrl-C,
+and :func:`interrupt_on_sigterm` makes a SIGTERM one. Ports
+(:func:`pick_ports`), log tails (:func:`tail`) and
 :func:`single_threaded_blas` for children that start Ray are the other
 helpers a launcher needs.
 """
@@ -25,6 +28,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Self
 
 from synapse_flwr.core.errors import SynapseError
 
@@ -195,7 +199,12 @@ def _proc_ids() -> list[int]:
 
 
 def tagged_processes(tag: str) -> list[int]:
-    """Live processes (not zombies) whose environment carries ``TAG_ENV=tag`` (Linux).
+    """Live processes (not zombies) of a session: tagged with ``TAG_ENV=tag``, and their descendants (Linux).
+
+    A process that calls ``setproctitle`` (Ray's DashboardAgent,
+    RuntimeEnvAgent, workers) overwrites the memory ``/proc/<pid>/environ``
+    reads, so its tag is gone; it is still found as long as its parent is:
+    every live descendant of a tagged process belongs to the session.
 
     Parameters
     ----------
@@ -205,31 +214,86 @@ def tagged_processes(tag: str) -> list[int]:
     Returns
     -------
     list of int
-        Their pids, this process excluded ([] without ``/proc``).
+        Their pids, sorted, this process excluded ([] without ``/proc``).
     """
     marker = f"{TAG_ENV}={tag}".encode()
-    found = []
+    children = _children_map()
+    tagged = [pid for kids in children.values() for pid in kids if marker in _environ(pid)]
+    return sorted(_descendants(tagged, children) - {os.getpid()})
+
+
+def _environ(pid: int) -> list[bytes]:
+    """The ``NAME=value`` entries of ``/proc/<pid>/environ`` ([] if gone or not ours)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return fh.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def _children_map() -> dict[int, list[int]]:
+    """Live processes (not zombies) by parent pid ({} without ``/proc``)."""
+    children: dict[int, list[int]] = {}
     for pid in _proc_ids():
-        if pid == os.getpid():
+        fields = _stat(pid)
+        if fields is None or fields[0] in ("Z", "X"):
             continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                if marker not in fh.read().split(b"\0"):
-                    continue
-            if _state(pid) not in ("Z", "X", None):
-                found.append(pid)
-        except OSError:
-            continue
+        children.setdefault(int(fields[1]), []).append(pid)
+    return children
+
+
+def _descendants(roots: Sequence[int], children: dict[int, list[int]]) -> set[int]:
+    """``roots`` and every process below them in the tree ``children`` (from :func:`_children_map`).
+
+    Parameters
+    ----------
+    roots : sequence of int
+        Pids to start from.
+    children : dict
+        Child pids by parent pid.
+
+    Returns
+    -------
+    set of int
+        The roots and all their descendants.
+    """
+    found: set[int] = set()
+    todo = list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in found:  # a pid can only be seen twice through a race with pid reuse
+            found.add(pid)
+            todo += children.get(pid, [])
     return found
+
+
+def _stat(pid: int) -> list[str] | None:
+    """Fields of ``/proc/<pid>/stat`` after the command name: state, ppid, ... (None if gone).
+
+    The command name is in parentheses and may hold spaces or ``)``, so the
+    fields are split after its last ``)``; field ``n`` of proc(5) is item ``n - 3``.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields if len(fields) > 19 else None
 
 
 def _state(pid: int) -> str | None:
     """Process state letter from ``/proc/<pid>/stat`` (None if gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
+    fields = _stat(pid)
+    return fields[0] if fields else None
+
+
+def _start_time(pid: int) -> int | None:
+    """Start time in clock ticks after boot (``stat`` field 22) of a live process (None if gone or a zombie).
+
+    With the pid it names one process: a pid reused later has a later start time.
+    """
+    fields = _stat(pid)
+    return int(fields[19]) if fields and fields[0] not in ("Z", "X") else None
 
 
 def _rss(pid: int) -> int:
@@ -335,7 +399,7 @@ class MemorySampler:
             total = sum(_rss(pid) for pid in tagged_processes(self.tag))
             self.peak = max(self.peak or 0, total)
 
-    def __enter__(self) -> MemorySampler:
+    def __enter__(self) -> Self:
         """Start sampling (where ``/proc`` exists)."""
         if self.peak is not None:
             self._thread.start()
@@ -367,6 +431,7 @@ class ProcessGroup:
         self.log_dir = log_dir
         self.started: list[tuple[str, subprocess.Popen]] = []
         self._reaped: set[int] = set()  # started processes found dead, their leftovers stopped
+        self._seen: set[tuple[int, int]] = set()  # (pid, start time) of every member seen
         log_dir.mkdir(parents=True, exist_ok=True)
 
     def log_path(self, name: str) -> Path:
@@ -440,6 +505,25 @@ class ProcessGroup:
         except subprocess.TimeoutExpired as exc:
             raise SynapseError(f"`flwr {' '.join(args)}` did not answer within {timeout:.0f}s") from exc
 
+    def members(self) -> list[int]:
+        """The session's live processes: those tagged now, and those seen before that still run.
+
+        A process whose tag was wiped (``setproctitle``) is found through its
+        parent only; once the parent is gone it is reparented to init and no
+        scan finds it again, so every member seen is remembered by pid and
+        start time (a pid reused by a later process is not a member).
+
+        Returns
+        -------
+        list of int
+            Pids of the members still running, sorted ([] without ``/proc``).
+        """
+        for pid in tagged_processes(self.tag):
+            if (started := _start_time(pid)) is not None:
+                self._seen.add((pid, started))
+        self._seen = {(pid, started) for pid, started in self._seen if _start_time(pid) == started}
+        return sorted(pid for pid, _ in self._seen)
+
     def stop_orphans(self) -> list[str]:
         """SIGTERM what a started process that died left behind; the names of the dead.
 
@@ -455,7 +539,7 @@ class ProcessGroup:
         dead = [(n, p) for n, p in self.started if p.poll() is not None and p.pid not in self._reaped]
         for name, proc in dead:
             self._reaped.add(proc.pid)
-            children = started_by(tagged_processes(self.tag), proc.pid)
+            children = started_by(self.members(), proc.pid)
             log.warning("%s (pid %d) exited with code %s; stopping what it started: %s", name, proc.pid,
                         proc.returncode, children or "nothing")
             for pid in children:
@@ -465,10 +549,12 @@ class ProcessGroup:
     def stop(self, grace: float = 15.0, linger: float = 20.0) -> list[int]:
         """Stop everything this group started; return the pids that had to be killed.
 
-        SuperNodes first, then the SuperLink (SIGTERM, SIGKILL after
-        ``grace`` seconds), then wait up to ``linger`` seconds for their
-        descendants (SuperExec, app and Ray processes) to exit on their own,
-        and terminate those that do not.
+        The members are taken first (:meth:`members`): a stopped parent's
+        untagged children (Ray's agents) are found by no later scan. Then
+        SuperNodes, then the SuperLink (SIGTERM, SIGKILL after ``grace``
+        seconds), then wait up to ``linger`` seconds for their descendants
+        (SuperExec, app and Ray processes) to exit on their own, and
+        terminate those that do not.
 
         Parameters
         ----------
@@ -483,6 +569,7 @@ class ProcessGroup:
             Pids that had to be killed.
         """
         killed: list[int] = []
+        self.members()  # before any SIGTERM: an untagged child of a stopped parent is found by no later scan
         for name, proc in reversed(self.started):
             if proc.poll() is None:
                 log.debug("stopping %s (pid %d)", name, proc.pid)
@@ -515,7 +602,7 @@ class ProcessGroup:
             Pids that had to be killed.
         """
         if os.path.isdir("/proc"):
-            daemons = [pid for pid in tagged_processes(self.tag)
+            daemons = [pid for pid in self.members()
                        if any(Path(a).name in DAEMONS for a in cmdline(pid)[:2])]
         else:  # no /proc (macOS): find the managed SuperLink by its private log file
             daemons = _ps_find(f"--log-file {self.env['FLWR_HOME']}/local-superlink/superlink.log")
@@ -531,7 +618,7 @@ class ProcessGroup:
         return left
 
     def reap(self, linger: float = 20.0) -> list[int]:
-        """Wait for the tagged leftovers to exit; SIGTERM, then SIGKILL, the stubborn ones.
+        """Wait for the members left (:meth:`members`) to exit; SIGTERM, then SIGKILL, the stubborn ones.
 
         Parameters
         ----------
@@ -544,7 +631,7 @@ class ProcessGroup:
             Pids that were signalled.
         """
         deadline = time.monotonic() + linger
-        while (left := tagged_processes(self.tag)) and time.monotonic() < deadline:
+        while (left := self.members()) and time.monotonic() < deadline:
             time.sleep(0.25)
         killed = []
         for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
@@ -556,7 +643,7 @@ class ProcessGroup:
                 send_signal_to(pid, sig)
             killed += left
             deadline = time.monotonic() + wait
-            while (left := tagged_processes(self.tag)) and time.monotonic() < deadline:
+            while (left := self.members()) and time.monotonic() < deadline:
                 time.sleep(0.1)
         if left:
             log.error("could not stop processes %s", left)
@@ -583,7 +670,7 @@ def safe_stop(group: ProcessGroup, what: str) -> None:
             log.warning("interrupted during teardown of %s; finishing teardown", what)
     for _, proc in group.started:
         send_signal_to(proc.pid, signal.SIGKILL)
-    for pid in tagged_processes(group.tag):
+    for pid in group.members():
         send_signal_to(pid, signal.SIGKILL)
 
 
@@ -601,12 +688,5 @@ def processes_using_home(flwr_home: Path) -> list[int]:
         Their pids, this process excluded.
     """
     marker = f"FLWR_HOME={Path(flwr_home).resolve()}".encode()
-    found = []
-    for pid in _proc_ids():
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                if marker in fh.read().split(b"\0") and _state(pid) not in ("Z", "X", None):
-                    found.append(pid)
-        except OSError:
-            continue
-    return [p for p in found if p != os.getpid()]
+    return [pid for pid in _proc_ids()
+            if pid != os.getpid() and marker in _environ(pid) and _state(pid) not in ("Z", "X", None)]
