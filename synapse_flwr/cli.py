@@ -45,15 +45,10 @@ def check_output(output: Path, inputs: list[Path]) -> None:
 
 def check_org(org: str, what: str = "--org") -> None:
     """Refuse, before any work, an organisation id the artifact's schema would refuse (``schema.OrgId``)."""
-    from pydantic import TypeAdapter, ValidationError
+    from synapse_flwr.core.schema import ORG_ID_RULE, is_org_id
 
-    from synapse_flwr.core.schema import OrgId
-
-    try:
-        TypeAdapter(OrgId).validate_python(org)
-    except ValidationError:
-        raise SynapseError(f"{what} {org!r}: use 1-64 of A-Z a-z 0-9 _ . - , starting with a letter "
-                           "or digit") from None
+    if not is_org_id(org):
+        raise SynapseError(f"{what} {org!r}: use {ORG_ID_RULE}")
 
 
 def check_space(embedder: str) -> None:

@@ -289,3 +289,100 @@ def test_gzip_files_are_read_by_their_bytes_and_a_compressed_org_log_is_named(fo
     assert len(load_experience(folder / "org_b.jsonl.gz", catalog)) == len(load_experience(log, catalog))
     # in a folder only plain logs are organisations: a compressed one is a problem, never silently left out
     assert any("org_b.jsonl.gz" in p and "compressed organisation logs are not read" in p for p in _problems(folder))
+
+
+def test_an_org_log_whose_name_is_no_org_id_is_named_with_the_rule(folder):
+    from synapse_flwr.core.schema import ORG_ID_RULE
+
+    shutil.copy(folder / "org_a.jsonl", folder / "org_acme corp.jsonl")
+    (problem,) = _problems(folder)
+    assert "org_acme corp.jsonl: organisation id 'acme corp'" in problem and ORG_ID_RULE in problem
+    assert check_folder(folder, orgs=["a"]).ok  # a client reading its own file is not failed by another's name
+
+
+def test_an_org_the_leak_filter_empties_is_named_with_the_count(folder, caplog):
+    _jsonl(folder / "org_b.jsonl", [{"query": "Will it rain tomorrow?", "tool": "get_weather", "success": True},
+                                    {"query": "a hotel for two nights", "tool": "book_hotel", "success": True}])
+    with caplog.at_level("WARNING"):
+        ds = load_folder(folder)
+    assert ds.orgs["b"] == [] and len(ds.orgs["a"]) == 6
+    (warned,) = [r.getMessage() for r in caplog.records if "leak filter" in r.getMessage()]
+    assert "org_b.jsonl" in warned and "all 2 records of organisation 'b'" in warned
+    assert "2 equal to a test query" in warned
+
+
+def test_a_catalog_of_the_wrong_shape_says_what_was_expected_and_found(folder):
+    (folder / "catalog.json").write_text(json.dumps({"get_weather": "Forecast.", "book_hotel": "Rooms."}))
+    (problem,) = _problems(folder)
+    assert 'expected a tool object {"name", "description"}' in problem
+    assert "found an object with keys 'get_weather', 'book_hotel'" in problem
+    (folder / "catalog.json").write_text(json.dumps({"tools": {"get_weather": {}}}))
+    assert '"tools" is a JSON object: expected a JSON list' in _problems(folder)[0]
+    (folder / "catalog.json").write_text(json.dumps(CATALOG))
+    (folder / "aliases.json").write_text('[["GetWeather", "get_weather"]]')
+    assert "expected a JSON object of alias name -> tool name" in _problems(folder)[0]
+    assert "found a JSON list" in _problems(folder)[0]
+
+
+def test_two_catalog_files_are_refused_naming_both(folder):
+    from synapse_flwr.core.errors import InputError
+    from synapse_flwr.data.check import catalog_file
+
+    _jsonl(folder / "catalog.jsonl", CATALOG[:1])
+    (problem,) = _problems(folder)
+    assert "both catalog.json and catalog.jsonl" in problem
+    with pytest.raises(InputError, match="both catalog.json and catalog.jsonl"):
+        catalog_file(folder)
+
+
+def test_logs_named_json_are_named_with_the_name_read(folder, caplog):
+    shutil.copy(folder / "org_a.jsonl", folder / "org_c.json")
+    (folder / "test.jsonl").rename(folder / "test.json")
+    with caplog.at_level("WARNING"):
+        report = check_folder(folder)
+    assert report.ok and report.orgs == {"a": 6, "b": 6} and report.test == 0
+    assert "org_c.json: not read" in caplog.text and "named org_c.jsonl" in caplog.text
+    assert "test.json: not read" in caplog.text and "named test.jsonl" in caplog.text
+
+
+def test_a_record_of_another_kind_is_named_as_that_kind(folder):
+    _jsonl(folder / "org_a.jsonl", [*EVENTS[:6], TEST[0], CATALOG[0]])
+    _jsonl(folder / "test.jsonl", [*TEST, EVENTS[0]])
+    problems = _problems(folder)
+    assert any("org_a.jsonl:7:" in p and "looks like a test item; test items go in test.jsonl" in p for p in problems)
+    assert any("org_a.jsonl:8:" in p and "looks like a catalog entry; tools go in catalog.json" in p for p in problems)
+    assert any("test.jsonl:3: field 'gold'" in p and "looks like an experience event; events go in org_<name>.jsonl"
+               in p for p in problems)
+    # a record of its own kind with a missing field is not sent elsewhere
+    _jsonl(folder / "org_a.jsonl", [{"query": "q", "tool": "get_weather"}])
+    assert "looks like" not in _problems(folder)[0]
+
+
+def test_an_alias_of_the_table_resolves_records_and_a_bad_one_is_named(folder):
+    (folder / "aliases.json").write_text('{"forecast": "get_weather"}')
+    _jsonl(folder / "org_a.jsonl", [*EVENTS[:6], {"query": "sun on sunday", "tool": "Forecast", "success": True}])
+    assert _problems(folder) == []
+    assert load_folder(folder).orgs["a"][-1].tool == "get_weather"
+    (folder / "aliases.json").write_text('{"forecast": "get_forecast"}')
+    (problem,) = _problems(folder)
+    assert "aliases.json" in problem and "no tool 'get_forecast' in the catalog" in problem
+    (folder / "aliases.json").write_text('{"book_hotel": "get_weather"}')
+    (problem,) = _problems(folder)
+    assert "'book_hotel' is already a name of the tool 'book_hotel'" in problem
+
+
+def test_a_file_that_is_not_utf8_asks_for_utf8(folder):
+    (folder / "org_b.jsonl").write_bytes(json.dumps(EVENTS[6]).encode() + b'\n{"query": "caf\xe9"}\n')
+    (problem,) = _problems(folder)
+    assert "org_b.jsonl: not UTF-8 text (byte 0xe9 on line 2): save it as UTF-8" in problem
+    (folder / "aliases.json").write_bytes(b'{"caf\xe9": "get_weather"}')
+    assert "aliases.json: not UTF-8 text" in _problems(folder)[0]
+
+
+def test_a_missing_required_file_points_at_the_dataset_option(folder):
+    for p in folder.glob("org_*.jsonl"):
+        p.unlink()
+    assert 'dataset = "FOLDER"' in _problems(folder)[0]
+    (folder / "catalog.json").unlink()
+    (problem,) = _problems(folder)
+    assert "no catalog.json or catalog.jsonl" in problem and "--set dataset=FOLDER" in problem

@@ -529,10 +529,12 @@ def test_an_output_that_is_an_input_or_a_folder_is_refused_and_the_input_kept(da
 
 
 def test_an_org_id_or_key_owner_the_schema_would_refuse_is_refused_first(data, tmp_path):
+    from synapse_flwr.core.schema import ORG_ID_RULE
+
     for org in ("", "Acme Corp", "../evil", "a" * 65):
         # the experience log is missing: loading it first would have named that instead
         refused(invoke("build", "--experience", tmp_path / "absent.jsonl", "--catalog", data["catalog"],
-                       "--org", org, "-o", tmp_path / "x.json"), "--org")
+                       "--org", org, "-o", tmp_path / "x.json"), f"--org {org!r}: use {ORG_ID_RULE}")
         refused(invoke("keygen", org, "--dir", tmp_path / "keys"), "owner")
     assert not (tmp_path / "evil.key").exists() and not (tmp_path / "x.json").exists()
     refused(invoke("keygen", "bob", "--dir", data["catalog"]), "is a file")
@@ -617,3 +619,17 @@ def test_an_artifact_claiming_more_epsilon_than_its_budget_is_invalid():
     assert PrivacyBlock(mechanism="gaussian", epsilon=4.0, epsilon_target=4.0).epsilon == 4.0
     with pytest.raises(ValidationError, match="exceeds the budget"):
         PrivacyBlock(mechanism="gaussian", epsilon=9.0, epsilon_target=4.0)
+
+
+def test_a_log_that_is_not_utf8_and_a_folder_with_two_catalogs_are_refused_in_one_line(data, tmp_path):
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes(b'{"query": "caf\xe9 nearby", "tool": "get_weather", "success": true}\n')
+    refused(invoke("build", "--experience", latin1, "--catalog", data["catalog"], "--org", "acme",
+                   "--embedder", "none", "-o", tmp_path / "x.json"),
+            "not UTF-8 text (byte 0xe9 on line 1): save it as UTF-8")
+    folder = tmp_path / "two"
+    folder.mkdir()
+    (folder / "catalog.json").write_text(json.dumps(CATALOG))
+    (folder / "catalog.jsonl").write_text(json.dumps(CATALOG[0]) + "\n")
+    refused(invoke("examples", folder), "both catalog.json and catalog.jsonl")
+    assert not (tmp_path / "x.json").exists() and not (folder / "examples.json").exists()

@@ -314,7 +314,7 @@ def test_undecodable_catalog_file(tmp_path):
     path = tmp_path / "cat.jsonl"
     path.write_bytes(b"\xff\xfe\x00bad")
     err = raises_input_error(load_catalog, path)
-    assert "cannot read" in err.message
+    assert err.message == "UTF-16 text (it starts with a UTF-16 byte order mark): save it as UTF-8"
 
 
 @pytest.mark.parametrize(
@@ -578,3 +578,32 @@ def test_write_atomic_keyboard_interrupt_cleans_up(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert target.read_text() == "original"
     assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
+
+
+def test_ids_alike_only_once_cut_are_named_with_the_cut():
+    first, second = "x" * 128 + "_alpha", "x" * 128 + "_beta"
+    with pytest.raises(ToolCollision) as err:
+        make_catalog([parse_tool({"name": first}), parse_tool({"name": second})])
+    assert f"{first!r} and {second!r}" in str(err.value) and "once cut to 128 characters" in str(err.value)
+    assert "aliases.json" not in str(err.value)  # they are two tools: declaring an alias would merge them
+
+
+def test_alias_table_entries_resolve_and_bad_ones_are_alias_errors():
+    from synapse_flwr.core.catalog import AliasError
+
+    docs = [parse_tool({"name": "get_weather"}), parse_tool({"name": "book_hotel"})]
+    cat = make_catalog(docs, {"forecast": "Get-Weather"})
+    assert cat.resolve("Forecast") == "get_weather" and cat.get("book_hotel").aliases == ()
+    for table, words in [({"forecast": "get_forecast"}, "no tool 'get_forecast'"),
+                         ({"Book-Hotel": "get_weather"}, "is already a name of the tool 'book_hotel'"),
+                         ({"forecast": "get_weather", "FORECAST": "book_hotel"}, "of the tool 'get_weather'")]:
+        with pytest.raises(AliasError, match=words) as err:
+            make_catalog(docs, table)
+        assert isinstance(err.value, SynapseError) and err.value.path == "aliases.json"
+
+
+def test_a_catalog_that_is_not_utf8_asks_for_utf8(tmp_path):
+    path = tmp_path / "cat.json"
+    path.write_bytes(b'[{"name": "caf\xe9"}]')
+    err = raises_input_error(load_catalog, path)
+    assert "not UTF-8 text (byte 0xe9 on line 1): save it as UTF-8" in err.message

@@ -12,7 +12,9 @@ tool when no other tool claims it. Two catalog *entries* never merge silently:
 entries whose names collide (:func:`alias_key`) are an error naming both
 (:class:`ToolCollision`), unless an alias table declares one an alias of the
 other (an entry's ``aliases`` list, or the ``aliases`` mapping of
-:func:`make_catalog`: alias name -> tool name).
+:func:`make_catalog`: alias name -> tool name). Every alias of the table
+resolves to its tool, so records may name a tool by it; an alias naming no
+tool, or already another tool's name, is an error (:class:`AliasError`).
 
 A tool may carry example requests (public text, e.g. written by an LLM from
 the catalog, :mod:`synapse_flwr.core.examples`): an entry's ``examples``
@@ -32,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from synapse_flwr.core.errors import InputError, warn_once
-from synapse_flwr.core.files import read_records
-from synapse_flwr.core.schema import MAX_DESCRIPTION, MAX_TEXT
+from synapse_flwr.core.files import json_kind, read_problem, read_records
+from synapse_flwr.core.schema import MAX_DESCRIPTION, MAX_TEXT, MAX_TOOL_ID
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,8 @@ MAX_EXAMPLES = 16
 #: Longest tool name a catalog or a record may give (records must be able to name every catalog tool).
 MAX_NAME = 256
 _ID_JUNK = re.compile(r"[^a-z0-9_.\-]+")
+#: Keys of a catalog entry in any accepted shape: an object with none of them is not a tool.
+_TOOL_KEYS = frozenset({"name", "description", "function", "type", "inputSchema", "parameters"})
 
 
 def _ascii_name(name: str) -> str:
@@ -56,12 +60,17 @@ def _ascii_name(name: str) -> str:
     return "".join(c if c.isascii() or not c.isalnum() else f"u{ord(c):x}" for c in folded)
 
 
+def _uncut_id(name: str) -> str:
+    """A tool name normalised as :func:`normalize_tool_id` does, before the cut to :data:`MAX_TOOL_ID`."""
+    return _ID_JUNK.sub("_", _ascii_name(name.strip())).strip("_.-")
+
+
 def normalize_tool_id(name: str) -> str:
-    """Normalise a tool name into a schema-valid id (lower case, ``[a-z0-9_.-]``)."""
-    tool_id = _ID_JUNK.sub("_", _ascii_name(name.strip())).strip("_.-")
+    """Normalise a tool name into a schema-valid id (lower case, ``[a-z0-9_.-]``, at most ``MAX_TOOL_ID``)."""
+    tool_id = _uncut_id(name)
     if not tool_id:
         raise ValueError(f"tool name {name!r} has no letters or digits")
-    return tool_id[:128]
+    return tool_id[:MAX_TOOL_ID]
 
 
 def alias_key(name: str) -> str:
@@ -155,6 +164,10 @@ def parse_tool(obj: Mapping[str, Any]) -> ToolDoc:
         body, prefix = obj, ""
         params_key = "inputSchema" if "inputSchema" in obj else "parameters"
     name = body.get("name")
+    if not _TOOL_KEYS & obj.keys():  # e.g. a {tool name: description} table where entries were expected
+        keys = ", ".join(map(repr, list(obj)[:3])) + (", ..." if len(obj) > 3 else "")
+        raise ValueError(f": expected a tool object {{\"name\", \"description\"}} (a catalog is a JSON list "
+                         f"of them), found an object with keys {keys}")
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"{prefix}name: missing or not a non-empty string")
     if len(name.strip()) > MAX_NAME:
@@ -206,11 +219,47 @@ class ToolCollision(ValueError):
         if first.name == second.name:
             super().__init__(f"duplicate tool {first.name!r}: remove one of the two entries")
             return
+        if alias_key(_uncut_id(first.name)) != alias_key(_uncut_id(second.name)):  # alike only once cut
+            super().__init__(f"tools {first.name!r} and {second.name!r} give the same id {first.tool_id!r} once "
+                             f"cut to {MAX_TOOL_ID} characters; shorten one so that their first {MAX_TOOL_ID} "
+                             "differ")
+            return
         super().__init__(
             f"tools {first.name!r} and {second.name!r} normalise to the same id; rename one, or "
             f"declare {second.name!r} an alias of {first.name!r} (aliases.json: "
             f'{{"{second.name}": "{first.name}"}})'
         )
+
+
+class AliasError(InputError):
+    """An alias of the alias table that names no catalog tool, or that is already another tool's name."""
+
+
+def _with_table_aliases(tools: Iterable[ToolDoc], aliases: Mapping[str, str], source: str | Path) -> list[ToolDoc]:
+    """The tools with every alias of the table added to the tool it names, so records may use it.
+
+    Raises
+    ------
+    AliasError
+        For an alias whose tool is not in the catalog, or whose name already resolves to another tool.
+    """
+    by_id = {d.tool_id: d for d in tools}
+    index: dict[str, str] = {}
+    for doc in by_id.values():
+        for name in (doc.tool_id, doc.name, *doc.aliases):
+            index.setdefault(alias_key(name), doc.tool_id)
+    for alias, name in aliases.items():
+        target = index.get(alias_key(name))
+        if target is None:
+            raise AliasError(source, f"alias {alias!r} -> {name!r}: no tool {name!r} in the catalog")
+        taken = index.setdefault(alias_key(alias), target)
+        if taken != target:
+            raise AliasError(source, f"alias {alias!r} -> {name!r}: {alias!r} is already a name of the tool "
+                                     f"{taken!r}; remove the alias or point it at that tool")
+        doc = by_id[target]
+        if alias_key(alias) not in {alias_key(n) for n in (target, doc.name, *doc.aliases)}:
+            by_id[target] = replace(doc, aliases=(*doc.aliases, alias))
+    return list(by_id.values())
 
 
 def _declared(docs: Sequence[ToolDoc], aliases: Mapping[str, str]) -> set[tuple[str, str]]:
@@ -220,11 +269,15 @@ def _declared(docs: Sequence[ToolDoc], aliases: Mapping[str, str]) -> set[tuple[
     return pairs | {(t, a) for a, t in pairs}
 
 
-def make_catalog(docs: Iterable[ToolDoc], aliases: Mapping[str, str] | None = None) -> Catalog:
+def make_catalog(
+    docs: Iterable[ToolDoc], aliases: Mapping[str, str] | None = None, source: str | Path = ALIASES_FILE
+) -> Catalog:
     """Build a catalog; entries whose names collide merge only when declared aliases.
 
     A declared alias collapses into the first entry (its id, name and
     description; a missing description is filled from the alias entry).
+    Every alias of the table then resolves to its tool, so records may name
+    the tool by it.
 
     Parameters
     ----------
@@ -232,11 +285,15 @@ def make_catalog(docs: Iterable[ToolDoc], aliases: Mapping[str, str] | None = No
         Catalog entries in order.
     aliases : mapping of str to str or None
         Alias table: alias name -> the tool name it is another spelling of.
+    source : str or Path
+        The alias table's file, named by an :class:`AliasError`.
 
     Raises
     ------
     ToolCollision
         Naming both entries of an undeclared collision.
+    AliasError
+        For an alias naming no catalog tool, or already another tool's name.
     """
     docs = list(docs)
     declared = _declared(docs, aliases or {})
@@ -258,7 +315,8 @@ def make_catalog(docs: Iterable[ToolDoc], aliases: Mapping[str, str] | None = No
             aliases=tuple(sorted({*first.aliases, doc.name, *doc.aliases} - {first.name})),
             examples=clean_texts([*first.examples, *doc.examples]),
         )
-    return Catalog(tuple(sorted(by_key.values(), key=lambda d: d.tool_id)))
+    tools = _with_table_aliases(by_key.values(), aliases or {}, source)
+    return Catalog(tuple(sorted(tools, key=lambda d: d.tool_id)))
 
 
 def read_aliases(folder: Path) -> dict[str, str]:
@@ -279,10 +337,14 @@ def _read_table(path: Path, valid: Callable[[Any], bool], expected: str) -> dict
         return {}
     try:
         table = json.loads(path.read_text(encoding="utf-8-sig"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(path, read_problem(exc)) from None
+    except json.JSONDecodeError as exc:
         raise InputError(path, f"invalid JSON: {exc}") from None
-    if not isinstance(table, dict) or not all(valid(v) for v in table.values()):
-        raise InputError(path, expected)
+    if not isinstance(table, dict):
+        raise InputError(path, f"{expected}; found {json_kind(table)}")
+    if bad := [k for k, v in table.items() if not valid(v)]:
+        raise InputError(path, f"{expected}; found {json_kind(table[bad[0]])} for {bad[0]!r}")
     return table
 
 
@@ -345,8 +407,9 @@ def load_catalog(path: str | Path, aliases: Mapping[str, str] | None = None) -> 
     ------
     InputError
         Naming the file, entry and field of the first malformed entry, or
-        both entries of a tool-id collision.
+        both entries of a tool-id collision (:class:`AliasError` for a bad alias).
     """
+    source = Path(path).parent / ALIASES_FILE if aliases is None else "aliases"
     if aliases is None:
         aliases = read_aliases(Path(path).parent)
     docs, lines = [], {}
@@ -360,7 +423,7 @@ def load_catalog(path: str | Path, aliases: Mapping[str, str] | None = None) -> 
     if not docs:
         raise InputError(path, "catalog holds no tools")
     try:
-        catalog = make_catalog(docs, aliases)
+        catalog = make_catalog(docs, aliases, source)
     except ToolCollision as exc:
         where = f"entries {lines[id(exc.first)]} and {lines[id(exc.second)]}"
         raise InputError(path, f"{where}: {exc}", field="name") from None

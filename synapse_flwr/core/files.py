@@ -15,6 +15,43 @@ _UMASK = os.umask(0o022)  # reading the umask sets it: put it back at once
 os.umask(_UMASK)
 
 
+def json_kind(value: object) -> str:
+    """What a parsed JSON value is, in words ("a JSON object", "a JSON list", "a string", ...), for shape errors.
+
+    Parameters
+    ----------
+    value : object
+        A value :func:`json.loads` returned.
+
+    Returns
+    -------
+    str
+    """
+    kinds = ((dict, "a JSON object"), (list, "a JSON list"), (str, "a string"), (bool, "true/false"),
+             ((int, float), "a number"))
+    return next((word for kind, word in kinds if isinstance(value, kind)), "null")
+
+
+def read_problem(exc: Exception) -> str:
+    """Why a file could not be read, in one line; a file that is not UTF-8 is named with its first bad byte and line.
+
+    Parameters
+    ----------
+    exc : Exception
+        What reading (:func:`read_text`) raised.
+
+    Returns
+    -------
+    str
+    """
+    if isinstance(exc, UnicodeDecodeError):
+        if exc.object[:2] in (b"\xff\xfe", b"\xfe\xff"):  # Windows tools often save as UTF-16
+            return "UTF-16 text (it starts with a UTF-16 byte order mark): save it as UTF-8"
+        line = exc.object[: exc.start].count(b"\n") + 1
+        return f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} on line {line}): save it as UTF-8"
+    return f"cannot read file: {exc}"
+
+
 def document_items(path: str | Path, text: str) -> list | None:
     """The items of a file that is one JSON document, or None for JSONL (one object a line).
 
@@ -40,8 +77,11 @@ def document_items(path: str | Path, text: str) -> list | None:
         raise InputError(path, f"invalid JSON: {exc}") from None
     if isinstance(doc, list):
         return doc
-    if isinstance(doc, dict) and isinstance(doc.get("tools"), list):
-        return doc["tools"]
+    if isinstance(doc, dict) and "tools" in doc:
+        if isinstance(doc["tools"], list):
+            return doc["tools"]
+        raise InputError(path, f'"tools" is {json_kind(doc["tools"])}: expected a JSON list of objects '
+                               '({"tools": [...]})')
     if "\n" in stripped:
         keys = ", ".join(map(repr, list(doc)[:5]))
         raise InputError(path, f"one JSON object (keys {keys}) where records were expected: write a JSON list of "
@@ -85,12 +125,12 @@ def read_records(path: str | Path) -> Iterator[tuple[int, dict]]:
     except FileNotFoundError:
         raise InputError(path, "file not found") from None
     except (OSError, EOFError, UnicodeDecodeError) as exc:  # EOFError: a truncated gzip
-        raise InputError(path, f"cannot read file: {exc}") from None
+        raise InputError(path, read_problem(exc)) from None
     items = document_items(path, text)
     if items is not None:
         for i, item in enumerate(items, start=1):
             if not isinstance(item, dict):
-                raise InputError(path, f"item {i} is not a JSON object", line=i)
+                raise InputError(path, f"item {i} is not a JSON object (found {json_kind(item)})", line=i)
             yield i, item
         return
     for lineno, raw in enumerate(text.splitlines(), start=1):
@@ -103,7 +143,7 @@ def read_records(path: str | Path) -> Iterator[tuple[int, dict]]:
         except (ValueError, RecursionError) as exc:  # huge number, nesting too deep
             raise InputError(path, f"invalid JSON: {exc}", line=lineno) from None
         if not isinstance(item, dict):
-            raise InputError(path, "not a JSON object", line=lineno)
+            raise InputError(path, f"not a JSON object (found {json_kind(item)})", line=lineno)
         yield lineno, item
 
 

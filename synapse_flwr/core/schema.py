@@ -21,6 +21,8 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    TypeAdapter,
+    ValidationError,
     model_validator,
 )
 
@@ -46,15 +48,39 @@ MAX_DIM = 4096  # width of a prototype embedding space
 MAX_SCALE = 1e6  # int8 step of a prototype vector (bounds every coordinate by 127 * MAX_SCALE)
 VOTE_NOISE_SDS = 6.0  # fusion votes further than this from what the release allows are refused
 
+MAX_TOOL_ID = 128  # characters of a tool id (longer normalised names are cut to it)
+MAX_ORG_ID = 64
 ToolId = Annotated[
-    str, StringConstraints(min_length=1, max_length=128, pattern=r"^[a-z0-9][a-z0-9_.\-]*$")
+    str, StringConstraints(min_length=1, max_length=MAX_TOOL_ID, pattern=r"^[a-z0-9][a-z0-9_.\-]*$")
 ]
 OrgId = Annotated[
-    str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    str, StringConstraints(min_length=1, max_length=MAX_ORG_ID, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 ]
+#: :data:`OrgId` in words, for the messages refusing one.
+ORG_ID_RULE = f"1-{MAX_ORG_ID} of A-Z a-z 0-9 _ . -, starting with a letter or digit"
 Text = Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT)]
 Count = Annotated[float, Field(ge=0.0, le=MAX_COUNT, allow_inf_nan=False)]
 Rate = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+_ORG_ID = TypeAdapter(OrgId)
+
+
+def is_org_id(org: str) -> bool:
+    """Whether ``org`` is an organisation id the schema accepts (:data:`ORG_ID_RULE`).
+
+    Parameters
+    ----------
+    org : str
+        The candidate id.
+
+    Returns
+    -------
+    bool
+    """
+    try:
+        _ORG_ID.validate_python(org)
+    except ValidationError:
+        return False
+    return True
 
 
 def _sorted_unique(values: list[str]) -> list[str]:

@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from synapse_flwr.core.catalog import (
     ALIASES_FILE,
     EXAMPLES_FILE,
+    AliasError,
     Catalog,
     ToolCollision,
     make_catalog,
@@ -34,7 +35,7 @@ from synapse_flwr.core.catalog import (
     warn_undocumented,
     with_examples_file,
 )
-from synapse_flwr.core.errors import InputError, SynapseError
+from synapse_flwr.core.errors import InputError, SynapseError, warn_once
 from synapse_flwr.core.experience import (
     Event,
     TestItem,
@@ -42,13 +43,27 @@ from synapse_flwr.core.experience import (
     known_fields,
     warn_ignored,
 )
-from synapse_flwr.core.files import document_items, read_text
+from synapse_flwr.core.files import document_items, json_kind, read_problem, read_text
+from synapse_flwr.core.schema import ORG_ID_RULE, is_org_id
 
 log = logging.getLogger(__name__)
 
 CATALOG_FILES = ("catalog.json", "catalog.jsonl")
 TEST_FILE = "test.jsonl"
 ORG_GLOB = "org_*.jsonl"
+#: For a folder missing a required file: where a run names its dataset instead.
+DATASET_OPTION = ('or point the run at the folder that holds the dataset: dataset = "FOLDER" in an experiment '
+                  "config, --set dataset=FOLDER for synapse simulate")
+#: Each kind of record: keys one of which marks it, keys none of which it has, and the file it goes in.
+#: A record that fails in its own file but has another kind's marks is named as that kind.
+_OTHER_KIND: dict[str, tuple[frozenset[str], frozenset[str], str]] = {
+    "a catalog entry": (frozenset({"name", "function", "inputSchema"}), frozenset({"query"}),
+                        "tools go in catalog.json"),
+    "an experience event": (frozenset({"tool", "success"}), frozenset({"name", "function"}),
+                            "events go in org_<name>.jsonl"),
+    "a test item": (frozenset({"gold"}), frozenset({"tool", "success", "name", "function"}),
+                    "test items go in test.jsonl"),
+}
 
 
 @dataclass(frozen=True)
@@ -137,8 +152,26 @@ class DataError(SynapseError):
 
 
 def catalog_file(folder: Path) -> Path | None:
-    """The folder's catalog file, or None."""
-    return next((folder / n for n in CATALOG_FILES if (folder / n).exists()), None)
+    """The folder's catalog file, or None.
+
+    Parameters
+    ----------
+    folder : Path
+        A dataset folder.
+
+    Returns
+    -------
+    Path or None
+
+    Raises
+    ------
+    InputError
+        If the folder holds more than one (which one is meant is unclear).
+    """
+    found = [folder / n for n in CATALOG_FILES if (folder / n).exists()]
+    if len(found) > 1:
+        raise InputError(folder, f"both {found[0].name} and {found[1].name}: keep one catalog and remove the other")
+    return found[0] if found else None
 
 
 def org_files(folder: Path) -> dict[str, Path]:
@@ -153,12 +186,32 @@ def file_hashes(folder: Path) -> dict[str, str]:
             for n in sorted(set(names)) if (folder / n).is_file()}
 
 
+def _other_kind(record: Mapping, kind: str) -> str | None:
+    """A hint for a record of a ``kind`` file that bears another kind's keys (:data:`_OTHER_KIND`), or None."""
+    return next((f"this looks like {other}; {where}" for other, (marks, unlike, where) in _OTHER_KIND.items()
+                 if other != kind and marks & record.keys() and not unlike & record.keys()), None)
+
+
+def _warn_misnamed(folder: Path) -> None:
+    """Warn about JSON files named like a folder's logs, which are not read: ``org_a.json`` for ``org_a.jsonl``."""
+    for path in sorted(folder.glob("*.json")):
+        if path.name.startswith("org_") or path.name == "test.json":
+            warn_once(log, f"{path}: not read; a dataset folder's logs are JSONL, named {path.stem}.jsonl")
+
+
+def _bad_org_ids(logs: Mapping[str, Path], orgs: Sequence[str] | None) -> list[Problem]:
+    """A problem for every log whose name (``org_<id>.jsonl``) is not an organisation id the schema accepts."""
+    return [Problem(str(p), f"organisation id {o!r} (the file name after org_) is not valid: use {ORG_ID_RULE}",
+                    hint="rename the file")
+            for o, p in logs.items() if (orgs is None or o in orgs) and not is_org_id(o)]
+
+
 def _scan(path: Path) -> Iterator[tuple[int | None, dict | None, Problem | None]]:
     """Every record of a file as ``(line, record, None)``, every unreadable one as a problem."""
     try:
         text = read_text(path)
     except (OSError, EOFError, UnicodeDecodeError) as exc:
-        yield None, None, Problem(str(path), f"cannot read file: {exc}")
+        yield None, None, Problem(str(path), read_problem(exc))
         return
     try:
         items = document_items(path, text)
@@ -168,7 +221,8 @@ def _scan(path: Path) -> Iterator[tuple[int | None, dict | None, Problem | None]
     if items is not None:  # already parsed: not read a second time
         for line, obj in enumerate(items, start=1):
             if not isinstance(obj, dict):
-                yield line, None, Problem(str(path), f"item {line} is not a JSON object", line)
+                yield line, None, Problem(str(path), f"item {line} is not a JSON object (found {json_kind(obj)})",
+                                          line)
                 return
             yield line, obj, None
         return
@@ -183,10 +237,11 @@ def _scan(path: Path) -> Iterator[tuple[int | None, dict | None, Problem | None]
         if isinstance(obj, dict):
             yield line, obj, None
         else:
-            yield line, None, Problem(str(path), "not a JSON object", line)
+            yield line, None, Problem(str(path), f"not a JSON object (found {json_kind(obj)})", line)
 
 
 def _check_catalog(path: Path, aliases: Mapping[str, str]) -> tuple[Catalog | None, list[Problem]]:
+    """The catalog at ``path`` with the alias table ``aliases``, and its problems (each collision named)."""
     problems, docs, lines = [], [], {}
     for line, obj, problem in _scan(path):
         if problem:
@@ -196,7 +251,7 @@ def _check_catalog(path: Path, aliases: Mapping[str, str]) -> tuple[Catalog | No
             doc = parse_tool(obj)
         except ValueError as exc:
             field_name, _, message = str(exc).partition(": ")
-            problems.append(Problem(str(path), message, line, field_name))
+            problems.append(Problem(str(path), message, line, field_name, _other_kind(obj, "a catalog entry")))
             continue
         docs.append(doc)
         lines[id(doc)] = line
@@ -207,7 +262,9 @@ def _check_catalog(path: Path, aliases: Mapping[str, str]) -> tuple[Catalog | No
                               hint='add one {"name", "description"} object per tool')]
     while True:  # every collision, one at a time
         try:
-            return make_catalog(docs, aliases), problems
+            return make_catalog(docs, aliases, path.parent / ALIASES_FILE), problems
+        except AliasError as exc:
+            return None, [*problems, Problem(exc.path, exc.message)]
         except ToolCollision as exc:
             problems.append(Problem(str(path), f"{exc} (entry {lines[id(exc.first)]})",
                                     lines[id(exc.second)], "name"))
@@ -222,13 +279,18 @@ def _unknown(path: Path, line: int, field_name: str, name: str, catalog: Catalog
     return Problem(str(path), f"tool {name!r} is not in the catalog", line, field_name, hint)
 
 
-def _record_problems(path: Path, obj: dict, line: int, catalog: Catalog, test: bool) -> list[Problem]:
-    """Problems of one event (``test=False``) or test item (``test=True``), as :func:`known_fields` reads it."""
+def _record_problems(path: Path, raw: dict, line: int, catalog: Catalog, test: bool) -> list[Problem]:
+    """Problems of one event (``test=False``) or test item (``test=True``) as given.
+
+    The record is read as :func:`known_fields` reads it; a record that fails
+    but has another kind's keys is named as that kind (:func:`_other_kind`).
+    """
+    model, kind = (TestItem, "a test item") if test else (Event, "an experience event")
     try:
-        record = (TestItem if test else Event).model_validate(obj)
+        record = model.model_validate(known_fields(raw, model)[0])
     except ValidationError as exc:
         where, message = first_error(exc)
-        return [Problem(str(path), message, line, where)]
+        return [Problem(str(path), message, line, where, _other_kind(raw, kind))]
     names = (
         [("gold", g) for g in record.gold] if test
         else [(f, n) for f in ("tool", "gold", "prev_tool") if (n := getattr(record, f))]
@@ -240,8 +302,7 @@ def _check_records(path: Path, catalog: Catalog, test: bool, max_problems: int) 
     records, problems, ignored = 0, [], Counter[str]()
     for line, obj, problem in _scan(path):
         if obj is not None:
-            obj, notes = known_fields(obj, TestItem if test else Event)
-            ignored.update(notes)
+            ignored.update(known_fields(obj, TestItem if test else Event)[1])
         found = [problem] if problem else _record_problems(path, obj, line, catalog, test)
         records += obj is not None and not found
         problems += found
@@ -257,7 +318,7 @@ def _check_records(path: Path, catalog: Catalog, test: bool, max_problems: int) 
 def _no_orgs(folder: Path) -> Problem:
     train = folder / "train.jsonl"
     hint = (f"split it into organisation logs: synapse split-orgs {train} --orgs 5" if train.exists()
-            else "add one org_<name>.jsonl experience log per organisation")
+            else f"add one org_<name>.jsonl experience log per organisation, {DATASET_OPTION}")
     found = "train.jsonl found, but no" if train.exists() else "no"
     return Problem(str(folder), f"{found} org_*.jsonl experience logs", hint=hint)
 
@@ -282,16 +343,18 @@ def check_folder(folder: str | Path, orgs: Sequence[str] | None = None, max_per_
     folder = Path(folder)
     if not folder.is_dir():
         return FolderReport(folder, (Problem(str(folder), "dataset folder does not exist"),))
-    path = catalog_file(folder)
-    if path is None:
-        return FolderReport(folder, (Problem(str(folder), "no catalog.json or catalog.jsonl",
-                                             hint='add a JSON list of {"name", "description"} tools'),))
+    _warn_misnamed(folder)
     try:
+        path = catalog_file(folder)
         aliases = read_aliases(folder)
     except InputError as exc:
         return FolderReport(folder, (Problem(exc.path, exc.message),))
+    if path is None:
+        hint = f'add a JSON list of {{"name", "description"}} tools, {DATASET_OPTION}'
+        return FolderReport(folder, (Problem(str(folder), "no catalog.json or catalog.jsonl", hint=hint),))
     catalog, problems = _check_catalog(path, aliases)
     logs = org_files(folder)
+    problems += _bad_org_ids(logs, orgs)
     # a folder's logs are plain JSONL (docs/formats.md): a compressed one would be left out unsaid
     problems += [Problem(str(p), "compressed organisation logs are not read", hint=f"gunzip {p}")
                  for p in sorted(folder.glob(ORG_GLOB + ".gz"))]

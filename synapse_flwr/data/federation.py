@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 
 from synapse_flwr.core.catalog import Catalog, load_catalog, with_examples_file
-from synapse_flwr.core.errors import SynapseError
+from synapse_flwr.core.errors import SynapseError, warn_once
 from synapse_flwr.core.experience import (
     Event,
     TestItem,
@@ -110,6 +110,10 @@ def load_folder(path: Path, name: str | None = None, org: str | None = None) -> 
         orgs[o], leak = leak_filter(load_experience(p, catalog, warn=False), [i.query for i in items],
                                     catalog=catalog)
         leaks.append(leak)
+        if leak.total and not leak.kept:  # the org would join the federation with nothing to teach
+            warn_once(log, f"{p}: the leak filter removed all {leak.total} records of organisation {o!r} "
+                           f"({leak.exact} equal to a test query, {leak.near} near duplicates, {leak.garbage} "
+                           "without text to learn from): it joins with no experience")
     leak = LeakReport(*(sum(getattr(r, f) for r in leaks) for f in ("total", "exact", "near", "garbage", "kept")))
     # a tool has experience when any record teaches it, a failed call naming it as gold included
     # (such a record adds to its prototype): only tools no record teaches are held out
