@@ -306,6 +306,19 @@ def test_position_biased_llm_leaves_retrieval_order(pick_providers: dict[str, Pi
     assert all(r.decided_by == ["llm-list:typed"] and not r.fallback for r in biased)
 
 
+def test_list_reranker_reports_progress_per_query(pick_providers: dict[str, PickProvider], monkeypatch,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr("synapse_flwr.core.progress.PROGRESS_EVERY_S", 0.0)
+    router = Router(None, CATALOG, embedder=TfidfEmbedder(), k=4, llm_mode="list", reranker="llm", model="picktest/m")
+    with caplog.at_level(logging.INFO, logger="synapse_flwr.core.router"):
+        router.route_many(["will it rain in Oslo", "a hotel for two nights"])
+    lines = [r.getMessage() for r in caplog.records if r.name == "synapse_flwr.core.router"]
+    assert lines[0].startswith("picktest/m list scores: 1/2 queries (50%), ~")
+    assert lines[1] == "picktest/m list scores: 2/2 queries (100%)"
+    assert lines[2].startswith("picktest/m list scores: 2/2 queries (100%), done in ")
+    assert pick_providers["picktest"].calls == 2 * 4  # the k cyclic orders of each query
+
+
 def test_a_router_uses_the_models_dev_weight_unless_told_otherwise() -> None:
     kw: dict[str, Any] = {"embedder": TfidfEmbedder(), "reranker": "llm"}
     assert Router(None, CATALOG, model="local/smollm2", **kw).llm_weight == LLM_WEIGHTS["local/smollm2"]

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from synapse_flwr.core.errors import SynapseError
+from synapse_flwr.core.progress import Progress
 
 if TYPE_CHECKING:
     import scipy.sparse
@@ -144,6 +145,8 @@ class MeanPoolEmbedder:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         # Sorting by length keeps padding, and so wasted compute, small per batch.
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        # A first build embeds every record on a CPU: minutes without a word otherwise.
+        progress = Progress(f"{self.name} embedding", len(texts), unit="texts", logger=logger)
         with torch.inference_mode():
             for start in range(0, len(order), self.batch_size):
                 idx = order[start : start + self.batch_size]
@@ -158,6 +161,8 @@ class MeanPoolEmbedder:
                 mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
                 pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
                 out[idx] = pooled.numpy()
+                progress.advance(len(idx))
+        progress.done()
         return l2_normalize(out)
 
 

@@ -34,6 +34,7 @@ from litellm.llms.custom_llm import CustomLLM
 
 from synapse_flwr.core.embed import package_dir
 from synapse_flwr.core.errors import SynapseError
+from synapse_flwr.core.progress import Progress
 
 logger = logging.getLogger(__name__)
 # litellm logs every call at INFO through a handler of its own: a batch of
@@ -44,8 +45,6 @@ for _name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
 # `synapse route`'s JSON answer and the MCP server's stdio channel (the failure
 # itself reaches the caller as an exception, which the router logs).
 litellm.suppress_debug_info = True
-# Seconds between progress lines of a long batch of embedded-model scores.
-PROGRESS_EVERY_S = 30.0
 
 #: litellm provider prefix of the embedded models: ``local/<name>``.
 LOCAL_PROVIDER = "local"
@@ -508,11 +507,9 @@ def channel_scores(
     for i, (prefix, _) in enumerate(pairs):
         by_prefix.setdefault(prefix, []).append(i)
     out = [0.0] * len(pairs)
-    last_log = time.monotonic()
-    for done, (prefix, rows) in enumerate(by_prefix.items()):
-        if time.monotonic() - last_log > PROGRESS_EVERY_S:  # a 200-query batch can take 15 minutes on a CPU
-            logger.info("local/%s channel scores: %d of %d tool entries", name, done, len(by_prefix))
-            last_log = time.monotonic()
+    # A 200-query batch can take 15 minutes on a CPU; each tool entry's pairs are one step.
+    progress = Progress(f"local/{name} channel scores", len(pairs), unit="pairs", logger=logger)
+    for prefix, rows in by_prefix.items():
         context, space = _split_space(prefix)
         ctx_ids = _context_ids(name, lm, context)
         conts = [lm.tokenizer.encode(space + pairs[i][1], add_special_tokens=False) for i in rows]
@@ -520,6 +517,8 @@ def channel_scores(
             raise ValueError("every prefix and continuation must be non-empty")
         for i, score in zip(rows, _continuation_logliks(lm, ctx_ids, conts, reduction, batch_size)):
             out[i] = score
+        progress.advance(len(rows))
+    progress.done()
     return out
 
 

@@ -79,6 +79,7 @@ from synapse_flwr.core.catalog import Catalog
 from synapse_flwr.core.embed import Embedder, get_embedder, l2_normalize
 from synapse_flwr.core.phrases import candidate_phrases
 from synapse_flwr.core.privacy import zero_count_floor
+from synapse_flwr.core.progress import Progress
 from synapse_flwr.core.prototypes import (
     gate_reads,
     shrunk_directions,
@@ -977,6 +978,8 @@ class Router:
             bounds = np.cumsum([0, *map(len, cands)])
             return [flat[a:b] for a, b in itertools.pairwise(bounds)]
         out: list[np.ndarray | None] = []
+        # k LLM calls per query (one per cyclic order of its candidates): a long batch ran silently.
+        progress = Progress(f"{self.model} list scores", len(queries), unit="queries", logger=log)
         for q, cand, read in zip(queries, cands, reads):
             try:
                 out.append(balanced_list_scores(self.model, q, [self._shown(t, t in read) for t in cand],
@@ -984,6 +987,8 @@ class Router:
             except (LLMError, ValueError, RuntimeError) as exc:
                 log.warning("llm rerank failed (%s); using retrieval order", exc)
                 out.append(None)
+            progress.advance()
+        progress.done()
         return out
 
     def _rerank_llm(
