@@ -599,7 +599,7 @@ def test_other_commands_refuse_their_mistakes_before_loading_anything(data, buil
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         refused(invoke("serve", "--catalog", data["dir"] / "absent.json", "--transport", "streamable-http",
-                       "--port", str(taken.getsockname()[1])), "choose another --port")
+                       "--port", str(taken.getsockname()[1])), "(Address already in use); choose another --host or --port")
     refused(invoke("simulate", "--nodes", "0"), "--nodes")
 
 
