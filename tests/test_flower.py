@@ -41,7 +41,7 @@ from synapse_flwr.flower.launch import (
     run_local_deployment,
     run_simulation,
 )
-from synapse_flwr.flower.processes import processes_using_home
+from synapse_flwr.flower.processes import cmdline, processes_using_home
 
 APP_DIR = Path(__file__).resolve().parent.parent
 INF = math.inf
@@ -87,6 +87,25 @@ def dataset(tmp_path: Path) -> str:
     if (demo_dir() / "catalog.json").is_file() and len(list(demo_dir().glob("org_*.jsonl"))) == 3:
         return "demo"
     return str(small_dataset(tmp_path / "dataset"))
+
+
+def ray_titled() -> set[int]:
+    """Live processes titled ``ray::...`` (Ray's agents and workers, whose title wiped their environment)."""
+    if not os.path.isdir("/proc"):
+        return set()
+    return {int(p) for p in os.listdir("/proc") if p.isdigit() and cmdline(int(p))[:1]
+            and cmdline(int(p))[0].startswith("ray::")}
+
+
+@pytest.fixture(autouse=True)
+def no_ray_process_left():
+    """No Ray process a test started outlives it: FLWR_HOME cannot find those whose title wiped their environment."""
+    before = ray_titled()
+    yield
+    deadline = time.monotonic() + 10
+    while (left := ray_titled() - before) and time.monotonic() < deadline:
+        time.sleep(0.25)
+    assert not left, f"left running: {[' '.join(cmdline(p)) for p in sorted(left)]}"
 
 
 def assert_nothing_left(home: Path) -> None:
@@ -250,39 +269,57 @@ def test_node_not_online(tmp_path):
     assert "log tail of org" in str(err.value)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupt_tears_down(tmp_path, sig):
-    """Ctrl-C, or a SIGTERM (a scheduler's kill), in the middle of a run stops every process the deployment started."""
-    home, out = tmp_path / "flwr", tmp_path / "out"
+def interrupt_run(launch_call: str, sig: int, started: str, home: Path) -> str:
+    """Run ``launch_call`` in a child Python, send it ``sig`` once ``started`` is logged; its remaining output."""
     script = (
         "import logging, signal, sys; from pathlib import Path\n"
-        "from synapse_flwr.flower.launch import DeploymentConfig, run_local_deployment\n"
+        "from synapse_flwr.flower.launch import DeploymentConfig, run_local_deployment, run_simulation\n"
         "from synapse_flwr.flower.processes import interrupt_on_sigterm\n"
         # as in a terminal: a suite started in the background (`cmd &`) hands its children
         # SIGINT ignored, and Python then never raises KeyboardInterrupt
         "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "interrupt_on_sigterm()\n"
         "logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n"
-        f"rc = {{'dataset': {dataset(tmp_path)!r}, 'num-rounds': 5, 'output-dir': {str(out)!r}}}\n"
-        f"run_local_deployment(DeploymentConfig(Path({str(APP_DIR)!r}), 2, rc, Path({str(home)!r})))\n"
+        f"{launch_call}\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
         for line in proc.stdout:
-            if "submitted run" in line:
+            if started in line:
                 break
         time.sleep(2)
-        assert processes_using_home(home), "the deployment should be running"
+        assert processes_using_home(home), "the run should be going on"
         proc.send_signal(sig)
-        rest = proc.communicate(timeout=120)[0]
+        return proc.communicate(timeout=120)[0]
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_tears_down(tmp_path, sig):
+    """Ctrl-C, or a SIGTERM (a scheduler's kill), in the middle of a run stops every process the deployment started."""
+    home, out = tmp_path / "flwr", tmp_path / "out"
+    rc = {"dataset": dataset(tmp_path), "num-rounds": 5, "output-dir": str(out)}
+    rest = interrupt_run(f"run_local_deployment(DeploymentConfig(Path({str(APP_DIR)!r}), 2, {rc!r}, "
+                         f"Path({str(home)!r})))", sig, "submitted run", home)
     assert "KeyboardInterrupt" in rest
     assert "deployment stopped" in rest
     assert_nothing_left(home)
+
+
+@pytest.mark.slow
+def test_a_sigterm_mid_simulation_leaves_no_ray_process(tmp_path):
+    """A scheduler's kill in round 2 of a simulation stops Ray's agents too (their title wipes the session's tag)."""
+    home, out = tmp_path / "flwr", tmp_path / "out"
+    rc = {"dataset": dataset(tmp_path), "num-rounds": 50, "output-dir": str(out)}
+    rest = interrupt_run(f"run_simulation(Path({str(APP_DIR)!r}), num_supernodes=2, run_config={rc!r}, "
+                         f"flwr_home=Path({str(home)!r}))",
+                         signal.SIGTERM, "round 1/", home)
+    assert "KeyboardInterrupt" in rest
+    assert_nothing_left(home)  # and the autouse fixture: no `ray::` process left
 
 
 def test_the_cli_stops_on_sigterm_as_on_ctrl_c(monkeypatch):
