@@ -221,7 +221,7 @@ def check_data(folder: Annotated[Path, typer.Argument(help="Dataset folder: cata
     try:
         report = require_valid(folder)
     except DataError as exc:
-        typer.echo(str(exc))
+        typer.echo(exc.listing)
         raise typer.Exit(2) from None
     typer.echo(f"valid: {report.summary()}")
 

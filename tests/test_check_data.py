@@ -221,6 +221,7 @@ def test_cli_check_data(folder):
     _jsonl(folder / "test.jsonl", [{"query": "x", "gold": "nope"}])
     bad = runner.invoke(cli.app, ["check-data", str(folder)])
     assert bad.exit_code == 2 and "test.jsonl:1: field 'gold'" in bad.output
+    assert "check it with" not in bad.output  # the command already run is not suggested again
 
 
 def test_experiment_cache_key_follows_the_data(folder):

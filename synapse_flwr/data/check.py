@@ -146,9 +146,9 @@ class DataError(SynapseError):
     def __init__(self, report: FolderReport) -> None:
         self.report = report
         lines = [f"dataset folder {report.folder} has {len(report.problems)} problem(s):"]
-        lines += [f"  {p}" for p in report.problems]
-        lines.append(f"  (check it with: synapse check-data {report.folder})")
-        super().__init__("\n".join(lines))
+        #: The problems alone: what ``synapse check-data`` itself prints.
+        self.listing = "\n".join([*lines, *(f"  {p}" for p in report.problems)])
+        super().__init__(f"{self.listing}\n  (check it with: synapse check-data {report.folder})")
 
 
 def catalog_file(folder: Path) -> Path | None:
