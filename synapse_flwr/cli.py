@@ -620,7 +620,7 @@ def deploy_local(
 @app.command()
 def experiment(
     config: Annotated[Path, typer.Argument(
-        help="Experiment TOML with an [experiment] table (see configs/), or a dataset folder.")],
+        help="Experiment TOML with an 'experiment' table (see configs/), or a dataset folder.")],
     fresh: Annotated[bool, typer.Option(help="Ignore and delete the cache; recompute every unit.")] = False,
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Results folder (default: the config's 'output').")
@@ -632,10 +632,11 @@ def experiment(
     your own one line is enough: dataset = "/path/to/folder" (every other key
     has a default: 3 seeds, the folder's organisations, epsilon 4, every arm;
     docs/experiments.md lists them), and the folder itself may stand for that
-    line: synapse experiment /path/to/folder. Every unit of work (a Flower simulation,
-    a build, an evaluation) is cached under the config's 'cache' folder: an
-    interrupted run resumes where it stopped. Writes results.json, tables.md,
-    manifest.json and PNG figures, and ends with a summary in the log.
+    line: synapse experiment /path/to/folder. Every unit of work (a Flower
+    simulation, a build, an evaluation) is cached under the config's 'cache'
+    folder: an interrupted run resumes where it stopped. Writes results.json,
+    tables.md, manifest.json and PNG figures, and ends with a summary in the
+    log.
     """
     from rich.progress import (
         BarColumn,
