@@ -243,16 +243,14 @@ def _with_table_aliases(tools: Iterable[ToolDoc], aliases: Mapping[str, str], so
     AliasError
         For an alias whose tool is not in the catalog, or whose name already resolves to another tool.
     """
-    by_id = {d.tool_id: d for d in tools}
-    index: dict[str, str] = {}
-    for doc in by_id.values():
-        for name in (doc.tool_id, doc.name, *doc.aliases):
-            index.setdefault(alias_key(name), doc.tool_id)
+    base = Catalog(tuple(tools))
+    by_id = {d.tool_id: d for d in base.tools}
+    added: dict[str, str] = {}  # alias key -> tool id, for the table's aliases seen so far
     for alias, name in aliases.items():
-        target = index.get(alias_key(name))
+        target = base.resolve(name) or added.get(alias_key(name))
         if target is None:
             raise AliasError(source, f"alias {alias!r} -> {name!r}: no tool {name!r} in the catalog")
-        taken = index.setdefault(alias_key(alias), target)
+        taken = base.resolve(alias) or added.setdefault(alias_key(alias), target)
         if taken != target:
             raise AliasError(source, f"alias {alias!r} -> {name!r}: {alias!r} is already a name of the tool "
                                      f"{taken!r}; remove the alias or point it at that tool")

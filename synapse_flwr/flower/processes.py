@@ -689,4 +689,4 @@ def processes_using_home(flwr_home: Path) -> list[int]:
     """
     marker = f"FLWR_HOME={Path(flwr_home).resolve()}".encode()
     return [pid for pid in _proc_ids()
-            if pid != os.getpid() and marker in _environ(pid) and _state(pid) not in ("Z", "X", None)]
+            if pid != os.getpid() and marker in _environ(pid) and _alive(pid)]
