@@ -123,8 +123,9 @@ def test_duplicate_and_colliding_ids_name_both(folder):
     (folder / "catalog.json").write_text(json.dumps(entries))
     problems = _problems(folder)
     assert len(problems) == 2
-    assert "catalog.json:4: field 'name': duplicate tool 'get_weather'" in problems[0] and "(entry 1)" in problems[0]
-    assert "'book_hotel' and 'Book-Hotel'" in problems[1] and "(entry 2)" in problems[1]
+    assert "catalog.json:1 (item 4): field 'name': duplicate tool 'get_weather'" in problems[0]
+    assert "(the first at line 1 (item 1))" in problems[0]
+    assert "'book_hotel' and 'Book-Hotel'" in problems[1] and "(the first at line 1 (item 2))" in problems[1]
 
 
 def test_alias_table_declares_a_collision(folder):

@@ -157,7 +157,7 @@ def test_alias_table_beside_the_catalog_file(tmp_path):
         tmp_path / "c.jsonl",
         [{"name": "get_weather", "description": "W."}, {"name": "GetWeather"}, {"name": "get-weather"}],
     )
-    with pytest.raises(InputError, match="entries 1 and 2"):
+    with pytest.raises(InputError, match="entries at lines 1 and 2"):
         load_catalog(path)
     (tmp_path / "aliases.json").write_text('{"GetWeather": "get_weather", "get-weather": "get_weather"}')
     cat = load_catalog(path)
@@ -211,7 +211,21 @@ def test_read_records_line_numbers(tmp_path):
     assert list(read_records(p)) == [(1, {"a": 1}), (3, {"a": 2})]
     q = tmp_path / "r.json"
     q.write_text('[{"a": 1}, {"a": 2}]')
-    assert list(read_records(q)) == [(1, {"a": 1}), (2, {"a": 2})]
+    lines = [line for line, _ in read_records(q)]
+    assert lines == [1, 1] and [line.item for line in lines] == [1, 2] and str(lines[1]) == "1 (item 2)"
+
+
+def test_a_pretty_printed_document_names_the_line_each_record_starts_on(tmp_path):
+    """An MCP ``tools/list`` result as editors save it: the item's own line, not its number, plus the number."""
+    tools = [{"name": "a", "description": "x", "inputSchema": {"type": "object", "properties": {"q": {"type": "string"}}}},
+             {"description": "no name", "inputSchema": {"type": "object"}}]
+    path = tmp_path / "catalog.json"
+    text = json.dumps({"server": {"tools": ["not these"]}, "tools": tools}, indent=2)
+    path.write_text("\n" + text)
+    first, second = [i for i, row in enumerate(text.splitlines(), start=2) if row == "    {"]  # the items' "{"
+    assert [(int(line), line.item) for line, _ in read_records(path)] == [(first, 1), (second, 2)]
+    err = raises_input_error(load_catalog, path)
+    assert str(err).startswith(f"{path}:{second} (item 2): field 'name'")
 
 
 # --------------------------------------------------------------------------- catalog errors
@@ -268,10 +282,10 @@ def test_json_list_errors_name_item_number(tmp_path):
     path = tmp_path / "cat.json"
     path.write_text(json.dumps([PLAIN, {"name": "x", "description": 1}]))
     err = raises_input_error(load_catalog, path)
-    assert (err.line, err.field) == (2, "description")
+    assert (err.line, err.line.item, err.field) == (1, 2, "description")
     path.write_text(json.dumps([PLAIN, "not an object"]))
     err = raises_input_error(load_catalog, path)
-    assert err.line == 2 and "not a JSON object" in err.message
+    assert err.line.item == 2 and "not a JSON object" in err.message and ":1 (item 2):" in str(err)
 
 
 def test_bad_json_line(tmp_path):

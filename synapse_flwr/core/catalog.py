@@ -423,7 +423,7 @@ def load_catalog(path: str | Path, aliases: Mapping[str, str] | None = None) -> 
     try:
         catalog = make_catalog(docs, aliases, source)
     except ToolCollision as exc:
-        where = f"entries {lines[id(exc.first)]} and {lines[id(exc.second)]}"
+        where = f"entries at lines {lines[id(exc.first)]} and {lines[id(exc.second)]}"
         raise InputError(path, f"{where}: {exc}", field="name") from None
     catalog = with_examples_file(catalog, Path(path).parent / EXAMPLES_FILE)
     warn_undocumented(catalog, path)

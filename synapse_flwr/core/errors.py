@@ -34,7 +34,8 @@ class InputError(SynapseError):
     message : str
         What is wrong.
     line : int or None
-        1-based line number (JSONL) or item number (JSON list), when known.
+        1-based line number (in a JSON document an
+        :class:`~synapse_flwr.core.files.ItemLine`: the line and the item), when known.
     field : str or None
         Dotted field path, when known.
     """

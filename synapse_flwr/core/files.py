@@ -5,9 +5,11 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Self
 
 from synapse_flwr.core.errors import InputError
 
@@ -52,8 +54,91 @@ def read_problem(exc: Exception) -> str:
     return f"cannot read file: {exc}"
 
 
-def document_items(path: str | Path, text: str) -> list | None:
-    """The items of a file that is one JSON document, or None for JSONL (one object a line).
+class ItemLine(int):
+    """Where a record of a JSON document starts: its line, remembering its number in the document's list.
+
+    It is the line (compares, sorts and serialises as one) and prints as
+    ``"12 (item 3)"``, so every message that names a record's line names its
+    item too: a pretty-printed catalog needs the line, a one-line
+    ``json.dumps`` list the item.
+
+    Parameters
+    ----------
+    line : int
+        1-based line on which the item's text starts.
+    item : int
+        1-based position of the item in the list.
+    """
+
+    item: int
+
+    def __new__(cls, line: int, item: int) -> Self:
+        self = super().__new__(cls, line)
+        self.item = item
+        return self
+
+    def __getnewargs__(self) -> tuple[int, int]:  # type: ignore[override]  # pickles with its item
+        return int(self), self.item
+
+    def __str__(self) -> str:
+        return f"{int(self)} (item {self.item})"
+
+    def __format__(self, spec: str) -> str:
+        return str(self) if not spec else int(self).__format__(spec)
+
+    def __repr__(self) -> str:
+        return f"ItemLine({int(self)}, item={self.item})"
+
+
+_JSON_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _skip(text: str, pos: int) -> int:
+    return _JSON_SPACE.match(text, pos).end()  # type: ignore[union-attr]  # matches the empty string
+
+
+def _item_offsets(text: str, pos: int, decoder: json.JSONDecoder) -> tuple[list[int], int]:
+    """The offsets of the items of the JSON list opening at ``pos``, and the offset just past it."""
+    offsets, pos = [], _skip(text, pos + 1)
+    while text[pos] != "]":
+        offsets.append(pos)
+        pos = _skip(text, decoder.raw_decode(text, pos)[1])
+        if text[pos] == ",":
+            pos = _skip(text, pos + 1)
+    return offsets, pos + 1
+
+
+def _record_offsets(text: str) -> list[int]:
+    """The offsets of the records of a document already parsed: a list's items, or those of an object's ``"tools"``."""
+    decoder, pos = json.JSONDecoder(), len(text) - len(text.lstrip())
+    if text[pos] == "[":
+        return _item_offsets(text, pos, decoder)[0]
+    offsets, pos = [], _skip(text, pos + 1)
+    while text[pos] != "}":
+        key, pos = decoder.raw_decode(text, pos)
+        pos = _skip(text, _skip(text, pos) + 1)  # past the colon
+        if key == "tools":  # the last one wins, as in json.loads
+            offsets, pos = _item_offsets(text, pos, decoder)
+        else:
+            pos = decoder.raw_decode(text, pos)[1]
+        pos = _skip(text, pos)
+        if text[pos] == ",":
+            pos = _skip(text, pos + 1)
+    return offsets
+
+
+def _item_lines(text: str) -> list[ItemLine]:
+    """Where each record of a parsed JSON document starts (:class:`ItemLine`)."""
+    lines, line, last = [], 1, 0
+    for item, offset in enumerate(_record_offsets(text), start=1):
+        line += text.count("\n", last, offset)
+        last = offset
+        lines.append(ItemLine(line, item))
+    return lines
+
+
+def document_items(path: str | Path, text: str) -> list[tuple[ItemLine, object]] | None:
+    """The items of a file that is one JSON document, each with where it starts, or None for JSONL.
 
     One document is a JSON list, or an object whose ``"tools"`` is a list
     (an MCP ``tools/list`` result, a ``{"tools": [...]}`` export). Any
@@ -75,13 +160,12 @@ def document_items(path: str | Path, text: str) -> list | None:
         raise InputError(path, f"invalid JSON: {exc.msg}", line=exc.lineno) from None
     except (ValueError, RecursionError) as exc:  # huge number, nesting too deep
         raise InputError(path, f"invalid JSON: {exc}") from None
-    if isinstance(doc, list):
-        return doc
-    if isinstance(doc, dict) and "tools" in doc:
-        if isinstance(doc["tools"], list):
-            return doc["tools"]
+    if isinstance(doc, dict) and "tools" in doc and not isinstance(doc["tools"], list):
         raise InputError(path, f'"tools" is {json_kind(doc["tools"])}: expected a JSON list of objects '
                                '({"tools": [...]})')
+    if isinstance(doc, list) or (isinstance(doc, dict) and "tools" in doc):
+        items = doc if isinstance(doc, list) else doc["tools"]
+        return list(zip(_item_lines(text), items, strict=True))
     if "\n" in stripped:
         keys = ", ".join(map(repr, list(doc)[:5]))
         raise InputError(path, f"one JSON object (keys {keys}) where records were expected: write a JSON list of "
@@ -111,7 +195,7 @@ def read_records(path: str | Path) -> Iterator[tuple[int, dict]]:
     path : str or Path
         A ``.json`` file holding a list of objects (or an object whose
         ``"tools"`` is one), or a JSONL file with one object a line (blank
-        lines are skipped). In a list, ``line`` is the item's number.
+        lines are skipped). In a JSON document, ``line`` is an :class:`ItemLine`.
 
     Raises
     ------
@@ -128,10 +212,10 @@ def read_records(path: str | Path) -> Iterator[tuple[int, dict]]:
         raise InputError(path, read_problem(exc)) from None
     items = document_items(path, text)
     if items is not None:
-        for i, item in enumerate(items, start=1):
+        for line, item in items:
             if not isinstance(item, dict):
-                raise InputError(path, f"item {i} is not a JSON object (found {json_kind(item)})", line=i)
-            yield i, item
+                raise InputError(path, f"not a JSON object (found {json_kind(item)})", line=line)
+            yield line, item
         return
     for lineno, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():

@@ -77,7 +77,7 @@ class Problem:
     message : str
         What is wrong.
     line : int or None
-        1-based line (JSONL) or item (JSON list), when known.
+        1-based line (in a JSON document an :class:`~synapse_flwr.core.files.ItemLine`), when known.
     field : str or None
         Dotted field, when known.
     hint : str or None
@@ -219,10 +219,9 @@ def _scan(path: Path) -> Iterator[tuple[int | None, dict | None, Problem | None]
         yield exc.line, None, Problem(str(path), exc.message, exc.line)
         return
     if items is not None:  # already parsed: not read a second time
-        for line, obj in enumerate(items, start=1):
+        for line, obj in items:
             if not isinstance(obj, dict):
-                yield line, None, Problem(str(path), f"item {line} is not a JSON object (found {json_kind(obj)})",
-                                          line)
+                yield line, None, Problem(str(path), f"not a JSON object (found {json_kind(obj)})", line)
                 return
             yield line, obj, None
         return
@@ -266,7 +265,7 @@ def _check_catalog(path: Path, aliases: Mapping[str, str]) -> tuple[Catalog | No
         except AliasError as exc:
             return None, [*problems, Problem(exc.path, exc.message)]
         except ToolCollision as exc:
-            problems.append(Problem(str(path), f"{exc} (entry {lines[id(exc.first)]})",
+            problems.append(Problem(str(path), f"{exc} (the first at line {lines[id(exc.first)]})",
                                     lines[id(exc.second)], "name"))
             docs = [d for d in docs if d is not exc.second]
             if len(problems) > 50:
