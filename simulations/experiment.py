@@ -1098,12 +1098,31 @@ def cache_fingerprint(cfg: ExperimentConfig) -> str:
 
 
 def run_experiment(config: Path, fresh: bool = False, output: Path | None = None,
-                   progress: Callable[[str], None] | None = None) -> Path:
-    """Run a config end to end and write the results folder; returns its path."""
+                   progress: Callable[[str], None] | None = None,
+                   on_start: Callable[[int], None] | None = None) -> Path:
+    """Run a config end to end and write the results folder; returns its path.
+
+    Parameters
+    ----------
+    config : Path
+        Experiment TOML, or a dataset folder (:meth:`ExperimentConfig.from_toml`).
+    fresh : bool
+        Delete the cache and recompute every unit.
+    output : Path or None
+        Results folder; None: the config's ``output``.
+    progress : callable or None
+        Called with each unit's label once it is done.
+    on_start : callable or None
+        Called once, with a rough count of the units ahead, when every
+        check of the config and its data has passed (so that a progress bar
+        never stands above a refusal).
+    """
     cfg = ExperimentConfig.from_toml(config)
     if cfg.dataset == "taubench":  # its own per-step protocols (cross-validated and train-only)
         from synapse_flwr.simulations.taubench import run_taubench
 
+        if on_start:
+            on_start(Experiment(cfg).total_units())
         return run_taubench(config, cfg, output, progress)
     if Path(cfg.dataset).is_dir():
         require_valid(Path(cfg.dataset))  # every file, line and tool id, before any Flower run
@@ -1119,6 +1138,8 @@ def run_experiment(config: Path, fresh: bool = False, output: Path | None = None
         log.info("the catalog carries no example requests; `synapse examples %s` writes them from the catalog "
                  "alone (docs/formats.md; on MetaTool's dev split docs_only gains 3.6 seen and 4.7 held-out "
                  "points)", cfg.dataset)
+    if on_start:
+        on_start(exp.total_units())
     t0 = time.perf_counter()
     results = exp.run()
     results["wall_s"] = round(time.perf_counter() - t0, 1)

@@ -646,23 +646,25 @@ def experiment(
         TimeElapsedColumn,
     )
 
-    from synapse_flwr.simulations.experiment import (
-        Experiment,
-        ExperimentConfig,
-        run_experiment,
-    )
+    from synapse_flwr.simulations.experiment import run_experiment
 
-    total = Experiment(ExperimentConfig.from_toml(config)).total_units()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[unit]}"))
-    with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
-        task = bar.add_task("experiment", total=total, unit="")
+    bar = Progress(*columns, console=Console(stderr=True), transient=False)
 
-        def advance(label: str) -> None:
-            bar.update(task, advance=1, unit=label, total=max(total, bar.tasks[0].completed + 1))
+    def start(total: int) -> None:  # once the config and its data passed every check
+        bar.start()
+        bar.add_task("experiment", total=total, unit="")
 
-        out = run_experiment(config, fresh, output, advance)
-        bar.update(task, total=bar.tasks[0].completed)  # the estimate becomes the count that ran
+    def advance(label: str) -> None:
+        done = bar.tasks[0].completed + 1
+        bar.update(bar.task_ids[0], advance=1, unit=label, total=max(bar.tasks[0].total or 0, done))
+
+    try:
+        out = run_experiment(config, fresh, output, advance, start)
+        bar.update(bar.task_ids[0], total=bar.tasks[0].completed)  # the estimate becomes the count that ran
+    finally:
+        bar.stop()
     log.info("wrote %s", out.resolve())
 
 

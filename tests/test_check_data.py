@@ -388,3 +388,12 @@ def test_a_missing_required_file_points_at_the_dataset_option(folder):
     (folder / "catalog.json").unlink()
     (problem,) = _problems(folder)
     assert "no catalog.json or catalog.jsonl" in problem and "--set dataset=FOLDER" in problem
+
+
+def test_a_folder_checked_again_is_announced_once(folder, caplog):
+    """An experiment rechecks its folder before every Flower run: the log says 'checked' once."""
+    with caplog.at_level("DEBUG", logger="synapse_flwr"):
+        require_valid(folder)
+        require_valid(folder)
+    said = [r.levelname for r in caplog.records if r.getMessage().startswith(f"checked {folder}")]
+    assert said == ["INFO", "DEBUG"]

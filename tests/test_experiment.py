@@ -170,7 +170,9 @@ def test_smoke_experiment_runs_every_arm_through_flower_and_resumes(tmp_path):
     lines.append("fedavg = { batch_size = %d }" % raw["fedavg"]["batch_size"])
     config = _write(tmp_path, "\n".join(lines) + "\n")
     labels: list[str] = []
-    out = run_experiment(config, progress=labels.append)
+    starts: list[int] = []
+    out = run_experiment(config, progress=labels.append, on_start=starts.append)
+    assert len(starts) == 1 and starts[0] > 0  # announced once, after the checks
 
     results = json.loads((out / "results.json").read_text())
     assert set(results["arms"]) == set(ARMS)
@@ -256,9 +258,25 @@ def test_a_folder_without_test_queries_is_refused_before_any_flower_run(tmp_path
     (folder / "test.jsonl").unlink()
     config = tmp_path / "exp.toml"
     config.write_text(f'[experiment]\ndataset = "{folder}"\ncache = "{tmp_path / "cache"}"\n')
+    starts: list[int] = []
     with pytest.raises(SynapseError, match="no test queries"):
-        run_experiment(config, output=tmp_path / "out")
-    assert not (tmp_path / "cache" / "flower").exists()
+        run_experiment(config, output=tmp_path / "out", on_start=starts.append)
+    assert not (tmp_path / "cache" / "flower").exists() and not starts
+
+
+def test_a_refused_folder_gets_its_problems_and_no_progress_bar(tmp_path):
+    """The bar starts once every check passed: a refusal is the only thing on the screen."""
+    import shutil
+
+    from synapse_flwr.data.federation import demo_dir
+
+    folder = tmp_path / "bench"
+    shutil.copytree(demo_dir(), folder)
+    (folder / "org_a.jsonl").write_text('{"query": "q", "tool": "teleport", "success": true}\n')
+    proc = subprocess.run([str(SYNAPSE), "experiment", str(folder)], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert proc.returncode == 2 and "org_a.jsonl:1: field 'tool': tool 'teleport'" in proc.stderr
+    assert "0:00:0" not in proc.stderr and "━" not in proc.stderr and "Traceback" not in proc.stderr  # no bar
 
 
 def test_arms_the_data_cannot_train_are_refused_before_any_flower_run(tmp_path):

@@ -5,19 +5,24 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-_WARNED: set[str] = set()
+_SAID: set[str] = set()
+
+
+def log_once(log: logging.Logger, message: str, level: int = logging.INFO) -> None:
+    """Log a message at ``level`` once per process (later repeats go to debug).
+
+    An experiment reloads and rechecks a folder for every unit of work: say it once.
+    """
+    if message in _SAID:
+        log.debug(message)
+    else:
+        _SAID.add(message)
+        log.log(level, message)
 
 
 def warn_once(log: logging.Logger, message: str) -> None:
-    """Warn about an input once per process (later repeats go to debug).
-
-    An experiment reloads a folder for every unit of work: say it once.
-    """
-    if message in _WARNED:
-        log.debug(message)
-    else:
-        _WARNED.add(message)
-        log.warning(message)
+    """Warn about an input once per process (:func:`log_once` at WARNING)."""
+    log_once(log, message, logging.WARNING)
 
 
 class SynapseError(Exception):

@@ -35,7 +35,7 @@ from synapse_flwr.core.catalog import (
     warn_undocumented,
     with_examples_file,
 )
-from synapse_flwr.core.errors import InputError, SynapseError, warn_once
+from synapse_flwr.core.errors import InputError, SynapseError, log_once, warn_once
 from synapse_flwr.core.experience import (
     Event,
     TestItem,
@@ -390,5 +390,5 @@ def require_valid(folder: str | Path, orgs: Sequence[str] | None = None) -> Fold
     report = check_folder(folder, orgs)
     if not report.ok:
         raise DataError(report)
-    log.info("checked %s", report.summary())
+    log_once(log, f"checked {report.summary()}")
     return report
