@@ -554,6 +554,11 @@ def serve(
     build_server(router).run(transport=transport, **listen)
 
 
+AppDirOption = Annotated[
+    Path | None,
+    typer.Option(help="The Flower app: a folder with its pyproject.toml (default: the synapse-flwr checkout this "
+                 "package runs from, else the working folder)."),
+]
 SetOption = Annotated[
     list[str],
     typer.Option("--set", help="Run-config override KEY=VALUE (TOML value), repeatable: "
@@ -573,16 +578,20 @@ def _log_run_table(output_dir: Path) -> None:
 
 @app.command()
 def simulate(
-    app_dir: Annotated[Path, typer.Option(help="The Flower app (this project's root).")] = Path("."),
+    app_dir: AppDirOption = None,
     nodes: Annotated[int, typer.Option(min=1, help="Simulated organisations (SuperNodes).")] = 3,
     set_: SetOption = [],
     flwr_home: Annotated[Path | None, typer.Option(help="Flower home (default: a new temp folder).")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds before the run is abandoned.")] = 900.0,
 ) -> None:
     """Run the federation under Flower's Ray simulation engine, isolated, and clean up after."""
-    from synapse_flwr.flower.launch import parse_overrides, run_simulation
+    from synapse_flwr.flower.launch import (
+        default_app_dir,
+        parse_overrides,
+        run_simulation,
+    )
 
-    res = run_simulation(app_dir, nodes, parse_overrides(set_), flwr_home, timeout)
+    res = run_simulation(app_dir or default_app_dir(), nodes, parse_overrides(set_), flwr_home, timeout)
     _log_run_table(res.output_dir)
     log.info("run %s %s in %.1fs; outputs in %s (log: %s)", res.run_id, res.status, res.wall_s,
              res.output_dir, res.log_path)
@@ -590,7 +599,7 @@ def simulate(
 
 @app.command("deploy-local")
 def deploy_local(
-    app_dir: Annotated[Path, typer.Option(help="The Flower app (this project's root).")] = Path("."),
+    app_dir: AppDirOption = None,
     nodes: Annotated[int, typer.Option(help="SuperNodes, one per organisation of the dataset.")] = 3,
     node: Annotated[
         list[str], typer.Option(help="ORG=DATA_PATH of one SuperNode, repeatable (overrides --nodes).")
@@ -603,13 +612,14 @@ def deploy_local(
     """Start a real SuperLink and SuperNodes on 127.0.0.1, run the federation, shut all down."""
     from synapse_flwr.flower.launch import (
         DeploymentConfig,
+        default_app_dir,
         parse_node,
         parse_overrides,
         run_local_deployment,
     )
 
     specs = [parse_node(n, catalog) for n in node] or nodes
-    cfg = DeploymentConfig(app_dir=app_dir, nodes=specs, run_config=parse_overrides(set_),
+    cfg = DeploymentConfig(app_dir=app_dir or default_app_dir(), nodes=specs, run_config=parse_overrides(set_),
                            flwr_home=flwr_home, timeout=timeout)
     res = run_local_deployment(cfg)
     _log_run_table(res.output_dir)

@@ -445,7 +445,25 @@ def test_federation_commands_reject_bad_arguments_before_starting_anything(tmp_p
     res = invoke("deploy-local", "--node", "just-a-name")
     assert isinstance(res.exception, SynapseError) and "ORG=DATA_PATH" in str(res.exception)
     res = invoke("simulate", "--app-dir", str(tmp_path))
-    assert isinstance(res.exception, SynapseError)
+    assert isinstance(res.exception, SynapseError) and "pass --app-dir" in str(res.exception)
+
+
+@pytest.mark.parametrize("command", ["simulate", "deploy-local"])
+def test_federation_commands_find_the_app_from_any_working_folder(tmp_path, monkeypatch, command):
+    """Without --app-dir the app is the checkout the package runs from, not the working folder."""
+    from synapse_flwr.flower import launch
+
+    seen = []
+
+    def record(app_dir):  # the app's first check: stop before anything starts
+        seen.append(app_dir)
+        raise SynapseError("stop here")
+
+    monkeypatch.setattr(launch, "_app_dir", record)
+    monkeypatch.chdir(tmp_path)
+    res = invoke(command, "--flwr-home", str(tmp_path / "home"))
+    assert str(res.exception) == "stop here" and seen == [launch.default_app_dir()]
+    assert (seen[0] / "pyproject.toml").is_file() and seen[0] != tmp_path
 
 
 def test_a_federation_refuses_an_output_dir_holding_another_runs_rounds(tmp_path):

@@ -477,7 +477,8 @@ def _app_dir(app_dir: Path) -> Path:
     """``app_dir`` absolute, checked to hold a ``pyproject.toml``."""
     app_dir = Path(app_dir).expanduser().resolve()
     if not (app_dir / "pyproject.toml").is_file():
-        raise SynapseError(f"{app_dir} is not a Flower app (no pyproject.toml)")
+        raise SynapseError(f"{app_dir} is not a Flower app (no pyproject.toml): pass --app-dir the folder that "
+                           "holds the app's pyproject.toml (the synapse-flwr checkout)")
     return app_dir
 
 
