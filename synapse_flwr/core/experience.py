@@ -20,15 +20,17 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from synapse_flwr.core.catalog import MAX_NAME, Catalog, normalize_tool_id
 from synapse_flwr.core.errors import InputError, warn_once
 from synapse_flwr.core.files import read_records
+
+RecordT = TypeVar("RecordT", bound=BaseModel)
 
 MAX_QUERY = 4000
 Query = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_QUERY)]
@@ -182,6 +184,28 @@ def resolve_event(event: Event, catalog: Catalog | None, path: Path, line: int) 
     )
 
 
+def _read_models(path: Path, model: type[RecordT], warn: bool) -> Iterator[tuple[int, RecordT]]:
+    """Every record of ``path`` validated as ``model``, with its line; fields outside the model are named at the end.
+
+    Raises
+    ------
+    InputError
+        Naming file, line and field of the first record that fails.
+    """
+    ignored = Counter[str]()
+    for line, raw in read_records(path):
+        obj, extra = known_fields(raw, model)
+        ignored.update(extra)
+        try:
+            record = model.model_validate(obj)
+        except ValidationError as exc:
+            field_name, message = first_error(exc)
+            raise InputError(path, message, line=line, field=field_name) from None
+        yield line, record
+    if warn:
+        warn_ignored(path, ignored)
+
+
 def load_experience(path: str | Path, catalog: Catalog | None = None, warn: bool = True) -> list[Event]:
     """Load and normalise an experience log.
 
@@ -201,19 +225,7 @@ def load_experience(path: str | Path, catalog: Catalog | None = None, warn: bool
         Naming file, line and field of the first bad event.
     """
     path = Path(path)
-    events, ignored = [], Counter[str]()
-    for line, raw in read_records(path):
-        obj, extra = known_fields(raw, Event)
-        ignored.update(extra)
-        try:
-            event = Event.model_validate(obj)
-        except ValidationError as exc:
-            field_name, message = first_error(exc)
-            raise InputError(path, message, line=line, field=field_name) from None
-        events.append(resolve_event(event, catalog, path, line))
-    if warn:
-        warn_ignored(path, ignored)
-    return events
+    return [resolve_event(event, catalog, path, line) for line, event in _read_models(path, Event, warn)]
 
 
 def load_testset(path: str | Path, catalog: Catalog | None = None, warn: bool = True) -> list[TestItem]:
@@ -225,20 +237,10 @@ def load_testset(path: str | Path, catalog: Catalog | None = None, warn: bool = 
         Naming file, line and field of the first bad item.
     """
     path = Path(path)
-    items, ignored = [], Counter[str]()
-    for line, raw in read_records(path):
-        obj, extra = known_fields(raw, TestItem)
-        ignored.update(extra)
-        try:
-            item = TestItem.model_validate(obj)
-        except ValidationError as exc:
-            field_name, message = first_error(exc)
-            raise InputError(path, message, line=line, field=field_name) from None
+    items = []
+    for line, item in _read_models(path, TestItem, warn):
         resolve = _resolver(catalog, path, line)
-        gold_ids = tuple(dict.fromkeys(resolve(g, "gold") for g in item.gold))
-        items.append(item.model_copy(update={"gold": gold_ids}))
-    if warn:
-        warn_ignored(path, ignored)
+        items.append(item.model_copy(update={"gold": tuple(dict.fromkeys(resolve(g, "gold") for g in item.gold))}))
     return items
 
 
