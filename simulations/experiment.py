@@ -66,7 +66,8 @@ ORDER_CHECK = 20
 # Evaluations are cached under a hash of the code that routes, so a router
 # change re-scores every arm while the (slow) Flower runs stay cached; a
 # change to the builder or the merge needs ``--fresh``.
-ROUTING_MODULES = ("core.router", "core.fusion", "core.phrases", "core.votes", "core.render", "core.embed", "core.llm",
+ROUTING_MODULES = ("core.router", "core.fusion", "core.documentation", "core.phrase_profile", "core.phrases",
+                   "core.votes", "core.render", "core.embed", "core.llm",
                    "eval.baselines", "eval.order_check", "flower.fedavg_dp")
 
 

@@ -10,6 +10,7 @@ import pytest
 from synapse_flwr.cli import app
 from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.catalog import ToolDoc, make_catalog
+from synapse_flwr.core.documentation import doc_text, name_words
 from synapse_flwr.core.embed import TfidfEmbedder
 from synapse_flwr.core.experience import Event
 from synapse_flwr.core.fusion import Fusion
@@ -17,9 +18,7 @@ from synapse_flwr.core.merge import merge_flat_majority
 from synapse_flwr.core.router import (
     Router,
     candidate_set,
-    doc_text,
     evaluate_routes,
-    name_words,
 )
 from synapse_flwr.core.schema import Compendium, Issuer, ToolEntry, WhenNot
 

@@ -46,6 +46,7 @@ from sklearn.svm import LinearSVC
 
 from synapse_flwr.core import router
 from synapse_flwr.core.catalog import Catalog
+from synapse_flwr.core.documentation import documentation_text
 from synapse_flwr.core.embed import Embedder, get_embedder
 from synapse_flwr.core.experience import Event, TestItem, event_label
 from synapse_flwr.core.phrases import spaced
@@ -423,7 +424,7 @@ def fedavg_job(
     org_events : sequence of sequence of Event
         Each organisation's events.
     catalog : Catalog
-        Tools, embedded as :func:`synapse_flwr.core.router.documentation_text` renders them.
+        Tools, embedded as :func:`synapse_flwr.core.documentation.documentation_text` renders them.
     splits : mapping of str to sequence of TestItem
         Test sets by name.
     embedder : Embedder
@@ -447,7 +448,7 @@ def fedavg_job(
     """
     shards = tuple(org_shard(pid, events, catalog, embedder, settings, epsilon, rounds)
                    for pid, events in enumerate(org_events))
-    tools = np.asarray(embedder.encode([router.documentation_text(d.name, d.description) for d in catalog.tools]),
+    tools = np.asarray(embedder.encode([documentation_text(d.name, d.description) for d in catalog.tools]),
                        dtype=np.float32)
     eval_splits = {
         name: EvalSplit(np.asarray(embedder.encode([i.query for i in items]), dtype=np.float32)
