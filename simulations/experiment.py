@@ -67,7 +67,7 @@ ORDER_CHECK = 20
 # change re-scores every arm while the (slow) Flower runs stay cached; a
 # change to the builder or the merge needs ``--fresh``.
 ROUTING_MODULES = ("core.router", "core.fusion", "core.documentation", "core.phrase_profile", "core.phrases",
-                   "core.votes", "core.render", "core.embed", "core.llm",
+                   "core.votes", "core.render", "core.rerank_llm", "core.embed", "core.llm",
                    "eval.baselines", "eval.order_check", "flower.fedavg_dp")
 
 
