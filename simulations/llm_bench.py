@@ -41,8 +41,9 @@ from synapse_flwr.simulations.tune_router import dataset, global_compendium
 from synapse_flwr.core.builder import PROTOTYPE_WEIGHT
 from synapse_flwr.core.embed import get_embedder
 from synapse_flwr.core.files import write_atomic
+from synapse_flwr.core.metrics import evaluate_routes
 from synapse_flwr.core.rerank_llm import fuse_llm
-from synapse_flwr.core.router import Router, evaluate_routes
+from synapse_flwr.core.router import Router
 from synapse_flwr.eval.order_check import order_changes
 from synapse_flwr.eval.results import (
     experiment_parser,

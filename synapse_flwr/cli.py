@@ -506,7 +506,7 @@ def route(
     count_prior: CountPriorOption = None,
 ) -> None:
     """Route queries to tools and print one JSON result per query."""
-    from synapse_flwr.core.router import explain_route
+    from synapse_flwr.core.explain import explain_route
 
     if blank := [i for i, q in enumerate(query, start=1) if not q.strip()]:
         raise SynapseError(f"query {blank[0]} of {len(query)} is empty: nothing to route")

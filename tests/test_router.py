@@ -15,10 +15,10 @@ from synapse_flwr.core.embed import TfidfEmbedder
 from synapse_flwr.core.experience import Event
 from synapse_flwr.core.fusion import Fusion
 from synapse_flwr.core.merge import merge_flat_majority
+from synapse_flwr.core.metrics import evaluate_routes
 from synapse_flwr.core.router import (
     Router,
     candidate_set,
-    evaluate_routes,
 )
 from synapse_flwr.core.schema import Compendium, Issuer, ToolEntry, WhenNot
 

@@ -52,6 +52,7 @@ import numpy as np
 from synapse_flwr.core.catalog import Catalog
 from synapse_flwr.core.documentation import doc_entry, doc_text
 from synapse_flwr.core.embed import Embedder, get_embedder, l2_normalize
+from synapse_flwr.core.explain import decided_by
 from synapse_flwr.core.fusion import Fusion, gate_open, voted_fusion
 from synapse_flwr.core.phrase_profile import PhraseProfile
 from synapse_flwr.core.privacy import zero_count_floor
@@ -772,94 +773,3 @@ def candidate_set(fused: np.ndarray, docs: np.ndarray, k: int, keep: int) -> lis
     missing = [t for t in favourites if t not in top]
     drop = set([t for t in reversed(top) if t not in favourites][: len(missing)])
     return [t for t in top if t not in drop] + missing
-
-
-def decided_by(ranked: Sequence[Candidate], docs_choice: str) -> list[str]:
-    """The fields that made the winner win.
-
-    ``["description"]`` when the documentation alone would have picked the
-    same tool among the candidates; otherwise the experience fields with
-    evidence for the winner (``phrases``, ``scenario``, ``prototype``: the
-    query's match with the tool's prototype, ``prior``: the tool's released
-    count, ``redirected``), and ``when_not`` when the documentation's choice was
-    ruled out by one of its ``when_not`` scenarios.
-    """
-    top = ranked[0]
-    if top.tool_id == docs_choice:
-        return ["description"]
-    fields = [f for f in ("phrases", "scenario", "prototype", "prior", "redirected") if top.signals.get(f, 0) > 0]
-    loser = next((c for c in ranked if c.tool_id == docs_choice), None)
-    if loser is not None and loser.signals.get("when_not", 0) > 0:
-        fields.append("when_not")
-    return fields or ["description"]
-
-
-def explain_route(result: RouteResult, names: Mapping[str, str] | None = None) -> str:
-    """A readable account of one route: the choice, the deciding fields, each candidate's evidence.
-
-    ``names`` maps tool ids to their catalog spelling (``Router.names``).
-    """
-    names = names or {}
-    lines = [f"query: {result.query}",
-             f"tool: {names.get(result.tool, result.tool)}  (decided by: {', '.join(result.decided_by)})"]
-    for c in result.candidates:
-        shown = ", ".join(f"{k}={v:.3f}" for k, v in c.signals.items() if v)
-        lines.append(f"  {names.get(c.tool_id, c.tool_id)}: score {c.score:.3f}" + (f"  [{shown}]" if shown else ""))
-    return "\n".join(lines)
-
-
-def ranking_metrics(
-    rankings: Sequence[Sequence[str]], golds: Sequence[Sequence[str]], k: int = 5
-) -> dict[str, float]:
-    """Top-1 accuracy and recall@k of rankings against acceptable gold ids.
-
-    The one definition every evaluation shares: routed results
-    (:func:`evaluate_routes`) and score matrices (through :func:`top_ids`).
-
-    Parameters
-    ----------
-    rankings : sequence of sequence of str
-        Per query, tool ids best first; the first is the pick.
-    golds : sequence of sequence of str
-        Per query, the acceptable tool ids.
-    k : int
-        Recall cut-off.
-
-    Returns
-    -------
-    dict
-        ``acc`` (the pick in gold), ``r5`` (any of the first ``k`` in gold)
-        and ``n``; zeros for no queries.
-    """
-    if not rankings:
-        return {"acc": 0.0, "r5": 0.0, "n": 0}
-    pairs = list(zip(rankings, golds, strict=True))
-    hits = sum(len(ranked) > 0 and ranked[0] in gold for ranked, gold in pairs)
-    recall = sum(any(t in gold for t in ranked[:k]) for ranked, gold in pairs)
-    return {"acc": hits / len(pairs), "r5": recall / len(pairs), "n": len(pairs)}
-
-
-def top_ids(scores: np.ndarray, columns: Sequence[str], k: int = 5) -> list[list[str]]:
-    """The ids of the ``k`` best-scoring columns of each row, best first (ties keep column order).
-
-    Parameters
-    ----------
-    scores : numpy.ndarray
-        ``(n, len(columns))`` scores, higher is better.
-    columns : sequence of str
-        Tool id of each column.
-    k : int
-        How many to keep per row.
-
-    Returns
-    -------
-    list of list of str
-        One ranking per row (see :func:`ranking_metrics`).
-    """
-    order = np.argsort(-np.asarray(scores), axis=1, kind="stable")[:, :k]
-    return np.asarray(columns, dtype=object)[order].tolist()
-
-
-def evaluate_routes(results: Sequence[RouteResult], golds: Sequence[Sequence[str]], k: int = 5) -> dict[str, float]:
-    """Top-1 accuracy and recall@k of routed results against acceptable gold ids."""
-    return ranking_metrics([[c.tool_id for c in r.candidates] for r in results], golds, k)

@@ -44,7 +44,7 @@ import numpy as np
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.svm import LinearSVC
 
-from synapse_flwr.core import router
+from synapse_flwr.core import metrics
 from synapse_flwr.core.catalog import Catalog
 from synapse_flwr.core.documentation import documentation_text
 from synapse_flwr.core.embed import Embedder, get_embedder
@@ -62,7 +62,7 @@ from synapse_flwr.flower.fedavg_dp import (
 
 log = logging.getLogger(__name__)
 
-#: Recall cut-off, as in :func:`synapse_flwr.core.router.evaluate_routes`.
+#: Recall cut-off, as in :func:`synapse_flwr.core.metrics.evaluate_routes`.
 TOP_K = 5
 
 
@@ -95,7 +95,7 @@ def labelled_pairs(events: Sequence[Event], catalog: Catalog) -> tuple[list[str]
 def ranking_metrics(
     scores: np.ndarray, columns: Sequence[str], test: Sequence[TestItem], k: int = TOP_K
 ) -> dict[str, float]:
-    """Top-1 accuracy and recall@k of score rows (:func:`synapse_flwr.core.router.ranking_metrics`).
+    """Top-1 accuracy and recall@k of score rows (:func:`synapse_flwr.core.metrics.ranking_metrics`).
 
     Parameters
     ----------
@@ -114,7 +114,7 @@ def ranking_metrics(
         ``acc`` (top-1 in gold), ``r5`` (any of the top ``k`` in gold), ``n``;
         zeros for an empty test set. Ties keep column order.
     """
-    return router.ranking_metrics(router.top_ids(scores, columns, k), [item.gold for item in test], k)
+    return metrics.ranking_metrics(metrics.top_ids(scores, columns, k), [item.gold for item in test], k)
 
 
 def tfidf_svm_arm(
