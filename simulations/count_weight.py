@@ -35,6 +35,7 @@ from synapse_flwr.simulations.tune_router import accuracy
 
 from synapse_flwr.core.builder import BuildConfig, build_compendium, derive_seed
 from synapse_flwr.core.embed import Embedder
+from synapse_flwr.core.fusion import Fusion
 from synapse_flwr.core.merge import merge_typed
 from synapse_flwr.core.prototypes import (
     decode_prototype,
@@ -42,7 +43,7 @@ from synapse_flwr.core.prototypes import (
     prototype_sensitivity,
     readable,
 )
-from synapse_flwr.core.router import Fusion, Router
+from synapse_flwr.core.router import Router
 from synapse_flwr.core.schema import Compendium, Prototype
 from synapse_flwr.data.federation import FederatedDataset, load_federated
 from synapse_flwr.eval.results import group_rows, mean_of, run_lab

@@ -41,9 +41,10 @@ from synapse_flwr.core.embed import EMBEDDERS
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.files import write_atomic
 from synapse_flwr.core.merge import FLAT_MAJORITY, TYPED
+from synapse_flwr.core.metrics import evaluate_routes
 from synapse_flwr.core.privacy import DEFAULT_DELTA, DEFAULT_EPSILON
 from synapse_flwr.core.release import ReleaseState
-from synapse_flwr.core.router import RENDERS, RERANKERS, Router, evaluate_routes
+from synapse_flwr.core.router import RENDERS, RERANKERS, Router
 from synapse_flwr.core.schema import Compendium
 from synapse_flwr.core.wire import content_hash, load_artifact
 from synapse_flwr.data.check import file_hashes, require_valid
@@ -66,8 +67,9 @@ ORDER_CHECK = 20
 # Evaluations are cached under a hash of the code that routes, so a router
 # change re-scores every arm while the (slow) Flower runs stay cached; a
 # change to the builder or the merge needs ``--fresh``.
-ROUTING_MODULES = ("core.router", "core.phrases", "core.votes", "core.render", "core.embed", "core.llm",
-                   "eval.baselines", "eval.order_check", "flower.fedavg_dp")
+ROUTING_MODULES = ("core.router", "core.fusion", "core.documentation", "core.phrase_profile", "core.phrases",
+                   "core.votes", "core.render", "core.rerank_llm", "core.explain", "core.metrics", "core.embed",
+                   "core.llm", "eval.baselines", "eval.order_check", "flower.fedavg_dp")
 
 
 def llm_subsample(items: list, n: int) -> list:

@@ -32,8 +32,9 @@ from synapse_flwr.core.builder import (
     derive_seed,
     vote_noise,
 )
+from synapse_flwr.core.fusion import Fusion
 from synapse_flwr.core.merge import merge_typed
-from synapse_flwr.core.router import Fusion, Router
+from synapse_flwr.core.router import Router
 from synapse_flwr.core.schema import FusionSetting, FusionVotes
 from synapse_flwr.core.votes import chosen_setting, sum_votes
 from synapse_flwr.data.federation import load_federated

@@ -2,7 +2,7 @@
 
 A noise-only prototype that passes the gate opens it for the queries its
 (held-out) tool documents best and adds a count prior to it; the level
-:attr:`~synapse_flwr.core.router.Fusion.gate_alpha` bounds the chance that
+:attr:`~synapse_flwr.core.fusion.Fusion.gate_alpha` bounds the chance that
 any tool of the catalog does. Each federation (K orgs, one release each,
 merged typed) is built under several noise draws and routed with the
 ``fields`` reranker at every alpha, beside docs_only.
@@ -18,8 +18,9 @@ import math
 from synapse_flwr.simulations.tune_router import accuracy
 
 from synapse_flwr.core.builder import build_compendium
+from synapse_flwr.core.fusion import Fusion
 from synapse_flwr.core.merge import merge_typed
-from synapse_flwr.core.router import Fusion, Router
+from synapse_flwr.core.router import Router
 from synapse_flwr.data.federation import load_federated
 from synapse_flwr.eval.results import run_lab
 

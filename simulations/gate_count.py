@@ -26,8 +26,9 @@ from dataclasses import replace
 from synapse_flwr.simulations.tune_router import accuracy, draw_global
 
 from synapse_flwr.core.embed import Embedder
+from synapse_flwr.core.fusion import Fusion
 from synapse_flwr.core.prototypes import along_documentation
-from synapse_flwr.core.router import Fusion, Router
+from synapse_flwr.core.router import Router
 from synapse_flwr.data.federation import load_federated
 from synapse_flwr.eval.results import group_rows, mean_of, run_lab
 

@@ -25,8 +25,9 @@ from synapse_flwr.simulations.tune_router import accuracy
 
 from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.experience import event_label
+from synapse_flwr.core.fusion import Fusion
 from synapse_flwr.core.merge import merge_typed
-from synapse_flwr.core.router import Fusion, Router
+from synapse_flwr.core.router import Router
 from synapse_flwr.data.federation import FederatedDataset, load_federated
 from synapse_flwr.eval.results import run_lab
 

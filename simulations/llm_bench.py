@@ -3,7 +3,7 @@
 In process, no Flower. The federated compendium is the one
 ``simulations/tune_router.py`` builds (one release per org, merged typed).
 On ``dev_seed`` each model's channel scores choose that model's LLM weight
-(:data:`~synapse_flwr.core.router.LLM_WEIGHT` is the blend for models never
+(:data:`~synapse_flwr.core.rerank_llm.LLM_WEIGHT` is the blend for models never
 measured); on ``report_seed`` every model
 reranks the same sampled queries with the federated compendium rendered typed
 and flat, and with no compendium (``docs_only``), beside retrieval order and
@@ -11,7 +11,7 @@ the ``fields`` reranker. Each LLM arm is routed once: its candidates'
 retrieval, documentation and raw LLM scores are kept per query in the
 config's ``rows`` folder (reread by later runs, by other report seeds' configs
 and by ``simulations/llm_fusion.py``) and fused at any weight
-(:func:`~synapse_flwr.core.router.fuse_llm`): the report keeps top-1 at every
+(:func:`~synapse_flwr.core.rerank_llm.fuse_llm`): the report keeps top-1 at every
 grid weight and reads it at the dev choice, so the dev stage and the report
 can run side by side (``--stage``). A shuffled-order check reroutes some
 queries with their candidates permuted and counts changed picks at every
@@ -41,7 +41,9 @@ from synapse_flwr.simulations.tune_router import dataset, global_compendium
 from synapse_flwr.core.builder import PROTOTYPE_WEIGHT
 from synapse_flwr.core.embed import get_embedder
 from synapse_flwr.core.files import write_atomic
-from synapse_flwr.core.router import Router, evaluate_routes, fuse_llm
+from synapse_flwr.core.metrics import evaluate_routes
+from synapse_flwr.core.rerank_llm import fuse_llm
+from synapse_flwr.core.router import Router
 from synapse_flwr.eval.order_check import order_changes
 from synapse_flwr.eval.results import (
     experiment_parser,

@@ -1,4 +1,4 @@
-"""The LLM reranker's fusion rule and per-model weight (``router.fuse_llm``, ``router.LLM_WEIGHTS``).
+"""The LLM reranker's fusion rule and per-model weight (``rerank_llm.fuse_llm``, ``rerank_llm.LLM_WEIGHTS``).
 
 Per model, seed and arm (the federated compendium and docs_only, both
 rendered typed), the sampled test queries are routed once by the LLM
@@ -12,7 +12,7 @@ rule and weight is then scored offline on those rows:
     before 2026-12-03: ``fuse_llm`` with the documentation scores set to
     retrieval's);
 ``standing``
-    the shipped :func:`~synapse_flwr.core.router.fuse_llm`: a candidate
+    the shipped :func:`~synapse_flwr.core.rerank_llm.fuse_llm`: a candidate
     without experience for the query stands at the better of its retrieval
     and documentation scores, one with experience at retrieval's.
 

@@ -5,7 +5,7 @@ federated compendium rendered typed), per seed, mean of seen and held-out
 top-1 over local/gemma3 and local/smollm2:
 
 ``plain``
-    the shipped rule, :func:`~synapse_flwr.core.router.fuse_llm` at weight ``w``;
+    the shipped rule, :func:`~synapse_flwr.core.rerank_llm.fuse_llm` at weight ``w``;
 ``hard`` / ``soft``
     the LLM's standardised score added only when the best candidate's
     standing leads the second's by less than ``tau``, or with a weight
@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from synapse_flwr.simulations.llm_bench import rows_path
 
-from synapse_flwr.core.router import _standardise, fuse_llm
+from synapse_flwr.core.rerank_llm import fuse_llm, standardise
 
 log = logging.getLogger("llm_fusion_variants")
 MODELS = ("local/gemma3", "local/smollm2")
@@ -43,7 +43,7 @@ def pick(row: dict, llm: np.ndarray, mode: str, w: float, tau: float) -> str:
     standing = fuse_llm(ret, docs, np.zeros_like(ret), 0.0)
     lead = float(np.subtract(*np.sort(standing)[::-1][:2])) if len(standing) > 1 else np.inf
     weight = {"plain": w, "hard": w if lead < tau else 0.0, "soft": w * np.exp(-lead / tau) if tau else 0.0}[mode]
-    return row["ids"][int(np.argmax(standing + weight * _standardise(llm)))]
+    return row["ids"][int(np.argmax(standing + weight * standardise(llm)))]
 
 
 def top1(rows: list[dict], scores: list[np.ndarray], mode: str, w: float, tau: float) -> float:
@@ -67,7 +67,7 @@ def main() -> None:
             log.info("seed %d %-5s w=%-4g tau=%-4g mean %.4f  gemma3 %.3f / %.3f  smollm2 %.3f / %.3f",
                      seed, mode, w, tau, np.mean(vals), *vals)
         for w in (0.25, 0.5, 0.75, 1.0):  # the mean of both models' standardised scores, halved as a weight
-            both = {s: [(_standardise(a) + _standardise(b)) / 2 for a, b in zip(raw[MODELS[0], s], raw[MODELS[1], s])]
+            both = {s: [(standardise(a) + standardise(b)) / 2 for a, b in zip(raw[MODELS[0], s], raw[MODELS[1], s])]
                     for s in SPLITS}
             vals = [float(np.mean([r["ids"][int(np.argmax(fuse_llm(np.array(r["retrieval"]), np.array(r["docs"]),
                                                                     np.zeros(len(z)), 0.0) + w * z))] in r["gold"]

@@ -1,4 +1,4 @@
-"""Tool names read as words in the documentation vector (``router.name_words``).
+"""Tool names read as words in the documentation vector (``documentation.name_words``).
 
 Each federation (K orgs, one release each, merged typed) is routed with the
 ``fields`` reranker twice: with names split into words at camelCase,
@@ -23,9 +23,10 @@ from unittest.mock import patch
 
 from synapse_flwr.simulations.tune_router import accuracy, draw_global
 
-from synapse_flwr.core import router as router_module
+from synapse_flwr.core import documentation
 from synapse_flwr.core.catalog import Catalog
-from synapse_flwr.core.router import Router, name_words
+from synapse_flwr.core.documentation import name_words
+from synapse_flwr.core.router import Router
 from synapse_flwr.data.federation import load_federated
 from synapse_flwr.eval.results import run_lab
 
@@ -50,7 +51,7 @@ def one_run(run: dict, cfg: dict, emb) -> list[dict]:
     camel = sum(bool(re.search(r"[a-z0-9][A-Z]", d.name)) for d in ds.catalog.tools)
     rows = []
     for label, render in RENDERINGS.items():
-        with patch.object(router_module, "name_words", render):
+        with patch.object(documentation, "name_words", render):
             docs = accuracy(Router(None, ds.catalog, embedder=emb), ds)
             for draw, merged in zip(run["draws"], globals_, strict=True):
                 row = {"dataset": run["dataset"], "orgs": run["orgs"], "epsilon": run["epsilon"],

@@ -36,7 +36,8 @@ from synapse_flwr.core.embed import Embedder, get_embedder
 from synapse_flwr.core.files import write_atomic
 from synapse_flwr.core.influence import scale_compendium
 from synapse_flwr.core.merge import FLAT_MAJORITY, POLICIES, ROBUST, TYPED, merge
-from synapse_flwr.core.router import Router, evaluate_routes
+from synapse_flwr.core.metrics import evaluate_routes
+from synapse_flwr.core.router import Router
 from synapse_flwr.core.schema import Compendium
 from synapse_flwr.core.wire import decode, encode
 from synapse_flwr.data.federation import FederatedDataset, load_federated

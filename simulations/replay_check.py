@@ -19,8 +19,9 @@ from collections.abc import Sequence
 from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.embed import get_embedder
 from synapse_flwr.core.merge import merge
+from synapse_flwr.core.metrics import evaluate_routes
 from synapse_flwr.core.replay import replay_events
-from synapse_flwr.core.router import Router, evaluate_routes
+from synapse_flwr.core.router import Router
 from synapse_flwr.data.federation import load_federated
 
 log = logging.getLogger(__name__)

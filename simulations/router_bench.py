@@ -18,7 +18,8 @@ from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.catalog import Catalog
 from synapse_flwr.core.embed import Embedder, get_embedder
 from synapse_flwr.core.files import write_atomic
-from synapse_flwr.core.router import Router, evaluate_routes
+from synapse_flwr.core.metrics import evaluate_routes
+from synapse_flwr.core.router import Router
 from synapse_flwr.data.federation import metatool_dataset
 from synapse_flwr.data.pins import verified_hashes
 from synapse_flwr.eval.results import experiment_parser, load_experiment, write_results

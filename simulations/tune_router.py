@@ -27,8 +27,10 @@ from pathlib import Path
 
 from synapse_flwr.core.builder import BuildConfig, build_compendium
 from synapse_flwr.core.embed import Embedder, get_embedder
+from synapse_flwr.core.fusion import Fusion
 from synapse_flwr.core.merge import merge_typed
-from synapse_flwr.core.router import PROTOTYPE_WEIGHTS, Fusion, Router, evaluate_routes
+from synapse_flwr.core.metrics import evaluate_routes
+from synapse_flwr.core.router import PROTOTYPE_WEIGHTS, Router
 from synapse_flwr.core.schema import Compendium
 from synapse_flwr.core.wire import canonical_json
 from synapse_flwr.data.federation import (

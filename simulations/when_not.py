@@ -23,7 +23,8 @@ from synapse_flwr.simulations.tune_router import accuracy, draw_global
 
 from synapse_flwr.core import router as router_module
 from synapse_flwr.core.experience import TestItem
-from synapse_flwr.core.router import Router, RouteResult, evaluate_routes
+from synapse_flwr.core.metrics import evaluate_routes
+from synapse_flwr.core.router import Router, RouteResult
 from synapse_flwr.data.federation import FederatedDataset, load_federated
 from synapse_flwr.eval.results import run_lab
 

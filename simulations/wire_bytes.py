@@ -28,9 +28,10 @@ from synapse_flwr.core.catalog import Catalog, make_catalog
 from synapse_flwr.core.delta import apply_delta, sha256_hex
 from synapse_flwr.core.files import write_atomic
 from synapse_flwr.core.merge import merge_typed
+from synapse_flwr.core.metrics import evaluate_routes
 from synapse_flwr.core.prototypes import above_noise
 from synapse_flwr.core.release import ReleaseState
-from synapse_flwr.core.router import Router, evaluate_routes
+from synapse_flwr.core.router import Router
 from synapse_flwr.core.sanitize import instruction_like
 from synapse_flwr.core.schema import Compendium
 from synapse_flwr.core.wire import canonical_json, decode, encode, unwrap

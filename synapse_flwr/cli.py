@@ -448,8 +448,8 @@ def inspect(
 
 def _above_noise(art) -> dict[str, bool]:
     """Per tool with a prototype, whether it clears the router's noise tests (length and count)."""
+    from synapse_flwr.core.fusion import Fusion
     from synapse_flwr.core.prototypes import readable
-    from synapse_flwr.core.router import Fusion
 
     tools = [t for t in art.tools if t.prototype is not None]
     gate = Fusion()
@@ -506,7 +506,7 @@ def route(
     count_prior: CountPriorOption = None,
 ) -> None:
     """Route queries to tools and print one JSON result per query."""
-    from synapse_flwr.core.router import explain_route
+    from synapse_flwr.core.explain import explain_route
 
     if blank := [i for i, q in enumerate(query, start=1) if not q.strip()]:
         raise SynapseError(f"query {blank[0]} of {len(query)} is empty: nothing to route")
@@ -683,11 +683,11 @@ def _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_
 
     from synapse_flwr.core.catalog import load_catalog
     from synapse_flwr.core.embed import get_embedder
+    from synapse_flwr.core.fusion import voted_fusion
     from synapse_flwr.core.router import (
         DOCS_CANDIDATES,
         Router,
         check_router_args,
-        voted_fusion,
     )
     from synapse_flwr.core.schema import FlatCompendium
     from synapse_flwr.core.wire import load_artifact

@@ -379,7 +379,7 @@ def test_the_llm_sample_sits_beside_retrieval_order_and_its_order_check_catches_
 
     from synapse_flwr.simulations.experiment import Experiment, llm_targets, tables
 
-    from synapse_flwr.core import router as router_mod
+    from synapse_flwr.core import rerank_llm
 
     def by_content(model, pairs):  # order-free: each (entry, query) pair has its own score
         return [float(zlib.crc32((entry + query).encode()) % 97) for entry, query in pairs]
@@ -394,7 +394,7 @@ def test_the_llm_sample_sits_beside_retrieval_order_and_its_order_check_catches_
     # the federated global is the pooled compendium here: no Flower run in a fast test
     monkeypatch.setattr(Experiment, "federate", lambda self, *a, **k: {})
     monkeypatch.setattr(Experiment, "global_of", lambda self, run, round_=None: self.centralized(7))
-    monkeypatch.setitem(router_mod.LLM_WEIGHTS, "local/smollm2", 100.0)  # the LLM's pick decides
+    monkeypatch.setitem(rerank_llm.LLM_WEIGHTS, "local/smollm2", 100.0)  # the LLM's pick decides
     def unreachable(model, pairs):  # a hosted model without a network: every call fails
         raise RuntimeError("connection refused")
 

@@ -9,9 +9,9 @@ from synapse_flwr.simulations.name_words import RENDERINGS
 from synapse_flwr.simulations.readable_requests import ranked_requests
 from synapse_flwr.simulations.when_not import flips
 
-from synapse_flwr.core import experience, privacy
-from synapse_flwr.core import router as router_module
-from synapse_flwr.core.router import Router, doc_text
+from synapse_flwr.core import documentation, experience, privacy
+from synapse_flwr.core.documentation import doc_text
+from synapse_flwr.core.router import Router
 from synapse_flwr.core.schema import Compendium, Issuer, Scenario, ToolEntry, WhenNot
 from synapse_flwr.data.federation import load_federated
 
@@ -67,6 +67,6 @@ def test_name_words_lab_switches_the_rendering_the_router_embeds():
     entry = ToolEntry(tool_id="auspetrolprices", description="Fuel prices.")
     seen = {}
     for label, render in RENDERINGS.items():
-        with patch.object(router_module, "name_words", render):
+        with patch.object(documentation, "name_words", render):
             seen[label] = doc_text(entry, "AusPetrolPrices_v2")
     assert seen == {"words": "Aus Petrol Prices v 2: Fuel prices.", "separators": "AusPetrolPrices v2: Fuel prices."}

@@ -28,14 +28,14 @@ from litellm.types.llms.custom_llm import CustomLLMItem
 from synapse_flwr.core import llm
 from synapse_flwr.core.catalog import ToolDoc, make_catalog
 from synapse_flwr.core.embed import TfidfEmbedder
-from synapse_flwr.core.router import (
+from synapse_flwr.core.rerank_llm import (
     LLM_WEIGHT,
     LLM_WEIGHTS,
-    Router,
     balanced_list_scores,
     cyclic_orders,
     fuse_llm,
 )
+from synapse_flwr.core.router import Router
 
 HOSTED = "openai/gpt-4o-mini"  # never reached: every hosted call here is mocked
 MSGS = [{"role": "user", "content": "Say hi."}]

@@ -13,6 +13,8 @@ from synapse_flwr.core.builder import BuildConfig, build_compendium
 from synapse_flwr.core.catalog import ToolDoc, make_catalog
 from synapse_flwr.core.embed import l2_normalize
 from synapse_flwr.core.experience import Event
+from synapse_flwr.core.explain import decided_by, explain_route
+from synapse_flwr.core.fusion import Fusion
 from synapse_flwr.core.merge import merge_typed
 from synapse_flwr.core.privacy import PrivacyParams, calibrate
 from synapse_flwr.core.prototypes import (
@@ -31,10 +33,7 @@ from synapse_flwr.core.prototypes import (
 from synapse_flwr.core.release import combine
 from synapse_flwr.core.router import (
     Candidate,
-    Fusion,
     Router,
-    decided_by,
-    explain_route,
 )
 from synapse_flwr.core.schema import Compendium, EmbeddingSpace, Issuer, ToolEntry
 from synapse_flwr.core.wire import canonical_json

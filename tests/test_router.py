@@ -10,16 +10,15 @@ import pytest
 from synapse_flwr.cli import app
 from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.catalog import ToolDoc, make_catalog
+from synapse_flwr.core.documentation import doc_text, name_words
 from synapse_flwr.core.embed import TfidfEmbedder
 from synapse_flwr.core.experience import Event
+from synapse_flwr.core.fusion import Fusion
 from synapse_flwr.core.merge import merge_flat_majority
+from synapse_flwr.core.metrics import evaluate_routes
 from synapse_flwr.core.router import (
-    Fusion,
     Router,
     candidate_set,
-    doc_text,
-    evaluate_routes,
-    name_words,
 )
 from synapse_flwr.core.schema import Compendium, Issuer, ToolEntry, WhenNot
 

@@ -16,6 +16,7 @@ from synapse_flwr.core import votes
 from synapse_flwr.core.builder import BuildConfig, build_compendium, vote_noise
 from synapse_flwr.core.embed import get_embedder
 from synapse_flwr.core.experience import Event
+from synapse_flwr.core.fusion import EMBEDDER_FUSIONS, Fusion, voted_fusion
 from synapse_flwr.core.merge import merge_typed
 from synapse_flwr.core.privacy import (
     PrivacyParams,
@@ -25,7 +26,7 @@ from synapse_flwr.core.privacy import (
 )
 from synapse_flwr.core.prototypes import decode_prototype, encode_prototype
 from synapse_flwr.core.release import ReleaseState
-from synapse_flwr.core.router import EMBEDDER_FUSIONS, Fusion, Router, voted_fusion
+from synapse_flwr.core.router import Router
 from synapse_flwr.core.schema import FusionSetting, FusionVotes
 from synapse_flwr.core.votes import (
     SETTINGS,

@@ -7,32 +7,13 @@ only have documentation:
   index, and so is every pooled ``when`` scenario (pointing at its tool);
 * lexical: per tool, the likelihood that a query mentions each phrase,
   estimated from released phrase supports over the tool's calls and smoothed
-  toward its description (:class:`PhraseProfile`).
+  toward its description (:class:`~synapse_flwr.core.phrase_profile.PhraseProfile`).
 
 * prototypes: per tool, the DP sum of the unit embeddings of the queries it
   served (:mod:`synapse_flwr.core.prototypes`).
 
-No harm by construction: every tool's retrieval score starts from exactly
-the score a documentation-only router gives it (description cosine plus the
-phrase evidence of its documentation alone), and experience only *adds*
-non-negative evidence, to the tools that have it: the phrase evidence beyond
-the documentation, the scenario similarity beyond the description, and the
-prototype evidence. A tool's prototype counts only when noise alone would
-rarely be as long (``gate_alpha`` over the whole catalog), its released
-count clears its noise (``gate_count_sds``) and it points along its tool's
-public documentation by more than its noise (``gate_doc_sds``); its evidence is the
-query's cosine with the prototype's direction beyond ``margin``, shrunk by
-the noise, ``A^2 / (A^2 + k * sd^2)``, plus ``prior * log(1 + n)`` for its
-released count ``n`` (how often the tool serves queries at all). Prototype
-and scenario evidence are *gated per query*: each is added only when the
-documentation's own choice for the query is a tool with that evidence (a
-prototype above the noise, a released ``when`` scenario). A query whose
-documentation-best tool has no experience is routed exactly as docs_only
-routes it, so experience can only re-route queries that docs_only already
-sends to an experienced tool (one mean prototype per tool cannot tell a
-query of a known kind from a query for a new tool; the documentation's
-choice can). A tool without experience, or with experience at noise level,
-therefore scores exactly as without a compendium.
+Experience only adds to each tool's documentation score, gated per query
+(:mod:`synapse_flwr.core.fusion`).
 
 Rerankers choose among ``k`` candidates: retrieval's top ``k``, holding the
 documentation's best ``DOCS_CANDIDATES`` tools (:func:`candidate_set`), so
@@ -53,13 +34,8 @@ out of what a reranker reads; retrieval's top-1 stays first.
     prototype gate counts it for the query; elsewhere, the documentation as
     docs_only shows it): an embedded model scores each tool on its own (the channel
     direction, ``log P(query | tool entry)``); a hosted one picks from the
-    list shown in every cyclic order, its votes averaged. The LLM's score is
-    then added to each candidate's standing among the candidates (its
-    standardised retrieval score, or for a tool without experience for the
-    query the better of that and its documentation score, the standing
-    docs_only gives it), weighted by the model's dev weight
-    (:func:`llm_weight_for`): it refines retrieval and never replaces it
-    blindly (:func:`fuse_llm`).
+    list shown in every cyclic order, its votes averaged. The LLM's score
+    then refines retrieval's (:mod:`synapse_flwr.core.rerank_llm`).
 """
 
 from __future__ import annotations
@@ -68,16 +44,17 @@ import copy
 import itertools
 import logging
 import math
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
-import scipy.sparse as sp
 
 from synapse_flwr.core.catalog import Catalog
+from synapse_flwr.core.documentation import doc_entry, doc_text
 from synapse_flwr.core.embed import Embedder, get_embedder, l2_normalize
-from synapse_flwr.core.phrases import candidate_phrases
+from synapse_flwr.core.explain import decided_by
+from synapse_flwr.core.fusion import Fusion, gate_open, voted_fusion
+from synapse_flwr.core.phrase_profile import PhraseProfile
 from synapse_flwr.core.privacy import zero_count_floor
 from synapse_flwr.core.progress import Progress
 from synapse_flwr.core.prototypes import (
@@ -92,20 +69,17 @@ from synapse_flwr.core.render import (
     render_flat,
     render_typed,
 )
+from synapse_flwr.core.rerank_llm import (
+    CHANNEL_CUE,
+    balanced_list_scores,
+    fuse_llm,
+    llm_weight_for,
+)
 from synapse_flwr.core.scenarios import split_when
 from synapse_flwr.core.schema import Compendium, FlatCompendium, ToolEntry
-from synapse_flwr.core.votes import chosen_setting
 
 log = logging.getLogger(__name__)
 
-# Phrase-likelihood constants, chosen on the seed-7 MetaTool split (dev), never
-# on the reported seeds: description pseudo-count per unit of release threshold,
-# probability of a phrase a tool neither released nor documents, documentation
-# prior used when no tool has experience, and the support share of a variant.
-PRIOR_STRENGTH = 10.0
-PHRASE_FLOOR = 1e-4
-DESCRIPTION_RATE = 0.06
-VARIANT_SHARE = 0.5
 # Retrieval weights (dense documentation, phrase likelihood, scenario beyond
 # documentation), chosen on the seed-7 split: with query prototypes a scenario
 # weight of 0.3 cost 2-4 held-out points (simulations/tune_router.py), so it is
@@ -124,18 +98,6 @@ NOISE_SDS = 3.0
 RERANKERS = ("fields", "llm", "none")
 #: How the ``llm`` reranker asks: ``auto`` is channel for embedded models, list for hosted ones.
 LLM_MODES = ("auto", "channel", "list")
-# Weight of the LLM's standardised score beside retrieval's, for a model
-# without dev evidence: a moderate blend, not a tuned optimum. Choose a model's
-# weight on your own dev split (``llm_weight``, ``synapse route --llm-weight``).
-LLM_WEIGHT = 0.5
-# Per-model weights chosen on the seed-7 MetaTool dev split, 200 queries per
-# split, federated typed, fused by :func:`fuse_llm` (simulations/llm_fusion.py,
-# docs/results/tuning/llm_fusion; seen/held-out top-1; retrieval order
-# 0.655/0.615). local/smollm2: 0.66/0.665 at 0.25 (0.64/0.665 at 0.5);
-# local/gemma3: 0.68/0.67 at 0.25 (0.675/0.665 at 0.5). docs_only's LLM route
-# there: 0.62/0.625 and 0.625/0.635. Fused with retrieval alone (the rule
-# before), held-out fell below docs_only's LLM route at every weight above 0.
-LLM_WEIGHTS: dict[str, float] = {"local/smollm2": 0.25, "local/gemma3": 0.25}
 # The documentation's best tools that every candidate set keeps. Experience
 # reorders retrieval: on queries whose documented tool has no experience but
 # whose gate is open, experienced tools filled the other slots, so a reranker
@@ -147,8 +109,6 @@ LLM_WEIGHTS: dict[str, float] = {"local/smollm2": 0.25, "local/gemma3": 0.25}
 # rerun 2026-12-03 on today's code).
 # Retrieval's top-1 never changes.
 DOCS_CANDIDATES = 2
-# What follows a tool's entry in a channel prompt; the query continues it.
-CHANNEL_CUE = "\nA user request this tool handles:"
 # How much better than anything in a tool's favour (cosine) a when_not scenario
 # must match before it counts: its excess above this margin is the penalty,
 # and any excess hands the tool's score to the scenario's `prefer` tool. On the
@@ -171,135 +131,6 @@ WHEN_NOT_MARGIN = 0.2
 EXAMPLE_WEIGHT = 0.5
 # Retrieval evidence, in the order the explain output lists it.
 EVIDENCE = ("description", "phrases", "scenario", "prototype")
-
-
-@dataclass(frozen=True)
-class Fusion:
-    """How experience adds to a tool's documentation score.
-
-    The defaults were chosen on the seed-7 MetaTool split only
-    (``simulations/tune_router.py``, ``docs/results/tuning/``): phrases beyond
-    the documentation cost 17 held-out points without privacy; without the
-    per-query gate, every cosine floor that kept held-out tools within 0.005
-    of docs_only capped the seen gain at 2-4 points.
-
-    Parameters
-    ----------
-    phrases : float
-        Weight of the phrase evidence beyond what the documentation gives.
-    prototype : float
-        Weight of the prototype evidence (cosine part).
-    shrink : float
-        ``k`` of the prototype's noise shrinkage ``A^2 / (A^2 + k * sd^2)``.
-    gate_alpha : float
-        Chance, over the whole catalog, that any prototype of noise alone is
-        read as experience: a prototype is used only when noise alone would
-        give a sum as long as its own with probability at most
-        ``gate_alpha / n`` (``n`` the noised prototypes, Bonferroni; the
-        chi-square tail of :func:`~synapse_flwr.core.prototypes.noise_pvalue`).
-        Any other prototype is ignored (the tool keeps exactly its
-        documentation score, and counts as a tool without experience for
-        the per-query gate). A fixed 3-SD gate let 0.23% of noise-only
-        prototypes through, one in every few runs of a 199-tool catalog
-        and more than one per run at 811 tools.
-    gate_count_sds : float
-        A prototype is also read only when its released count exceeds this
-        many of its count's noise SDs. The count's noise is drawn apart from
-        the sum's, so the test divides how often noise alone passes the gate
-        (one noise-only prototype read costs the held-out queries its tool's
-        documentation would route right: 8.6 points on one seed-7 lab draw),
-        but by less than ``P(N(0, 1) > s)``: each organisation's count is
-        clipped at 0 before the merge, so a merged count of noise alone sits
-        above 0. At 1 SD noise alone clears it in 0.25 (demo, K = 3), 0.42
-        (K = 5) and 0.96 (K = 20) of the cases (``gate_count``). Seed-7 dev split at
-        epsilon 4 (``docs/results/tuning/gate_count``): 0 and 1 keep every
-        MetaTool prototype the energy test passes (K = 5 and 20, 3 draws
-        each); 1 also drops 0-3 of the demo's 9-12 and lifts its seen top-1
-        0.677 -> 0.691 (4 draws); 2 costs MetaTool 1.4 seen points at K = 5.
-    gate_doc_sds : float or None
-        A prototype that passes the length and count tests is also read only
-        when its projection on its tool's public documentation vector (the
-        one docs_only scores with) exceeds this many of the sum's noise SDs,
-        or else when it passes the length test at ``gate_alpha * P(N(0, 1) >
-        s)`` (:func:`~synapse_flwr.core.prototypes.gate_reads`). The
-        projection's noise is exactly ``N(0, sd^2)`` after any merge (on
-        seed 7, 240 noise-only MetaTool prototypes: mean -0.13 SD, SD 1.02),
-        so unlike the count test it holds noise back at every federation
-        size: at 2 SDs noise alone passes about 16 times less often than the
-        length test alone lets it (199 tools, 384 dimensions). The second
-        path keeps a tool whose real traffic is unlike its documentation:
-        the documentation test alone cost the names-only folder shape 1.5 and
-        4.4 seen points at epsilon 4 (``docs/results/folder_stress``), with
-        the path nothing. Seed-7 dev split at epsilon 4
-        (``docs/results/tuning/gate_count``): 2 reads exactly the prototypes
-        the other tests read (MetaTool K = 5 and 20, the demo). None: no
-        such test.
-    margin : float
-        Cosine with a prototype's direction counts only above this floor.
-    prior : float
-        Weight of ``log(1 + n)``, ``n`` the prototype's released count: a
-        class prior learnt from the federation's mix of tools. It helps where
-        traffic follows that mix and costs where it does not (a test set
-        balanced over tools: ``docs/results/tuning/label_shift``); 0 routes
-        on the queries' evidence alone.
-    """
-
-    phrases: float = 0.0
-    prototype: float = 8.0
-    shrink: float = 4.0
-    gate_alpha: float = 0.05
-    margin: float = 0.0
-    prior: float = 0.5
-    gate_count_sds: float = 1.0
-    gate_doc_sds: float | None = 2.0
-
-    def __post_init__(self) -> None:
-        for name in ("phrases", "prototype", "shrink", "prior", "gate_count_sds", "gate_doc_sds"):
-            value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"fusion {name} must be finite and >= 0, got {value!r}")
-        if not 0 < self.gate_alpha <= 1:
-            raise ValueError(f"fusion gate_alpha must be in (0, 1], got {self.gate_alpha!r}")
-        if not -1 <= self.margin < 1:
-            raise ValueError(f"fusion margin must be in [-1, 1), got {self.margin!r}")
-
-    @property
-    def docs_only(self) -> bool:
-        """Whether experience adds nothing to the documentation (the votes' first setting).
-
-        A router then reads no experience field at all: no ``when``
-        scenario, no ``when_not``, and an LLM reranker sees every candidate
-        as docs_only shows it.
-        """
-        return self.prototype == 0 and self.prior == 0 and self.phrases == 0
-
-
-# Fusion constants of an embedder whose similarity scale is not MiniLM's (the
-# defaults), keyed by the embedder's name; seed-7 dev split,
-# simulations/tune_router.py configs/tune_router_static.toml
-# (docs/results/tuning/static). The 64-d static embedder under MiniLM's
-# prototype 8 / prior 0.5 routes seen tools below docs_only (0.3365 at
-# epsilon 4 against 0.3625): its cosines are smaller, so the count prior
-# outweighs them. Prototype 4 / prior 0.2: 0.4129 at epsilon 4, 0.4618
-# without noise, held-out equal to docs_only (0.3857).
-EMBEDDER_FUSIONS: dict[str, Fusion] = {"tokenlearn-static-64d": Fusion(prototype=4.0, prior=0.2)}
-
-
-def voted_fusion(compendium: Compendium | FlatCompendium | None, embedder: str = "") -> Fusion:
-    """The embedder's default :class:`Fusion`, with the prototype weight and prior the federation's votes chose, if any.
-
-    Parameters
-    ----------
-    compendium : Compendium or FlatCompendium or None
-        The global compendium; its ``votes`` (if any) choose prototype weight and prior.
-    embedder : str
-        The router's embedder name: its :data:`EMBEDDER_FUSIONS` entry, else :class:`Fusion`'s defaults.
-    """
-    base = EMBEDDER_FUSIONS.get(embedder, Fusion())
-    setting = chosen_setting(getattr(compendium, "votes", None))
-    if setting is None:
-        return base
-    return replace(base, prototype=setting.prototype, prior=setting.prior)
 
 
 RENDERS = ("typed", "flat")
@@ -375,19 +206,6 @@ class RouteResult:
         }
 
 
-_BLANK = ToolEntry(tool_id="blank")
-
-
-def doc_entry(tool_id: str, description: str) -> ToolEntry:
-    """An entry with only an id and a description, not validated (a flat text may be longer).
-
-    A copy of one blank entry: ``ToolEntry.model_construct`` inspects every
-    default factory's signature on each call (~1 ms per tool, minutes at
-    20,000 tools).
-    """
-    return _BLANK.model_copy(update={"tool_id": tool_id, "description": description})
-
-
 def typed_entries(compendium: Compendium | FlatCompendium | None, catalog: Catalog) -> dict[str, ToolEntry]:
     """Tool id -> typed entry for every catalog tool (flat compendia are decoded)."""
     known: dict[str, ToolEntry] = {}
@@ -411,139 +229,8 @@ def without_requests(entry: ToolEntry, examples: Sequence[str]) -> ToolEntry:
     return entry.model_copy(update={"when": split_when(entry.when, examples)[1]})
 
 
-# Word boundaries inside a name: "AusPetrolPrices", "getHTTPStatus", "AutoInfra1".
-_NAME_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])|(?<=[A-Za-z])(?=[0-9])|[_\-]+")
-
-
-def name_words(name: str) -> str:
-    """A tool name as words: ``"AusPetrolPrices"`` -> ``"Aus Petrol Prices"``, ``"get_weather"`` -> ``"get weather"``.
-
-    An uncased embedder would read a camelCase name as one unknown word (seed-7
-    MetaTool split, 74 of 199 names camelCase: docs_only +1.2 seen points).
-    """
-    return _NAME_BOUNDARY.sub(" ", name).strip()
-
-
-def documentation_text(name: str, description: str) -> str:
-    """What a tool's documentation embeds as: its name in words, then its description (may be empty)."""
-    words = name_words(name)
-    return f"{words}: {description}" if description else words
-
-
-def doc_text(entry: ToolEntry, name: str) -> str:
-    """What a tool's documentation entry embeds: :func:`documentation_text` of its name and description."""
-    return documentation_text(name, entry.description)
-
-
 def _scenario_text(text: str, variants: Sequence[str]) -> str:
     return "; ".join([text, *variants])
-
-
-class PhraseProfile:
-    """Per-tool phrase likelihoods: released phrase supports, smoothed toward the description.
-
-    A tool's probability that a query mentions phrase ``w`` is estimated as
-    ``(n_t(w) + m * prior_t(w)) / (N_t + m)``, where ``n_t(w)`` is the phrase's
-    released support, ``N_t`` the tool's (noised) number of calls, and the
-    prior is ``rho`` for the tool's description phrases and ``floor``
-    otherwise. A query scores the sum, over its phrases, of the positive part
-    of ``log P(w | t) / mean_t' P(w | t')``: only evidence *for* a tool counts,
-    because a phrase missing from a tool's release may just be below the
-    release threshold. A tool without experience keeps its documentation
-    prior, so it competes on the same (description) terms as before.
-
-    Parameters
-    ----------
-    entries : dict of str to ToolEntry
-        The tools, in index order.
-    names : dict of str to str
-        Tool id to display name (its words count as description).
-    threshold : float
-        Release threshold of the compendium (1 without privacy): the
-        description's pseudo-count scales with it, since experience thinned by
-        a high threshold says less beyond the documentation.
-    """
-
-    def __init__(self, entries: dict[str, ToolEntry], names: dict[str, str], threshold: float = 1.0) -> None:
-        vocab: dict[str, int] = {}
-        n_tools = len(entries)
-        c_rows, c_cols, c_vals, d_rows, d_cols = [], [], [], [], []
-        calls = np.zeros(n_tools)
-        for i, (tool_id, entry) in enumerate(entries.items()):
-            for phrase in set(candidate_phrases(doc_text(entry, names[tool_id]).lower(), 10_000, 10_000)):
-                d_rows.append(i)
-                d_cols.append(vocab.setdefault(phrase, len(vocab)))
-            top = 0.0
-            for s in entry.when:
-                for j, phrase in enumerate((s.text, *s.variants)):
-                    # variants carry no support of their own: a share of their group's
-                    c_rows.append(i)
-                    c_cols.append(vocab.setdefault(phrase, len(vocab)))
-                    c_vals.append(s.support * (VARIANT_SHARE if j else 1.0))
-                top = max(top, s.support)
-            calls[i] = max(entry.stats.calls, top)
-        shape = (n_tools, max(len(vocab), 1))
-        counts = sp.csr_matrix((c_vals, (c_rows, c_cols)), shape=shape)
-        counts.sum_duplicates()
-        desc = sp.csr_matrix((np.ones(len(d_rows)), (d_rows, d_cols)), shape=shape)
-        with_exp = calls > 0
-        # how often a query for a tool with experience mentions one of its
-        # description phrases: the documentation prior, measured on the compendium
-        rho = DESCRIPTION_RATE
-        if with_exp.any():
-            d_exp = desc[with_exp]
-            hits = d_exp.multiply(counts[with_exp]).multiply(1.0 / calls[with_exp][:, None]).sum()
-            rho = float(hits / max(d_exp.sum(), 1.0)) or DESCRIPTION_RATE
-        m = PRIOR_STRENGTH * max(threshold, 1.0)
-        scale = 1.0 / (calls + m)
-        # P(w | t) is (counts + m * prior) * scale; its mean over tools, per phrase
-        mean = (scale @ counts + m * PHRASE_FLOOR * scale.sum() + m * (rho - PHRASE_FLOOR) * (scale @ desc)) / n_tools
-        self.log_mean = np.log(np.asarray(mean).ravel())
-        # ... and for a phrase nobody released or documents
-        log_mean_unknown = np.log(m * PHRASE_FLOOR * scale.sum() / n_tools)
-        # a phrase the tool never released: the floor, shrunk by the tool's own
-        # experience (a tool without experience keeps a broad model, so phrases
-        # no release explains are mild evidence for it: the novelty effect)
-        self.log_floor = np.log(m * PHRASE_FLOOR * scale).astype(np.float32)
-        listed = ((counts + desc) > 0).astype(np.float64).tocoo()
-        r, col = listed.row, listed.col
-        prob = (np.asarray(counts[r, col]).ravel() + m * (PHRASE_FLOOR + (rho - PHRASE_FLOOR)
-                * np.asarray(desc[r, col]).ravel())) * scale[r]
-        ratio = np.maximum(np.log(prob) - self.log_mean[col], 0.0)
-        background = np.maximum(self.log_floor[r] - self.log_mean[col], 0.0)
-        # listed phrases replace the background term the dense part adds for them
-        # stored phrase-major (the transpose scoring multiplies by), converted once rather than per query
-        self.correction_t = sp.csr_matrix((ratio - background, (r, col)), shape=shape, dtype=np.float32).T.tocsr()
-        self.unknown = np.maximum(self.log_floor - log_mean_unknown, 0.0).astype(np.float32)
-        self.vocab = vocab
-
-    def encode(self, queries: Sequence[str]) -> tuple[sp.csr_matrix, np.ndarray]:
-        """Binary phrase-presence vectors over the vocabulary, and the count of phrases outside it."""
-        rows, cols = [], []
-        unknown = np.zeros(len(queries), np.float32)
-        for i, q in enumerate(queries):
-            for phrase in set(candidate_phrases(q.lower(), 10_000, 10_000)):
-                j = self.vocab.get(phrase)
-                if j is None:
-                    unknown[i] += 1
-                else:
-                    rows.append(i)
-                    cols.append(j)
-        enc = sp.csr_matrix((np.ones(len(rows), np.float32), (rows, cols)),
-                            shape=(len(queries), max(len(self.vocab), 1)))
-        return enc, unknown
-
-    def score(self, queries: Sequence[str]) -> np.ndarray:
-        """Positive log-likelihood-ratio evidence of each query for each tool: ``(len(queries), n_tools)``."""
-        enc, unknown = self.encode(queries)
-        out = np.asarray((enc @ self.correction_t).todense(), dtype=np.float32)
-        out += unknown[:, None] * self.unknown[None, :]
-        for i in range(len(queries)):
-            cols = enc.indices[enc.indptr[i] : enc.indptr[i + 1]]
-            if len(cols):
-                log_mean = self.log_mean[cols].astype(np.float32)
-                out[i] += np.maximum(self.log_floor[:, None] - log_mean[None, :], 0.0).sum(axis=1)
-        return out
 
 
 def check_router_args(reranker: str, k: int, render: str, model: str, llm_mode: str, llm_weight: float | None,
@@ -598,7 +285,7 @@ class Router:
         for ``local/`` models and list for hosted ones.
     llm_weight : float or None
         Weight of the LLM's standardised score beside retrieval's (``>= 0``);
-        None: the model's dev weight (:func:`llm_weight_for`).
+        None: the model's dev weight (:func:`~synapse_flwr.core.rerank_llm.llm_weight_for`).
     docs_candidates : int
         The documentation's best tools that every candidate set keeps
         (:func:`candidate_set`; ``>= 0``, at most ``k - 1`` are kept).
@@ -610,7 +297,7 @@ class Router:
         How phrases and prototypes add to the documentation score. None: the
         defaults, with the prototype weight and count prior the compendium's
         fusion votes chose (:mod:`synapse_flwr.core.votes`) when it has any;
-        a fusion that adds nothing (:attr:`Fusion.docs_only`) reads no ``when_not`` either.
+        a fusion that adds nothing (:attr:`~synapse_flwr.core.fusion.Fusion.docs_only`) reads no ``when_not`` either.
     """
 
     def __init__(
@@ -939,7 +626,7 @@ class Router:
         held-out queries off their documented tool (docs/results/llm). A
         compendium whose prototypes are not used has no such gate: every
         candidate's entry is read. Under a fusion that adds nothing
-        (:attr:`Fusion.docs_only`, the votes' documentation only), none is.
+        (:attr:`~synapse_flwr.core.fusion.Fusion.docs_only`, the votes' documentation only), none is.
 
         Parameters
         ----------
@@ -1063,20 +750,6 @@ class Router:
         return self.route_many([query])[0]
 
 
-def gate_open(docs: np.ndarray, experienced: np.ndarray) -> np.ndarray:
-    """Per query, whether the documentation's choice (any tool tied at its best score) is experienced.
-
-    Parameters
-    ----------
-    docs : numpy.ndarray
-        ``(n, n_tools)`` documentation scores.
-    experienced : numpy.ndarray
-        ``(n_tools,)`` booleans: the tools with the evidence the gate admits.
-    """
-    # ties matter for a lexical embedder: a query sharing no word with any documentation scores 0 everywhere
-    return ((docs >= docs.max(axis=1, keepdims=True)) & experienced[None, :]).any(axis=1)
-
-
 def candidate_set(fused: np.ndarray, docs: np.ndarray, k: int, keep: int) -> list[int]:
     """Retrieval's top ``k`` in its order, holding the documentation's top ``keep``.
 
@@ -1100,221 +773,3 @@ def candidate_set(fused: np.ndarray, docs: np.ndarray, k: int, keep: int) -> lis
     missing = [t for t in favourites if t not in top]
     drop = set([t for t in reversed(top) if t not in favourites][: len(missing)])
     return [t for t in top if t not in drop] + missing
-
-
-def decided_by(ranked: Sequence[Candidate], docs_choice: str) -> list[str]:
-    """The fields that made the winner win.
-
-    ``["description"]`` when the documentation alone would have picked the
-    same tool among the candidates; otherwise the experience fields with
-    evidence for the winner (``phrases``, ``scenario``, ``prototype``: the
-    query's match with the tool's prototype, ``prior``: the tool's released
-    count, ``redirected``), and ``when_not`` when the documentation's choice was
-    ruled out by one of its ``when_not`` scenarios.
-    """
-    top = ranked[0]
-    if top.tool_id == docs_choice:
-        return ["description"]
-    fields = [f for f in ("phrases", "scenario", "prototype", "prior", "redirected") if top.signals.get(f, 0) > 0]
-    loser = next((c for c in ranked if c.tool_id == docs_choice), None)
-    if loser is not None and loser.signals.get("when_not", 0) > 0:
-        fields.append("when_not")
-    return fields or ["description"]
-
-
-def explain_route(result: RouteResult, names: Mapping[str, str] | None = None) -> str:
-    """A readable account of one route: the choice, the deciding fields, each candidate's evidence.
-
-    ``names`` maps tool ids to their catalog spelling (``Router.names``).
-    """
-    names = names or {}
-    lines = [f"query: {result.query}",
-             f"tool: {names.get(result.tool, result.tool)}  (decided by: {', '.join(result.decided_by)})"]
-    for c in result.candidates:
-        shown = ", ".join(f"{k}={v:.3f}" for k, v in c.signals.items() if v)
-        lines.append(f"  {names.get(c.tool_id, c.tool_id)}: score {c.score:.3f}" + (f"  [{shown}]" if shown else ""))
-    return "\n".join(lines)
-
-
-# Every candidate has the same fields and the answers sit at positions 1, 3
-# and 2: the examples teach no position (both answered last before, issue 11).
-FEW_SHOT = """You route a user's request to exactly one tool.
-
-Example request: will it snow in Oslo this weekend?
-Candidates:
-tool: get_weather
-description: Weather forecast for a city.
-use when: rain; forecast tomorrow
-tool: search_hotels
-description: Find hotel rooms.
-use when: hotel room; book hotel
-tool: send_email
-description: Send an email message.
-use when: write email; mail to
-Answer: get_weather
-
-Example request: tell my landlord by mail that the rent will be late
-Candidates:
-tool: search_hotels
-description: Find hotel rooms.
-use when: hotel room; book hotel
-tool: get_weather
-description: Weather forecast for a city.
-use when: rain; forecast tomorrow
-tool: send_email
-description: Send an email message.
-use when: write email; mail to
-Answer: send_email
-
-Example request: I want to book a room near the station
-Candidates:
-tool: send_email
-description: Send an email message.
-use when: write email; mail to
-tool: search_hotels
-description: Find hotel rooms.
-use when: hotel room; book hotel
-tool: get_weather
-description: Weather forecast for a city.
-use when: rain; forecast tomorrow
-Answer: search_hotels
-"""
-
-
-def llm_prompt(query: str, shown: Sequence[str]) -> str:
-    """Few-shot prompt whose continuation is the chosen tool's id."""
-    return f"{FEW_SHOT}\nRequest: {query}\nCandidates:\n" + "\n".join(shown) + "\nAnswer: "
-
-
-def cyclic_orders(k: int) -> list[list[int]]:
-    """``k`` orders of ``range(k)`` in which every item takes every position exactly once."""
-    return [[(shift + i) % k for i in range(k)] for shift in range(k)]
-
-
-def balanced_list_scores(model: str, query: str, shown: Sequence[str], ids: Sequence[str]) -> np.ndarray:
-    """A list-prompt LLM's score of each candidate, averaged over every cyclic order of the list.
-
-    Each candidate is shown once in each position, so a model that favours a
-    position (the last one, for SmolLM2) gives that favour to every candidate
-    equally; what is left is its reading of the fields. Reversing or shuffling
-    ``shown`` leaves the scores unchanged up to the model's arithmetic.
-
-    Parameters
-    ----------
-    model : str
-        litellm model string (log-likelihoods for ``local/``, one vote per order for hosted).
-    query : str
-        The request.
-    shown : sequence of str
-        Rendered candidates.
-    ids : sequence of str
-        Their tool ids (what the model answers), in the same order.
-
-    Returns
-    -------
-    numpy.ndarray
-        One score per candidate, in the order given.
-    """
-    from synapse_flwr.core.llm import score_choices
-
-    total = np.zeros(len(ids))
-    for order in cyclic_orders(len(ids)):
-        scores = score_choices(model, llm_prompt(query, [shown[i] for i in order]), [ids[i] for i in order])
-        total[order] += scores
-    return total / len(ids)
-
-
-def _standardise(x: np.ndarray) -> np.ndarray:
-    sd = float(np.std(x))
-    return (x - x.mean()) / sd if sd > 1e-9 else np.zeros_like(x, dtype=np.float64)
-
-
-def llm_weight_for(model: str) -> float:
-    """The LLM weight a router uses for ``model``: its dev weight (:data:`LLM_WEIGHTS`), else :data:`LLM_WEIGHT`."""
-    return LLM_WEIGHTS.get(model, LLM_WEIGHT)
-
-
-def fuse_llm(retrieval: np.ndarray, docs: np.ndarray, llm: np.ndarray, weight: float) -> np.ndarray:
-    """Final candidate scores: each candidate's standing plus ``weight`` times the LLM's.
-
-    Everything is standardised among the candidates. A candidate with
-    experience for the query (retrieval above its documentation score) stands
-    where retrieval puts it; one without stands at the better of that and
-    where the documentation alone puts it. Once a query's gate opens, the
-    count prior ranks every experienced tool above the tools without
-    experience, so fused with retrieval alone an LLM could not bring back a
-    documented tool that docs_only's LLM route picks (seed-7 held-out
-    0.61-0.615 against docs_only's 0.625-0.65; ``simulations/llm_fusion.py``).
-    ``docs`` equal to ``retrieval`` (docs_only, or a closed gate) is plain
-    retrieval plus the LLM; ``weight = 0`` or an LLM that scores every
-    candidate alike (a position-biased one, balanced) orders by standing.
-
-    Parameters
-    ----------
-    retrieval, docs, llm : numpy.ndarray
-        Per candidate: retrieval score, documentation score (what docs_only
-        retrieves it with; experience only adds to it) and the LLM's raw score.
-    weight : float
-        Weight of the LLM's standardised score (``>= 0``).
-    """
-    retrieval, docs = np.asarray(retrieval, np.float64), np.asarray(docs, np.float64)
-    z_ret = _standardise(retrieval)
-    standing = np.where(retrieval > docs, z_ret, np.maximum(z_ret, _standardise(docs)))
-    return standing + weight * _standardise(np.asarray(llm, np.float64))
-
-
-def ranking_metrics(
-    rankings: Sequence[Sequence[str]], golds: Sequence[Sequence[str]], k: int = 5
-) -> dict[str, float]:
-    """Top-1 accuracy and recall@k of rankings against acceptable gold ids.
-
-    The one definition every evaluation shares: routed results
-    (:func:`evaluate_routes`) and score matrices (through :func:`top_ids`).
-
-    Parameters
-    ----------
-    rankings : sequence of sequence of str
-        Per query, tool ids best first; the first is the pick.
-    golds : sequence of sequence of str
-        Per query, the acceptable tool ids.
-    k : int
-        Recall cut-off.
-
-    Returns
-    -------
-    dict
-        ``acc`` (the pick in gold), ``r5`` (any of the first ``k`` in gold)
-        and ``n``; zeros for no queries.
-    """
-    if not rankings:
-        return {"acc": 0.0, "r5": 0.0, "n": 0}
-    pairs = list(zip(rankings, golds, strict=True))
-    hits = sum(len(ranked) > 0 and ranked[0] in gold for ranked, gold in pairs)
-    recall = sum(any(t in gold for t in ranked[:k]) for ranked, gold in pairs)
-    return {"acc": hits / len(pairs), "r5": recall / len(pairs), "n": len(pairs)}
-
-
-def top_ids(scores: np.ndarray, columns: Sequence[str], k: int = 5) -> list[list[str]]:
-    """The ids of the ``k`` best-scoring columns of each row, best first (ties keep column order).
-
-    Parameters
-    ----------
-    scores : numpy.ndarray
-        ``(n, len(columns))`` scores, higher is better.
-    columns : sequence of str
-        Tool id of each column.
-    k : int
-        How many to keep per row.
-
-    Returns
-    -------
-    list of list of str
-        One ranking per row (see :func:`ranking_metrics`).
-    """
-    order = np.argsort(-np.asarray(scores), axis=1, kind="stable")[:, :k]
-    return np.asarray(columns, dtype=object)[order].tolist()
-
-
-def evaluate_routes(results: Sequence[RouteResult], golds: Sequence[Sequence[str]], k: int = 5) -> dict[str, float]:
-    """Top-1 accuracy and recall@k of routed results against acceptable gold ids."""
-    return ranking_metrics([[c.tool_id for c in r.candidates] for r in results], golds, k)

@@ -2,7 +2,7 @@
 
 The router adds a tool's prototype evidence and a count prior to its
 documentation score with constants chosen on MetaTool's seed-7 split
-(:class:`~synapse_flwr.core.router.Fusion`). On other data experience may
+(:class:`~synapse_flwr.core.fusion.Fusion`). On other data experience may
 help less, or hurt: on the embedded demo, whose test queries are paraphrases
 unlike its logs, the count prior cost 5 seen points at epsilon 4. So every
 organisation also measures, on its own records, which of a few settings

@@ -44,8 +44,9 @@ import numpy as np
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.svm import LinearSVC
 
-from synapse_flwr.core import router
+from synapse_flwr.core import metrics
 from synapse_flwr.core.catalog import Catalog
+from synapse_flwr.core.documentation import documentation_text
 from synapse_flwr.core.embed import Embedder, get_embedder
 from synapse_flwr.core.experience import Event, TestItem, event_label
 from synapse_flwr.core.phrases import spaced
@@ -61,7 +62,7 @@ from synapse_flwr.flower.fedavg_dp import (
 
 log = logging.getLogger(__name__)
 
-#: Recall cut-off, as in :func:`synapse_flwr.core.router.evaluate_routes`.
+#: Recall cut-off, as in :func:`synapse_flwr.core.metrics.evaluate_routes`.
 TOP_K = 5
 
 
@@ -94,7 +95,7 @@ def labelled_pairs(events: Sequence[Event], catalog: Catalog) -> tuple[list[str]
 def ranking_metrics(
     scores: np.ndarray, columns: Sequence[str], test: Sequence[TestItem], k: int = TOP_K
 ) -> dict[str, float]:
-    """Top-1 accuracy and recall@k of score rows (:func:`synapse_flwr.core.router.ranking_metrics`).
+    """Top-1 accuracy and recall@k of score rows (:func:`synapse_flwr.core.metrics.ranking_metrics`).
 
     Parameters
     ----------
@@ -113,7 +114,7 @@ def ranking_metrics(
         ``acc`` (top-1 in gold), ``r5`` (any of the top ``k`` in gold), ``n``;
         zeros for an empty test set. Ties keep column order.
     """
-    return router.ranking_metrics(router.top_ids(scores, columns, k), [item.gold for item in test], k)
+    return metrics.ranking_metrics(metrics.top_ids(scores, columns, k), [item.gold for item in test], k)
 
 
 def tfidf_svm_arm(
@@ -423,7 +424,7 @@ def fedavg_job(
     org_events : sequence of sequence of Event
         Each organisation's events.
     catalog : Catalog
-        Tools, embedded as :func:`synapse_flwr.core.router.documentation_text` renders them.
+        Tools, embedded as :func:`synapse_flwr.core.documentation.documentation_text` renders them.
     splits : mapping of str to sequence of TestItem
         Test sets by name.
     embedder : Embedder
@@ -447,7 +448,7 @@ def fedavg_job(
     """
     shards = tuple(org_shard(pid, events, catalog, embedder, settings, epsilon, rounds)
                    for pid, events in enumerate(org_events))
-    tools = np.asarray(embedder.encode([router.documentation_text(d.name, d.description) for d in catalog.tools]),
+    tools = np.asarray(embedder.encode([documentation_text(d.name, d.description) for d in catalog.tools]),
                        dtype=np.float32)
     eval_splits = {
         name: EvalSplit(np.asarray(embedder.encode([i.query for i in items]), dtype=np.float32)

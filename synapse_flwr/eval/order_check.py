@@ -3,7 +3,7 @@
 A reader that picks by position rather than by content changes its pick
 when each query's candidates are shown reversed or shuffled. The check
 scores the same candidates in the retrieval order and in both permutations
-and counts the queries whose fused pick (:func:`~synapse_flwr.core.router.fuse_llm`)
+and counts the queries whose fused pick (:func:`~synapse_flwr.core.rerank_llm.fuse_llm`)
 changes, at every weight asked. At weight 0 the fused pick is retrieval's
 and cannot move; a check that never moves at the router's own weight is the
 evidence that the LLM's contribution does not depend on the order.
@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from synapse_flwr.core.router import Router, candidate_set, fuse_llm
+from synapse_flwr.core.rerank_llm import fuse_llm
+from synapse_flwr.core.router import Router, candidate_set
 
 
 def order_changes(router: Router, queries: list[str], seed: int, weights: list[float]) -> dict:

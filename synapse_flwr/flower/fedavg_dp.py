@@ -61,8 +61,8 @@ from opacus import PrivacyEngine
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from synapse_flwr.core.metrics import ranking_metrics, top_ids
 from synapse_flwr.core.privacy import rdp_alphas
-from synapse_flwr.core.router import ranking_metrics, top_ids
 from synapse_flwr.flower.processes import single_threaded_blas
 
 log = logging.getLogger(__name__)

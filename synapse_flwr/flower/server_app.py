@@ -27,7 +27,8 @@ from synapse_flwr.core.embed import get_embedder
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.files import write_atomic
 from synapse_flwr.core.merge import GLOBAL_ORG
-from synapse_flwr.core.router import Router, evaluate_routes
+from synapse_flwr.core.metrics import evaluate_routes
+from synapse_flwr.core.router import Router
 from synapse_flwr.core.schema import Compendium, Issuer
 from synapse_flwr.core.signing import SERVER
 from synapse_flwr.core.wire import (
