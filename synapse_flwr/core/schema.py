@@ -466,7 +466,7 @@ class DroppedConflicts(_Strict):
 
 
 class FusionSetting(_Strict):
-    """One way a router may add experience to the documentation (see ``router.Fusion``).
+    """One way a router may add experience to the documentation (see ``fusion.Fusion``).
 
     Parameters
     ----------
