@@ -13,6 +13,10 @@ Federated arms go through the project's own Flower ``ServerApp`` and
 exactly as users run them; every other arm reads the same partition and the
 same injected contradictions (:func:`synapse_flwr.data.federation.load_federated`).
 
+The config is read and checked in :mod:`~synapse_flwr.simulations.experiment_config`;
+targets, tables, summary and figures are drawn from the results in
+:mod:`~synapse_flwr.simulations.experiment_report`.
+
 Usage: ``synapse experiment configs/metatool.toml`` (``--fresh`` ignores the cache).
 """
 
@@ -20,47 +24,44 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import inspect
 import json
 import logging
 import math
-import re
 import shutil
 import statistics
 import time
-import tomllib
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from synapse_flwr.simulations.experiment_config import ExperimentConfig
+from synapse_flwr.simulations.experiment_report import (
+    figures,
+    no_harm,
+    summary_lines,
+    tables,
+    targets,
+)
 
 from synapse_flwr.core.builder import build_compendium
-from synapse_flwr.core.embed import EMBEDDERS
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.files import write_atomic
-from synapse_flwr.core.merge import FLAT_MAJORITY, TYPED
+from synapse_flwr.core.merge import TYPED
 from synapse_flwr.core.metrics import evaluate_routes
-from synapse_flwr.core.privacy import DEFAULT_DELTA, DEFAULT_EPSILON
 from synapse_flwr.core.release import ReleaseState
-from synapse_flwr.core.router import RENDERS, RERANKERS, Router
+from synapse_flwr.core.router import Router
 from synapse_flwr.core.schema import Compendium
 from synapse_flwr.core.wire import content_hash, load_artifact
 from synapse_flwr.data.check import file_hashes, require_valid
-from synapse_flwr.data.federation import FederatedDataset, load_federated, own_orgs
+from synapse_flwr.data.federation import FederatedDataset, load_federated
 from synapse_flwr.eval.order_check import order_changes
 from synapse_flwr.eval.results import write_results
 from synapse_flwr.flower.config import SPACES, RunConfig
 
 log = logging.getLogger(__name__)
 
-# K for a benchmark that comes pooled (MetaTool, tau-bench): the paper's protocol
-DEFAULT_ORGS = 5
-ARMS = ("local_only", "docs_only", "federated", "federated_private", "centralized", "classifier",
-        "oracle", "fedavg_dp")
-MERGES = (TYPED, FLAT_MAJORITY)
-SPLITS = ("seen", "heldout")
 # Sampled queries per split whose LLM picks are rechecked in reversed and
 # shuffled candidate order (each costs two more LLM passes over its candidates)
 ORDER_CHECK = 20
@@ -81,208 +82,6 @@ def routing_code() -> str:
     """Hash of the modules that score the arms."""
     sources = (Path(importlib.import_module(f"synapse_flwr.{n}").__file__).read_bytes() for n in ROUTING_MODULES)
     return hashlib.sha256(b"".join(sources)).hexdigest()[:12]
-
-
-@dataclass(frozen=True)
-class ExperimentConfig:
-    """An experiment, as read from the ``[experiment]`` table of a TOML file.
-
-    Parameters
-    ----------
-    dataset : str
-        ``metatool``, ``taubench``, ``demo`` or a dataset folder.
-    name : str
-        Title of the tables (default: the dataset's name).
-    seeds : list of int
-        One split, partition and noise draw per seed.
-    orgs : int
-        Organisations (K), each a simulated Flower SuperNode; 0 (the
-        default): the dataset's own organisations (a folder's
-        ``org_*.jsonl`` logs, the demo's three), else
-        :data:`DEFAULT_ORGS`. Any other K re-partitions the pooled
-        experience non-IID.
-    alpha : float
-        Dirichlet concentration of the non-IID partition.
-    rounds : int
-        Federation rounds.
-    epsilon : float
-        Budget of the private arms (``federated_private``, ``fedavg_dp``).
-    delta : float
-        Their delta.
-    embedder : str
-        Embedder of every router arm (and of the ``fedavg_dp`` head).
-    reranker : str
-        Reranker of every router arm.
-    k : int
-        Candidates retrieved (recall is recall@k).
-    arms : list of str
-        Arms to run (see :data:`ARMS`).
-    rates : list of float
-        Contradiction rates; 0 is the clean setting. Only ``[0.0]`` by
-        default: each other rate is two more Flower runs per seed (one per
-        merge), which on a 2-core machine more than doubles a run; the sweep
-        is opt-in, e.g. ``rates = [0.0, 0.2, 0.4, 0.6]``.
-    merges : list of str
-        Merge policies of the 2x2 and of the contradiction sweep.
-    renders : list of str
-        Renders of the 2x2.
-    sweep_epsilon : float
-        Budget of the 2x2 and contradiction federations (``inf``: privacy
-        off, which isolates the merge).
-    replay : bool
-        Also run the feedback loop (clients replay their traffic with the
-        last global; outcomes become experience) for the per-round figure.
-    llm_model : str
-        litellm model of the LLM-reranker sample.
-    llm_sample : int
-        Queries per split for the LLM reranker (first seed only; 0: off).
-    fedavg : dict
-        Extra keyword arguments of :func:`synapse_flwr.eval.baselines.fedavg_dp_arm`.
-    output : str
-        Folder of the results (default ``docs/results/<name>``).
-    cache : str
-        Folder of the resumable cache, Flower outputs and per-unit JSON
-        (default ``runs/experiments/<name>``).
-    timeout : float
-        Seconds one Flower simulation may take.
-    """
-
-    dataset: str
-    name: str = ""
-    seeds: list[int] = field(default_factory=lambda: [42, 123, 456])
-    orgs: int = 0
-    alpha: float = 0.5
-    rounds: int = 3
-    epsilon: float = DEFAULT_EPSILON
-    delta: float = DEFAULT_DELTA
-    embedder: str = "minilm"
-    reranker: str = "fields"
-    k: int = 5
-    arms: list[str] = field(default_factory=lambda: list(ARMS))
-    rates: list[float] = field(default_factory=lambda: [0.0])
-    merges: list[str] = field(default_factory=lambda: list(MERGES))
-    renders: list[str] = field(default_factory=lambda: list(RENDERS))
-    sweep_epsilon: float = math.inf
-    replay: bool = True
-    llm_model: str = "local/smollm2"
-    llm_sample: int = 0
-    fedavg: dict = field(default_factory=dict)
-    output: str = ""
-    cache: str = ""
-    timeout: float = 1800.0
-
-    @classmethod
-    def from_toml(cls, path: Path) -> ExperimentConfig:
-        """Read and check a config; every mistake is a :class:`SynapseError` naming the key.
-
-        A dataset folder stands for the one-line config ``dataset = "<folder>"``.
-        """
-        if path.is_dir():
-            cfg = cls(dataset=str(path))
-            cfg.check(path)
-            return cfg
-        try:
-            raw = tomllib.loads(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise SynapseError(f"cannot read experiment config {path}: {exc.strerror}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise SynapseError(f"{path}: not valid TOML: {exc}") from None
-        table = raw.get("experiment")
-        if not isinstance(table, dict):
-            raise SynapseError(f"{path}: needs an [experiment] table")
-        known = {f.name for f in fields(cls)}
-        if unknown := sorted(set(table) - known):
-            raise SynapseError(f"{path}: unknown keys in [experiment]: {', '.join(unknown)} "
-                               f"(known: {', '.join(sorted(known))})")
-        for key in ("epsilon", "sweep_epsilon"):
-            if table.get(key) == "inf":
-                table[key] = math.inf
-        if "dataset" not in table:
-            raise SynapseError(f"{path}: [experiment] needs dataset = \"demo\", \"metatool\", \"taubench\" or a folder")
-        annotations = {f.name: str(f.type) for f in fields(cls)}
-        if wrong := [p for k, v in table.items() if (p := _wrong_type(k, v, annotations[k]))]:
-            raise SynapseError(f"{path}: " + "; ".join(wrong))
-        cfg = cls(**table)
-        cfg.check(path)
-        return cfg
-
-    def __post_init__(self) -> None:
-        if not self.orgs:  # keep the organisations a dataset folder comes with
-            object.__setattr__(self, "orgs", own_orgs(str(self.dataset)) or DEFAULT_ORGS)
-        if not self.name:  # a title only: a config may name just its dataset
-            object.__setattr__(self, "name", Path(str(self.dataset)).name or str(self.dataset))
-        slug = re.sub(r"[^a-z0-9_.-]+", "_", self.name.lower()).strip("_.") or "experiment"
-        if not self.output:
-            object.__setattr__(self, "output", f"docs/results/{slug}")
-        if not self.cache:
-            object.__setattr__(self, "cache", f"runs/experiments/{slug}")
-
-    def check(self, where: Path | str = "config") -> None:
-        """Reject impossible settings with a message naming the key."""
-        problems = []
-        if bad := sorted(set(self.arms) - set(ARMS)):
-            problems.append(f"arms: unknown {bad}; choose from {', '.join(ARMS)}")
-        if bad := sorted(set(self.merges) - set(MERGES)):
-            problems.append(f"merges: unknown {bad}; choose from {', '.join(MERGES)}")
-        if bad := sorted(set(self.renders) - set(RENDERS)):
-            problems.append(f"renders: unknown {bad}; choose from {', '.join(RENDERS)}")
-        if not self.seeds:
-            problems.append("seeds: at least one seed is needed")
-        if any(not 0.0 <= r < 1.0 for r in self.rates):
-            problems.append(f"rates: each must be in [0, 1), got {self.rates}")
-        if self.orgs < 2:
-            problems.append(f"orgs: a federation needs at least 2 organisations, got {self.orgs}")
-        if self.rounds < 1 or self.k < 1:
-            problems.append("rounds and k must be at least 1")
-        if not self.epsilon > 0 or not self.sweep_epsilon > 0:
-            problems.append("epsilon and sweep_epsilon must be positive ('inf' turns privacy off)")
-        if TYPED not in self.merges:
-            problems.append("merges: must include 'typed' (the main arm)")
-        if not self.alpha > 0 or not 0 < self.delta < 1 or not self.timeout > 0:
-            problems.append(f"alpha and timeout must be positive and delta in (0, 1), got alpha {self.alpha}, "
-                            f"delta {self.delta}, timeout {self.timeout}")
-        if self.embedder not in EMBEDDERS:
-            problems.append(f"embedder: unknown {self.embedder!r}; choose from {', '.join(sorted(EMBEDDERS))}")
-        if self.reranker not in RERANKERS:
-            problems.append(f"reranker: unknown {self.reranker!r}; choose from {', '.join(RERANKERS)}")
-        if bad := sorted(set(self.fedavg) - (options := _fedavg_options())):
-            problems.append(f"fedavg: unknown {bad}; choose from {', '.join(sorted(options))}")
-        if problems:
-            raise SynapseError(f"{where}: " + "; ".join(problems))
-
-    def fingerprint(self) -> str:
-        """Hash of everything that changes a measurement (not output or cache paths)."""
-        keep = {k: v for k, v in asdict(self).items() if k not in ("output", "cache", "name", "timeout")}
-        return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-# What a TOML value of each annotated config type may be (bool is an int to Python, not to a config).
-_SCALARS: dict[str, Callable[[Any], bool]] = {
-    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "float": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
-    "str": lambda v: isinstance(v, str),
-    "bool": lambda v: isinstance(v, bool),
-    "dict": lambda v: isinstance(v, dict),
-}
-
-
-def _fedavg_options() -> set[str]:
-    """Keyword options of the fedavg_dp arm a config's ``fedavg`` table may set (not those the experiment sets)."""
-    from synapse_flwr.eval.baselines import fedavg_dp_arm
-
-    given = {"embedder", "seed", "extra_tests"}
-    return {n for n, p in inspect.signature(fedavg_dp_arm).parameters.items()
-            if p.default is not p.empty and n not in given}
-
-
-def _wrong_type(key: str, value: Any, annotation: str) -> str | None:
-    """Why a config value does not have its key's type (``"4"`` for a number, ``42`` for a list), or None."""
-    inner = annotation.removeprefix("list[").removesuffix("]")
-    if inner != annotation:
-        if isinstance(value, list) and all(_SCALARS[inner](v) for v in value):
-            return None
-        return f"{key}: expected a list of {inner}, got {value!r}"
-    return None if _SCALARS[annotation](value) else f"{key}: expected {annotation}, got {value!r}"
 
 
 class UnitCache:
@@ -763,298 +562,6 @@ def aggregate(cfg: ExperimentConfig, per_seed: dict, llm: dict) -> dict:
     results["no_harm"] = no_harm(results)
     results["targets"] = targets(results)
     return results
-
-
-# How far below docs_only a federated arm may route on tools without experience
-# (noise of a test set of a few thousand queries); overall it may not be below at all.
-NO_HARM_MARGIN = 0.005
-
-
-def no_harm(results: dict) -> dict[str, dict[str, float]]:
-    """Federated arms minus docs_only, per split: the no-harm check every dataset reports."""
-    arms = results["arms"]
-    docs = arms.get("docs_only", {})
-    # splits in one order, whether an arm's metrics came fresh or from the (sorted) cache
-    return {arm: {split: round(m["acc_mean"] - docs[split]["acc_mean"], 4)
-                  for split, m in sorted(arms[arm].items(), key=lambda sm: (sm[0] != "seen", sm[0]))
-                  if split in docs and "acc_mean" in m}
-            for arm in ("federated", "federated_private") if arm in arms and docs}
-
-
-def targets(results: dict) -> list[dict]:
-    """The issue's targets, each with its measured value and whether it is met."""
-    arms, out = results["arms"], []
-
-    def acc(arm: str, split: str, table: dict | None = None) -> float | None:
-        m = (table or arms).get(arm, {}).get(split)
-        return m["acc_mean"] if m else None
-
-    def add(name: str, value: float | None, goal: str, ok: Callable[[float], bool]) -> None:
-        if value is not None:
-            out.append({"target": name, "value": round(value, 4), "goal": goal, "met": bool(ok(value))})
-
-    seen = "seen"
-    fed, cen, docs = acc("federated", seen), acc("centralized", seen), acc("docs_only", seen)
-    if fed is not None and cen is not None:
-        add(f"federated - centralized ({seen})", fed - cen, ">= -0.015", lambda v: v >= -0.015)
-    if fed is not None and docs is not None:
-        add(f"federated - docs_only ({seen})", fed - docs, ">= 0.10", lambda v: v >= 0.10)
-    for arm, block in no_harm(results).items():
-        for split, gap in block.items():
-            goal = NO_HARM_MARGIN if split == "heldout" else 0.0
-            add(f"no harm: {arm} - docs_only ({split})", gap, f">= {0.0 - goal:g}", lambda v, g=goal: v >= -g)
-    cells = results["ablation_2x2"]
-    for split in (seen, "heldout"):
-        if acc("typed/typed", split, cells) is not None and acc("typed/flat", split, cells) is not None:
-            add(f"typed render - flat render, typed merge ({split})",
-                acc("typed/typed", split, cells) - acc("typed/flat", split, cells), ">= 0.05",
-                lambda v: v >= 0.05)
-    rates = results["contradiction"]
-    if "0" in rates and (top := max(rates, key=float)) != "0":
-        drop = acc("typed/typed", seen, rates[top]) - acc("typed/typed", seen, rates["0"])
-        add(f"typed arm change at {float(top):.0%} contradiction ({seen})", drop, ">= -0.03",
-            lambda v: v >= -0.03)
-    if fed is not None and acc("classifier", seen) is not None:
-        add(f"federated - classifier ({seen}, moonshot)", fed - acc("classifier", seen), ">= 0",
-            lambda v: v >= 0)
-    out += llm_targets(results.get("llm_sample") or {})
-    return out
-
-
-def llm_targets(llm: dict) -> list[dict]:
-    """Targets of the LLM sample: answered, above retrieval order, no harm against docs_only's LLM, order-free.
-
-    An LLM call that fails routes in retrieval order, so the first two rows
-    would hold trivially for an LLM that never answers: every arm's LLM
-    calls must answer, and the order check must have compared some query.
-    """
-    arms, out = llm.get("arms", {}), []
-    # splits in SPLITS order, whether the metrics came fresh or from the (sorted) cache
-    answered = [(f"{arm} ({split})", 1.0 - by_split[split]["fallbacks"] / max(by_split[split]["n"], 1))
-                for arm, by_split in arms.items() for split in SPLITS if split in by_split]
-    rows = [{"target": f"LLM sample: share of queries the LLM answered, {name}", "value": round(share, 4),
-             "goal": "= 1", "met": share == 1.0} for name, share in answered]
-    fed = arms.get("federated", {})
-    for split, m in ((s, fed[s]) for s in SPLITS if s in fed):
-        out.append(("LLM sample: federated - retrieval order, same queries", split, m["acc"] - m["retrieval_acc"], 0.0))
-        if docs := arms.get("docs_only", {}).get(split):
-            margin = NO_HARM_MARGIN if split == "heldout" else 0.0
-            out.append(("LLM sample, no harm: federated - docs_only", split, m["acc"] - docs["acc"], -margin))
-    rows += [{"target": f"{name} ({split})", "value": round(value, 4), "goal": f">= {goal + 0.0:g}",
-              "met": value >= goal} for name, split, value, goal in out]
-    checks = llm.get("order_check", {})
-    for split, c in ((s, checks[s]) for s in SPLITS if s in checks):
-        checked = c["checked"]
-        moved = (c["reversed"] + c["shuffled"]) / max(2 * checked, 1)
-        rows.append({"target": f"LLM sample: share of picks moved by reversing or shuffling the candidates "
-                               f"({split}, {checked} of {c['n']} queries compared)", "value": round(moved, 4),
-                     "goal": "= 0, on at least one query", "met": moved == 0 and checked > 0})
-    return rows
-
-
-# ---------------------------------------------------------------- reports
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)
-
-
-def _cell(m: dict | None) -> str:
-    return f"{m['acc_mean']:.3f} ± {m['acc_sd']:.3f} / {m['r5_mean']:.3f}" if m else "-"
-
-
-def _partition(results: dict) -> str:
-    """How the organisations' data came about."""
-    if results.get("orgs_as_given"):
-        return "the dataset's org files as given"
-    return f"re-partitioned non-IID, Dirichlet alpha {results['alpha']}"
-
-
-def _leak_line(results: dict) -> str:
-    """The leak filter's counts per seed (or that the dataset has none)."""
-    found = {s: r for s, r in results["leak_filter"].items() if r}
-    if not found:
-        return "Leak filter: not applied (the dataset has no test set)."
-    cells = "; ".join(f"seed {s}: {r['exact']} exact, {r['near']} near duplicates and {r['garbage']} garbage "
-                      f"dropped of {r['total']}" for s, r in found.items())
-    return f"Leak filter (training events vs every test query): {cells}."
-
-
-def _privacy(results: dict) -> str:
-    """Epsilon spent by each arm where it applies."""
-    parts = []
-    if results.get("epsilon") is not None:
-        parts.append(f"`federated_private` spent epsilon {_round(results['epsilon'])} (target "
-                     f"{results['epsilon_target']}, delta {results['delta']}) per organisation")
-    if "fedavg_dp" in results["arms"]:
-        eps = results.get("fedavg_dp_epsilon")
-        parts.append(f"`fedavg_dp` spent epsilon {_round(eps)}" if eps is not None
-                     else "`fedavg_dp` reported no epsilon")
-    return ("; ".join(parts) or "no private arm ran") + "."
-
-
-# Below this many test queries per split a goal's margin is mostly sampling noise
-SMALL_SPLIT = 100
-
-
-def _size_lines(results: dict) -> list[str]:
-    """Test queries per split (range over seeds); an empty split and a small one are said, not hidden."""
-    sizes = [info.get("test_sizes", {}) for info in results.get("seed_info", {}).values()]
-    if not sizes:
-        return []
-    ns = {split: [s.get(split, 0) for s in sizes] for split in SPLITS}
-    shown = ", ".join(f"{split} {min(n):,}" + (f"-{max(n):,}" if max(n) != min(n) else "") for split, n in ns.items())
-    lines = [f"  test queries per seed: {shown}"]
-    what = {"seen": "on tools with experience", "heldout": "on tools without experience"}
-    lines += [f"  note: no {split} queries ({what[split]}) in the test set of some seed: that split is not measured"
-              for split, n in ns.items() if min(n) == 0]
-    lines += [f"  note: {split} has {min(n)} queries: one query moves its top-1 by {1 / min(n):.3f}, so goals "
-              "met or missed by a few of those are noise" for split, n in ns.items() if 0 < min(n) < SMALL_SPLIT]
-    return lines
-
-
-def summary_lines(results: dict) -> list[str]:
-    """The end-of-run summary: top-1 per arm and split (mean over seeds), privacy, and every target."""
-    arms = results["arms"]
-    splits = sorted({s for m in arms.values() for s in m}, key=SPLITS.index)
-    title = f"{results['name']}: {results['dataset']}, seeds {results['seeds']}, K={results['orgs']}, top-1 (mean over seeds)"
-    lines = [title, f"  {'arm':<18}" + "".join(f"{s:>10}" for s in splits)]
-    for arm in (a for a in ARMS if a in arms):
-        lines.append(f"  {arm:<18}" + "".join(
-            f"{arms[arm][s]['acc_mean']:>10.3f}" if s in arms[arm] else f"{'-':>10}" for s in splits))
-    lines += _size_lines(results)
-    lines.append(f"  privacy: {_privacy(results)}")
-    for t in results["targets"]:
-        lines.append(f"  {'met   ' if t['met'] else 'MISSED'} {t['target']}: {t['value']:+.3f} (goal {t['goal']})")
-    return lines
-
-
-def tables(results: dict) -> str:
-    """``tables.md``: mean ± SD over seeds, like the paper's tables."""
-    arms = results["arms"]
-    splits = sorted({s for m in arms.values() for s in m}, key=SPLITS.index)
-    head = "| " + " | ".join(splits) + " |"
-    lines = [f"# {results['name']}", "",
-             f"Dataset `{results['dataset']}`, seeds {results['seeds']}, K={results['orgs']} orgs "
-             f"({_partition(results)}), {results['rounds']} rounds, embedder "
-             f"`{results['embedder']}`, reranker `{results['reranker']}`. Cells: top-1 accuracy mean ± SD "
-             f"over seeds / recall@{results['k']}.", "", "## Arms", "", "| arm " + head,
-             "|---" * (len(splits) + 1) + "|"]
-    for arm in ARMS:
-        if arm in arms:
-            lines.append(f"| {arm} | " + " | ".join(_cell(arms[arm].get(s)) for s in splits) + " |")
-    lines += ["", _leak_line(results)]
-    if results.get("cache"):
-        lines += ["", f"Units of work: {results['cache']['computed']} computed in this run, "
-                      f"{results['cache']['hits']} read from an earlier run's cache."]
-    lines += ["", f"Privacy: {_privacy(results)} Wire (gzip JSON): "
-              f"{results.get('bytes_per_client_round_private') or 0:,.0f} bytes per client per round "
-              f"with privacy on; {results.get('bytes_per_client_round') or 0:,.0f} on average over all "
-              f"clean federations (max {results.get('bytes_per_client_round_max') or 0:,})."]
-    if results["ablation_2x2"]:
-        lines += ["", "## Merge x render (2x2, clean)", "", "| merge / render " + head,
-                  "|---" * (len(splits) + 1) + "|"]
-    for cell, m in results["ablation_2x2"].items():
-        lines.append(f"| {cell} | " + " | ".join(_cell(m.get(s)) for s in splits) + " |")
-    if any(results["contradiction"].values()):
-        lines += ["", "## Contradiction injection", "", "| rate | arm " + head, "|---" * (len(splits) + 2) + "|"]
-    for rate, row in results["contradiction"].items():
-        for cell, m in row.items():
-            lines.append(f"| {float(rate):.0%} | {cell} | " + " | ".join(_cell(m.get(s)) for s in splits) + " |")
-    injected = [(seed, rate, inj) for seed, by_rate in results["injection"].items()
-                for rate, inj in by_rate.items() if inj["injection_sha256"]]
-    if injected:
-        lines += ["", "Injected sets (identical for every arm of a rate and seed; verified against the "
-                  "artifact hashes Flower merged):", "", "| seed | rate | wrong_tool | inverted | sha256 | verified |",
-                  "|---|---|---|---|---|---|"]
-    for seed, rate, inj in injected:
-        c = inj["injection_counts"]
-        lines.append(f"| {seed} | {float(rate):.0%} | {c['wrong_tool']} | {c['inverted']} | "
-                     f"`{inj['injection_sha256'][:16]}` | {inj['verified']} |")
-    if results["per_round"]:
-        lines += ["", "## Per round", "", "| arm | round " + head, "|---" * (len(splits) + 2) + "|"]
-        for arm, rounds in results["per_round"].items():
-            for i, m in enumerate(rounds, start=1):
-                lines.append(f"| {arm} | {i} | " + " | ".join(_cell(m.get(s)) for s in splits) + " |")
-    if results["llm_sample"]:
-        lines += _llm_lines(results["llm_sample"], results["seeds"][0], splits)
-    lines += ["", "## Targets", "", "| target | measured | goal | met |", "|---|---|---|---|"]
-    for t in results["targets"]:
-        lines.append(f"| {t['target']} | {t['value']:+.3f} | {t['goal']} | {'yes' if t['met'] else 'NO'} |")
-    return "\n".join(lines) + "\n"
-
-
-def _llm_lines(llm: dict, seed: int, splits: Sequence[str]) -> list[str]:
-    """The LLM sample's table: its top-1 beside retrieval order on the same queries, and the order check."""
-    lines = ["", f"## LLM reranker (sample, seed {seed})", "",
-             "| arm | split | LLM top-1 | retrieval order top-1 | LLM - retrieval | recall@k | n | LLM calls failed |",
-             "|---|---|---|---|---|---|---|---|"]
-    for arm, m in llm["arms"].items():
-        for split in (s for s in splits if s in m):
-            r = m[split]
-            lines.append(f"| {arm} | {split} | {r['acc']:.3f} | {r['retrieval_acc']:.3f} | "
-                         f"{r['acc'] - r['retrieval_acc']:+.3f} | {r['r5']:.3f} | {r['n']} | "
-                         f"{r['fallbacks']} |")
-    by_split = llm["order_check"]
-    checks = [f"{s} {by_split[s]['reversed']} and {by_split[s]['shuffled']} of {by_split[s]['checked']}"
-              for s in SPLITS if s in by_split]
-    note = ("Order check (federated arm, at the router's LLM weight): picks changed with the candidates "
-            "reversed and shuffled: ")
-    lines += ["", note + "; ".join(checks) + "."]
-    return lines
-
-
-def _panel_figure(out_dir: Path, name: str, splits: Sequence[str], draw: Callable[[Any, str], None]) -> Path:
-    """One panel per split, drawn by ``draw(ax, split)``, saved as ``out_dir/name``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(splits), figsize=(5 * len(splits), 3.6), squeeze=False)
-    for ax, split in zip(axes[0], splits):
-        draw(ax, split)
-        ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_dir / name, dpi=120)
-    plt.close(fig)
-    return out_dir / name
-
-
-def figures(results: dict, out_dir: Path) -> list[Path]:
-    """PNG figures: accuracy vs contradiction rate, and accuracy per round."""
-    written = []
-    rates = results["contradiction"]
-    splits = [s for s in SPLITS if any(s in m for row in rates.values() for m in row.values())]
-    if rates and splits:
-        xs = sorted(rates, key=float)
-        # only the arms measured at every rate (the 2x2's mixed cells are clean-only)
-        cells = sorted(set.intersection(*(set(row) for row in rates.values())))
-
-        def by_rate(ax, split: str) -> None:
-            for cell in cells:
-                pts = [(100 * float(r), rates[r][cell][split]) for r in xs if split in rates[r][cell]]
-                if pts:
-                    ax.errorbar([p[0] for p in pts], [p[1]["acc_mean"] for p in pts],
-                                yerr=[p[1]["acc_sd"] for p in pts], marker="o", capsize=3, label=cell)
-            ax.set(xlabel="contradicted contributions (%)", ylabel="top-1 accuracy", title=split)
-
-        written.append(_panel_figure(out_dir, "accuracy_vs_contradiction.png", splits, by_rate))
-    per_round = results["per_round"]
-    if per_round:
-        splits = [s for s in SPLITS if any(s in m for rounds in per_round.values() for m in rounds)]
-
-        def by_round(ax, split: str) -> None:
-            for arm, rounds in per_round.items():
-                ax.errorbar(range(1, len(rounds) + 1), [m[split]["acc_mean"] for m in rounds],
-                            yerr=[m[split]["acc_sd"] for m in rounds], marker="o", capsize=3, label=arm)
-            docs = results["arms"].get("docs_only", {}).get(split)
-            if docs:
-                ax.axhline(docs["acc_mean"], color="grey", ls="--", label="docs_only")
-            ax.set(xlabel="round", ylabel="top-1 accuracy", title=split,
-                   xticks=range(1, max(len(r) for r in per_round.values()) + 1))
-
-        written.append(_panel_figure(out_dir, "accuracy_per_round.png", splits, by_round))
-    return written
 
 
 def data_hashes(dataset: str) -> dict[str, str]:

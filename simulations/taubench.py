@@ -465,7 +465,7 @@ def tune(config: Path) -> Path:
     ``floor_sds``: they only matter with noise) maximise ``federated_private``
     at those weights. Builds are shared by every weight point.
     """
-    from synapse_flwr.simulations.experiment import ExperimentConfig
+    from synapse_flwr.simulations.experiment_config import ExperimentConfig
 
     exp = ExperimentConfig.from_toml(config)
     base = TauConfig.from_toml(config)
@@ -530,7 +530,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.tune:
         tune(args.config)
     else:
-        from synapse_flwr.simulations.experiment import ExperimentConfig
+        from synapse_flwr.simulations.experiment_config import ExperimentConfig
 
         run_taubench(args.config, ExperimentConfig.from_toml(args.config))
     return 0

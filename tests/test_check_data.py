@@ -226,7 +226,8 @@ def test_cli_check_data(folder):
 
 
 def test_experiment_cache_key_follows_the_data(folder):
-    from synapse_flwr.simulations.experiment import ExperimentConfig, cache_fingerprint
+    from synapse_flwr.simulations.experiment import cache_fingerprint
+    from synapse_flwr.simulations.experiment_config import ExperimentConfig
 
     cfg = ExperimentConfig(name="t", dataset=str(folder), orgs=2)
     before = cache_fingerprint(cfg)
@@ -236,7 +237,7 @@ def test_experiment_cache_key_follows_the_data(folder):
 
 
 def test_tables_describe_what_ran():
-    from synapse_flwr.simulations.experiment import tables
+    from synapse_flwr.simulations.experiment_report import tables
 
     arm = {"seen": {"acc_mean": 0.5, "acc_sd": 0.0, "r5_mean": 0.7}}
     results = {"name": "t", "dataset": "f", "seeds": [1], "orgs": 2, "alpha": 0.5, "rounds": 3,

@@ -97,7 +97,7 @@ def test_every_entry_point_defaults_to_the_documented_budget():
     import inspect
     import re
 
-    from synapse_flwr.simulations.experiment import ExperimentConfig
+    from synapse_flwr.simulations.experiment_config import ExperimentConfig
 
     from synapse_flwr.cli import build
     from synapse_flwr.core.privacy import DEFAULT_DELTA, DEFAULT_EPSILON

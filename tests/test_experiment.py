@@ -10,12 +10,9 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from synapse_flwr.simulations.experiment import (
-    ARMS,
-    ExperimentConfig,
-    run_experiment,
-    targets,
-)
+from synapse_flwr.simulations.experiment import run_experiment
+from synapse_flwr.simulations.experiment_config import ARMS, ExperimentConfig
+from synapse_flwr.simulations.experiment_report import targets
 from synapse_flwr.simulations.taubench import TauConfig
 
 from synapse_flwr.core.errors import SynapseError
@@ -313,7 +310,7 @@ def test_arms_the_data_cannot_train_are_refused_before_any_flower_run(tmp_path):
 
 
 def test_orgs_default_to_the_dataset_s_own(tmp_path):
-    from synapse_flwr.simulations.experiment import DEFAULT_ORGS
+    from synapse_flwr.simulations.experiment_config import DEFAULT_ORGS
 
     folder = tmp_path / "bench"
     folder.mkdir()
@@ -336,7 +333,7 @@ def test_re_partitioning_a_folder_s_organisations_is_logged(caplog):
 
 
 def test_the_run_ends_with_a_readable_summary_of_arms_and_targets():
-    from synapse_flwr.simulations.experiment import summary_lines
+    from synapse_flwr.simulations.experiment_report import summary_lines
 
     def arm(seen, held):
         return {"seen": {"acc_mean": seen}, "heldout": {"acc_mean": held}}
@@ -358,7 +355,7 @@ def test_the_run_ends_with_a_readable_summary_of_arms_and_targets():
 
 
 def test_the_summary_gives_each_split_s_size_and_names_an_empty_or_small_one():
-    from synapse_flwr.simulations.experiment import summary_lines
+    from synapse_flwr.simulations.experiment_report import summary_lines
 
     results = {"name": "tiny", "dataset": "f", "seeds": [1, 2], "orgs": 2, "epsilon": None, "epsilon_target": 4.0,
                "delta": 1e-5, "arms": {"docs_only": {"seen": {"acc_mean": 0.5}}}, "targets": [],
@@ -377,7 +374,8 @@ def test_the_llm_sample_sits_beside_retrieval_order_and_its_order_check_catches_
     position is flagged by the reversed / shuffled check (a content reader is not)."""
     import zlib
 
-    from synapse_flwr.simulations.experiment import Experiment, llm_targets, tables
+    from synapse_flwr.simulations.experiment import Experiment
+    from synapse_flwr.simulations.experiment_report import llm_targets, tables
 
     from synapse_flwr.core import rerank_llm
 

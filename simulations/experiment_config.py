@@ -1,0 +1,240 @@
+"""An experiment's config: the ``[experiment]`` table of a TOML file, read and checked, and what it may name.
+
+Every mistake is a :class:`~synapse_flwr.core.errors.SynapseError` naming the
+key, raised before any work starts (:meth:`ExperimentConfig.from_toml`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import math
+import re
+import tomllib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from synapse_flwr.core.embed import EMBEDDERS
+from synapse_flwr.core.errors import SynapseError
+from synapse_flwr.core.merge import FLAT_MAJORITY, TYPED
+from synapse_flwr.core.privacy import DEFAULT_DELTA, DEFAULT_EPSILON
+from synapse_flwr.core.router import RENDERS, RERANKERS
+from synapse_flwr.data.federation import own_orgs
+
+# K for a benchmark that comes pooled (MetaTool, tau-bench): the paper's protocol
+DEFAULT_ORGS = 5
+
+
+ARMS = ("local_only", "docs_only", "federated", "federated_private", "centralized", "classifier",
+        "oracle", "fedavg_dp")
+
+
+MERGES = (TYPED, FLAT_MAJORITY)
+
+
+SPLITS = ("seen", "heldout")
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """An experiment, as read from the ``[experiment]`` table of a TOML file.
+
+    Parameters
+    ----------
+    dataset : str
+        ``metatool``, ``taubench``, ``demo`` or a dataset folder.
+    name : str
+        Title of the tables (default: the dataset's name).
+    seeds : list of int
+        One split, partition and noise draw per seed.
+    orgs : int
+        Organisations (K), each a simulated Flower SuperNode; 0 (the
+        default): the dataset's own organisations (a folder's
+        ``org_*.jsonl`` logs, the demo's three), else
+        :data:`DEFAULT_ORGS`. Any other K re-partitions the pooled
+        experience non-IID.
+    alpha : float
+        Dirichlet concentration of the non-IID partition.
+    rounds : int
+        Federation rounds.
+    epsilon : float
+        Budget of the private arms (``federated_private``, ``fedavg_dp``).
+    delta : float
+        Their delta.
+    embedder : str
+        Embedder of every router arm (and of the ``fedavg_dp`` head).
+    reranker : str
+        Reranker of every router arm.
+    k : int
+        Candidates retrieved (recall is recall@k).
+    arms : list of str
+        Arms to run (see :data:`ARMS`).
+    rates : list of float
+        Contradiction rates; 0 is the clean setting. Only ``[0.0]`` by
+        default: each other rate is two more Flower runs per seed (one per
+        merge), which on a 2-core machine more than doubles a run; the sweep
+        is opt-in, e.g. ``rates = [0.0, 0.2, 0.4, 0.6]``.
+    merges : list of str
+        Merge policies of the 2x2 and of the contradiction sweep.
+    renders : list of str
+        Renders of the 2x2.
+    sweep_epsilon : float
+        Budget of the 2x2 and contradiction federations (``inf``: privacy
+        off, which isolates the merge).
+    replay : bool
+        Also run the feedback loop (clients replay their traffic with the
+        last global; outcomes become experience) for the per-round figure.
+    llm_model : str
+        litellm model of the LLM-reranker sample.
+    llm_sample : int
+        Queries per split for the LLM reranker (first seed only; 0: off).
+    fedavg : dict
+        Extra keyword arguments of :func:`synapse_flwr.eval.baselines.fedavg_dp_arm`.
+    output : str
+        Folder of the results (default ``docs/results/<name>``).
+    cache : str
+        Folder of the resumable cache, Flower outputs and per-unit JSON
+        (default ``runs/experiments/<name>``).
+    timeout : float
+        Seconds one Flower simulation may take.
+    """
+
+    dataset: str
+    name: str = ""
+    seeds: list[int] = field(default_factory=lambda: [42, 123, 456])
+    orgs: int = 0
+    alpha: float = 0.5
+    rounds: int = 3
+    epsilon: float = DEFAULT_EPSILON
+    delta: float = DEFAULT_DELTA
+    embedder: str = "minilm"
+    reranker: str = "fields"
+    k: int = 5
+    arms: list[str] = field(default_factory=lambda: list(ARMS))
+    rates: list[float] = field(default_factory=lambda: [0.0])
+    merges: list[str] = field(default_factory=lambda: list(MERGES))
+    renders: list[str] = field(default_factory=lambda: list(RENDERS))
+    sweep_epsilon: float = math.inf
+    replay: bool = True
+    llm_model: str = "local/smollm2"
+    llm_sample: int = 0
+    fedavg: dict = field(default_factory=dict)
+    output: str = ""
+    cache: str = ""
+    timeout: float = 1800.0
+
+    @classmethod
+    def from_toml(cls, path: Path) -> ExperimentConfig:
+        """Read and check a config; every mistake is a :class:`SynapseError` naming the key.
+
+        A dataset folder stands for the one-line config ``dataset = "<folder>"``.
+        """
+        if path.is_dir():
+            cfg = cls(dataset=str(path))
+            cfg.check(path)
+            return cfg
+        try:
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise SynapseError(f"cannot read experiment config {path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise SynapseError(f"{path}: not valid TOML: {exc}") from None
+        table = raw.get("experiment")
+        if not isinstance(table, dict):
+            raise SynapseError(f"{path}: needs an [experiment] table")
+        known = {f.name for f in fields(cls)}
+        if unknown := sorted(set(table) - known):
+            raise SynapseError(f"{path}: unknown keys in [experiment]: {', '.join(unknown)} "
+                               f"(known: {', '.join(sorted(known))})")
+        for key in ("epsilon", "sweep_epsilon"):
+            if table.get(key) == "inf":
+                table[key] = math.inf
+        if "dataset" not in table:
+            raise SynapseError(f"{path}: [experiment] needs dataset = \"demo\", \"metatool\", \"taubench\" or a folder")
+        annotations = {f.name: str(f.type) for f in fields(cls)}
+        if wrong := [p for k, v in table.items() if (p := _wrong_type(k, v, annotations[k]))]:
+            raise SynapseError(f"{path}: " + "; ".join(wrong))
+        cfg = cls(**table)
+        cfg.check(path)
+        return cfg
+
+    def __post_init__(self) -> None:
+        if not self.orgs:  # keep the organisations a dataset folder comes with
+            object.__setattr__(self, "orgs", own_orgs(str(self.dataset)) or DEFAULT_ORGS)
+        if not self.name:  # a title only: a config may name just its dataset
+            object.__setattr__(self, "name", Path(str(self.dataset)).name or str(self.dataset))
+        slug = re.sub(r"[^a-z0-9_.-]+", "_", self.name.lower()).strip("_.") or "experiment"
+        if not self.output:
+            object.__setattr__(self, "output", f"docs/results/{slug}")
+        if not self.cache:
+            object.__setattr__(self, "cache", f"runs/experiments/{slug}")
+
+    def check(self, where: Path | str = "config") -> None:
+        """Reject impossible settings with a message naming the key."""
+        problems = []
+        if bad := sorted(set(self.arms) - set(ARMS)):
+            problems.append(f"arms: unknown {bad}; choose from {', '.join(ARMS)}")
+        if bad := sorted(set(self.merges) - set(MERGES)):
+            problems.append(f"merges: unknown {bad}; choose from {', '.join(MERGES)}")
+        if bad := sorted(set(self.renders) - set(RENDERS)):
+            problems.append(f"renders: unknown {bad}; choose from {', '.join(RENDERS)}")
+        if not self.seeds:
+            problems.append("seeds: at least one seed is needed")
+        if any(not 0.0 <= r < 1.0 for r in self.rates):
+            problems.append(f"rates: each must be in [0, 1), got {self.rates}")
+        if self.orgs < 2:
+            problems.append(f"orgs: a federation needs at least 2 organisations, got {self.orgs}")
+        if self.rounds < 1 or self.k < 1:
+            problems.append("rounds and k must be at least 1")
+        if not self.epsilon > 0 or not self.sweep_epsilon > 0:
+            problems.append("epsilon and sweep_epsilon must be positive ('inf' turns privacy off)")
+        if TYPED not in self.merges:
+            problems.append("merges: must include 'typed' (the main arm)")
+        if not self.alpha > 0 or not 0 < self.delta < 1 or not self.timeout > 0:
+            problems.append(f"alpha and timeout must be positive and delta in (0, 1), got alpha {self.alpha}, "
+                            f"delta {self.delta}, timeout {self.timeout}")
+        if self.embedder not in EMBEDDERS:
+            problems.append(f"embedder: unknown {self.embedder!r}; choose from {', '.join(sorted(EMBEDDERS))}")
+        if self.reranker not in RERANKERS:
+            problems.append(f"reranker: unknown {self.reranker!r}; choose from {', '.join(RERANKERS)}")
+        if bad := sorted(set(self.fedavg) - (options := _fedavg_options())):
+            problems.append(f"fedavg: unknown {bad}; choose from {', '.join(sorted(options))}")
+        if problems:
+            raise SynapseError(f"{where}: " + "; ".join(problems))
+
+    def fingerprint(self) -> str:
+        """Hash of everything that changes a measurement (not output or cache paths)."""
+        keep = {k: v for k, v in asdict(self).items() if k not in ("output", "cache", "name", "timeout")}
+        return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+# What a TOML value of each annotated config type may be (bool is an int to Python, not to a config).
+_SCALARS: dict[str, Callable[[Any], bool]] = {
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "float": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "str": lambda v: isinstance(v, str),
+    "bool": lambda v: isinstance(v, bool),
+    "dict": lambda v: isinstance(v, dict),
+}
+
+
+def _fedavg_options() -> set[str]:
+    """Keyword options of the fedavg_dp arm a config's ``fedavg`` table may set (not those the experiment sets)."""
+    from synapse_flwr.eval.baselines import fedavg_dp_arm
+
+    given = {"embedder", "seed", "extra_tests"}
+    return {n for n, p in inspect.signature(fedavg_dp_arm).parameters.items()
+            if p.default is not p.empty and n not in given}
+
+
+def _wrong_type(key: str, value: Any, annotation: str) -> str | None:
+    """Why a config value does not have its key's type (``"4"`` for a number, ``42`` for a list), or None."""
+    inner = annotation.removeprefix("list[").removesuffix("]")
+    if inner != annotation:
+        if isinstance(value, list) and all(_SCALARS[inner](v) for v in value):
+            return None
+        return f"{key}: expected a list of {inner}, got {value!r}"
+    return None if _SCALARS[annotation](value) else f"{key}: expected {annotation}, got {value!r}"
