@@ -44,13 +44,12 @@ from synapse_flwr.simulations.privacy_audit import CANARIES, plant_canaries, sca
 
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.files import write_atomic
-from synapse_flwr.flower.launch import (
+from synapse_flwr.flower.deploy import (
     DeploymentConfig,
     nodes_from_dataset,
-    read_metrics,
     run_local_deployment,
-    run_simulation,
 )
+from synapse_flwr.flower.launch import read_metrics, run_simulation
 from synapse_flwr.flower.processes import (
     cmdline,
     processes_using_home,

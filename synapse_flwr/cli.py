@@ -610,13 +610,12 @@ def deploy_local(
     timeout: Annotated[float, typer.Option(help="Seconds before the run is abandoned.")] = 900.0,
 ) -> None:
     """Start a real SuperLink and SuperNodes on 127.0.0.1, run the federation, shut all down."""
-    from synapse_flwr.flower.launch import (
+    from synapse_flwr.flower.deploy import (
         DeploymentConfig,
-        default_app_dir,
         parse_node,
-        parse_overrides,
         run_local_deployment,
     )
+    from synapse_flwr.flower.launch import default_app_dir, parse_overrides
 
     specs = [parse_node(n, catalog) for n in node] or nodes
     cfg = DeploymentConfig(app_dir=app_dir or default_app_dir(), nodes=specs, run_config=parse_overrides(set_),

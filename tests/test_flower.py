@@ -33,14 +33,13 @@ from synapse_flwr.core.wire import load_artifact
 from synapse_flwr.data.federation import demo_dir
 from synapse_flwr.flower import launch
 from synapse_flwr.flower.config import RunConfigError
-from synapse_flwr.flower.launch import (
+from synapse_flwr.flower.deploy import (
     DeploymentConfig,
     NodeSpec,
     nodes_from_dataset,
-    read_metrics,
     run_local_deployment,
-    run_simulation,
 )
+from synapse_flwr.flower.launch import read_metrics, run_simulation
 from synapse_flwr.flower.processes import cmdline, processes_using_home
 
 APP_DIR = Path(__file__).resolve().parent.parent
@@ -273,7 +272,8 @@ def interrupt_run(launch_call: str, sig: int, started: str, home: Path) -> str:
     """Run ``launch_call`` in a child Python, send it ``sig`` once ``started`` is logged; its remaining output."""
     script = (
         "import logging, signal, sys; from pathlib import Path\n"
-        "from synapse_flwr.flower.launch import DeploymentConfig, run_local_deployment, run_simulation\n"
+        "from synapse_flwr.flower.deploy import DeploymentConfig, run_local_deployment\n"
+        "from synapse_flwr.flower.launch import run_simulation\n"
         "from synapse_flwr.flower.processes import interrupt_on_sigterm\n"
         # as in a terminal: a suite started in the background (`cmd &`) hands its children
         # SIGINT ignored, and Python then never raises KeyboardInterrupt
