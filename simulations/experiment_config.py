@@ -53,9 +53,9 @@ class ExperimentConfig:
     orgs : int
         Organisations (K), each a simulated Flower SuperNode; 0 (the
         default): the dataset's own organisations (a folder's
-        ``org_*.jsonl`` logs, the demo's three), else
-        :data:`DEFAULT_ORGS`. Any other K re-partitions the pooled
-        experience non-IID.
+        ``org_*.jsonl`` logs, the demo's three), else (a pooled benchmark,
+        or a folder with a single log) :data:`DEFAULT_ORGS`. Any other K
+        re-partitions the pooled experience non-IID.
     alpha : float
         Dirichlet concentration of the non-IID partition.
     rounds : int
@@ -163,7 +163,8 @@ class ExperimentConfig:
 
     def __post_init__(self) -> None:
         if not self.orgs:  # keep the organisations a dataset folder comes with
-            object.__setattr__(self, "orgs", own_orgs(str(self.dataset)) or DEFAULT_ORGS)
+            own = own_orgs(str(self.dataset))  # one log is pooled experience, as MetaTool's
+            object.__setattr__(self, "orgs", own if own > 1 else DEFAULT_ORGS)
         if not self.name:  # a title only: a config may name just its dataset
             object.__setattr__(self, "name", Path(str(self.dataset)).name or str(self.dataset))
         slug = re.sub(r"[^a-z0-9_.-]+", "_", self.name.lower()).strip("_.") or "experiment"

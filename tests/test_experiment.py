@@ -320,6 +320,27 @@ def test_orgs_default_to_the_dataset_s_own(tmp_path):
     assert ExperimentConfig(dataset="demo").orgs == 3
     assert ExperimentConfig(dataset="metatool").orgs == DEFAULT_ORGS == 5  # pooled: the paper's K
     assert ExperimentConfig(dataset=str(folder), orgs=4).orgs == 4  # asked for: re-partitioned
+    single = tmp_path / "single"
+    single.mkdir()
+    (single / "org_all.jsonl").write_text("")
+    assert ExperimentConfig(dataset=str(single)).orgs == DEFAULT_ORGS  # one log: pooled experience
+
+
+def test_a_folder_with_one_organisation_log_is_split_like_a_pooled_benchmark(tmp_path, caplog):
+    import shutil
+
+    from synapse_flwr.data.federation import demo_dir, load_federated
+
+    folder = tmp_path / "single"
+    folder.mkdir()
+    for name in ("catalog.json", "aliases.json", "test.jsonl"):
+        shutil.copy(demo_dir() / name, folder / name)
+    events = "".join((demo_dir() / f"org_{o}.jsonl").read_text() for o in "abc")
+    (folder / "org_all.jsonl").write_text(events)
+    with caplog.at_level("INFO", logger="synapse_flwr"):
+        ds = load_federated(str(folder), 5, 7)
+    assert len(ds.orgs) == 5 and sum(len(e) for e in ds.orgs.values()) == len(events.splitlines())
+    assert f"dataset {folder} has one organisation log: its experience is split into 5" in caplog.text
 
 
 def test_re_partitioning_a_folder_s_organisations_is_logged(caplog):

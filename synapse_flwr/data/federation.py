@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 
 from synapse_flwr.core.catalog import Catalog, load_catalog, with_examples_file
-from synapse_flwr.core.errors import SynapseError, warn_once
+from synapse_flwr.core.errors import SynapseError, log_once, warn_once
 from synapse_flwr.core.experience import (
     Event,
     TestItem,
@@ -230,6 +230,9 @@ def load_federated(
         if len(ds.orgs) > 1:
             log.warning("dataset %s has %d organisations; %d asked for: their pooled experience is re-partitioned "
                         "(Dirichlet alpha %g)", name, len(ds.orgs), num_orgs, alpha)
+        elif ds.orgs and ds.info.get("orgs_as_given"):  # a folder with one log: pooled, like MetaTool
+            log_once(log, f"dataset {name} has one organisation log: its experience is split into {num_orgs} "
+                          f"organisations (Dirichlet alpha {alpha:g})")
         ds = repartition(ds, num_orgs, alpha, seed)
     if inject:
         from synapse_flwr.data.inject import inject_contradictions
