@@ -489,8 +489,8 @@ CountPriorOption = Annotated[
 
 @app.command()
 def route(
-    query: Annotated[list[str], typer.Argument(help="The request(s) to route.")],
-    catalog: Annotated[Path, typer.Option(help="Tool catalog (JSON list or JSONL).")],
+    query: Annotated[list[str] | None, typer.Argument(help="The request(s) to route.")] = None,
+    catalog: Annotated[Path, typer.Option(help="Tool catalog (JSON list or JSONL).")] = ...,
     compendium: Annotated[
         Path | None, typer.Option(help="Global (or org) compendium; omit to route on docs alone.")
     ] = None,
@@ -504,17 +504,34 @@ def route(
     explain: Annotated[bool, typer.Option(help="Print which field decided and each candidate's evidence.")] = False,
     llm_weight: LLMWeightOption = None,
     count_prior: CountPriorOption = None,
+    test: Annotated[Path | None, typer.Option(
+        help="A test set to route and score instead of QUERY (a query and its gold tool a line, as a dataset "
+             "folder's test.jsonl): one JSON line per query with its gold, then top-1 and recall@k.")] = None,
 ) -> None:
-    """Route queries to tools and print one JSON result per query."""
+    """Route queries to tools and print one JSON result per query (or score a test set: --test)."""
+    from synapse_flwr.core.catalog import load_catalog
+    from synapse_flwr.core.experience import load_testset
     from synapse_flwr.core.explain import explain_route
+    from synapse_flwr.core.metrics import evaluate_routes
 
-    if blank := [i for i, q in enumerate(query, start=1) if not q.strip()]:
-        raise SynapseError(f"query {blank[0]} of {len(query)} is empty: nothing to route")
+    if bool(query) == (test is not None):
+        raise SynapseError("give the requests to route as arguments, or a test set with --test (not both)")
+    items = load_testset(test, load_catalog(catalog)) if test is not None else []  # before the models load
+    queries = query or [item.query for item in items]
+    if blank := [i for i, q in enumerate(queries, start=1) if not q.strip()]:
+        raise SynapseError(f"query {blank[0]} of {len(queries)} is empty: nothing to route")
     router = _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_weight, count_prior)
-    for result in router.route_many(query):
-        answer = (explain_route(result, router.names) if explain
-                  else json.dumps(result.to_dict(router.names), indent=2, ensure_ascii=False))
-        typer.echo(answer)
+    results = router.route_many(queries)
+    for i, result in enumerate(results):
+        if explain:
+            typer.echo(explain_route(result, router.names))
+        elif items:
+            typer.echo(json.dumps({**result.to_dict(router.names), "gold": list(items[i].gold)}, ensure_ascii=False))
+        else:
+            typer.echo(json.dumps(result.to_dict(router.names), indent=2, ensure_ascii=False))
+    if items:
+        scores = evaluate_routes(results, [item.gold for item in items], k)
+        log.info("%s: top-1 %.3f, recall@%d %.3f over %d queries", test, scores["acc"], k, scores["r5"], len(items))
 
 
 TRANSPORTS = ("stdio", "sse", "streamable-http")
@@ -689,6 +706,7 @@ def _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_
         check_router_args,
     )
     from synapse_flwr.core.schema import FlatCompendium
+    from synapse_flwr.core.votes import chosen_setting
     from synapse_flwr.core.wire import load_artifact
 
     try:  # before loading anything: a misspelt model or reranker is named at once
@@ -708,6 +726,11 @@ def _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_
             log.warning("%d of the compendium's %d tools are not in %s (%s%s): nothing routes to them; is this "
                         "the catalog the federation used?", len(missing), len(held), catalog,
                         ", ".join(missing[:3]), ", ..." if len(missing) > 3 else "")
+    if comp is not None and chosen_setting(getattr(comp, "votes", None)) is None and count_prior is None and any(
+            getattr(e, "prototype", None) for e in getattr(comp, "tools", [])):
+        log.info("%s carries no fusion votes (a federation casts them from round 2 on): experience is added at "
+                 "the default weights, chosen on MetaTool; a later round's global weighs it for its own data",
+                 compendium)
     try:
         emb = get_embedder(embedder)
         fusion = None if count_prior is None else replace(voted_fusion(comp, emb.name), prior=count_prior)

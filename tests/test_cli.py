@@ -619,6 +619,27 @@ def test_route_refuses_an_empty_query_and_warns_of_a_catalog_missing_compendium_
     assert "2 of the compendium's 3 tools are not in" in caplog.text
 
 
+def test_route_scores_a_test_set_line_by_line_and_says_a_global_without_votes_uses_the_defaults(data, built,
+                                                                                                tmp_path, caplog):
+    test = write_jsonl(tmp_path / "test.jsonl", [{"query": "will it rain in Oslo", "gold": "get_weather"},
+                                                 {"query": "100 USD in EUR", "gold": ["convert_currency"]},
+                                                 {"query": "a seat to Rome on Friday", "gold": "Book-Flight"}])
+    with caplog.at_level(logging.INFO, logger="synapse_flwr"):
+        res = invoke("route", "--catalog", data["catalog"], "--compendium", built["global"], "--embedder", "tfidf",
+                     "--test", test)
+    ok(res)
+    rows = [json.loads(line) for line in res.output.splitlines() if line.startswith("{")]
+    assert [r["gold"] for r in rows] == [["get_weather"], ["convert_currency"], ["book_flight"]]  # aliases resolved
+    top1 = sum(r["tool_id"] in r["gold"] for r in rows) / len(rows)
+    assert f"top-1 {top1:.3f}, recall@5 1.000 over 3 queries" in caplog.text
+    assert "carries no fusion votes" in caplog.text  # a CLI merge has none: the default weights route
+    refused(invoke("route", "--catalog", data["catalog"], "--test", test, "rain?"), "not both")
+    refused(invoke("route", "--catalog", data["catalog"]), "or a test set with --test")
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"query": "rain?", "gold": "teleport"}])
+    refused(invoke("route", "--catalog", data["catalog"], "--model", "local/smollm2", "--test", bad),
+            "bad.jsonl:1: field 'gold': tool 'teleport' is not in the catalog")
+
+
 def test_other_commands_refuse_their_mistakes_before_loading_anything(data, built):
     refused(invoke("inspect", built["global"], "--limit", "-1"), "--limit")
     refused(invoke("check-data", data["catalog"]), "is a file")
