@@ -419,20 +419,17 @@ def inspect(
     ranked = sorted(art.tools, key=lambda t: (-t.stats.calls, t.tool_id))[:limit]
     # the tool's id whole (up to 40 columns) and the short columns unbroken: the orgs and the scenario wrap instead
     widest = min(40, max([4, *(len(t.tool_id) for t in ranked)]))
-    table = Table(Column("tool", no_wrap=True, min_width=widest), Column("when/not/prec", no_wrap=True),
-                  "calls", "success", Column("prototype", no_wrap=True), "orgs", "top scenario")
-    for t in ranked:
-        rate = t.stats.success_rate
-        top = max(t.when, key=lambda s: s.support).text if t.when else ""
-        table.add_row(
-            t.tool_id,
-            f"{len(t.when)}/{len(t.when_not)}/{len(t.precautions)}",
-            f"{t.stats.calls:.0f}",
-            "-" if rate is None else f"{rate:.0%}",
-            read.get(t.tool_id, "-"),
-            ",".join(t.provenance.orgs),
-            top,
-        )
+    columns = [Column("tool", no_wrap=True, min_width=widest), Column("when/not/prec", no_wrap=True), Column("calls"),
+               Column("success"), Column("prototype", no_wrap=True), Column("orgs"), Column("top scenario")]
+    rows = [[t.tool_id, f"{len(t.when)}/{len(t.when_not)}/{len(t.precautions)}", f"{t.stats.calls:.0f}",
+             "-" if t.stats.success_rate is None else f"{t.stats.success_rate:.0%}", read.get(t.tool_id, "-"),
+             ",".join(t.provenance.orgs), max(t.when, key=lambda s: s.support).text if t.when else ""]
+            for t in ranked]
+    # the orgs and the top scenario only where some tool has them (a private global names no orgs)
+    shown = [i for i in range(len(columns)) if i < 5 or any(row[i] for row in rows)]
+    table = Table(*(columns[i] for i in shown))
+    for row in rows:
+        table.add_row(*(row[i] for i in shown))
     console.print(table)
     if read:
         console.print(f"prototype: its released query count; * above the noise (length and count tests): "

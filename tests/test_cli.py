@@ -217,6 +217,16 @@ def test_inspect_prints_the_tool_table(built):
     assert sum(t in res.stdout for t in ("book_flight", "convert_currency", "get_weather")) == 1
 
 
+def test_inspect_leaves_out_the_columns_no_tool_fills(data, tmp_path):
+    """A private artifact names no orgs and releases no scenarios here: no empty columns squeeze the table."""
+    private = tmp_path / "private.json"
+    ok(invoke("build", "--experience", data["acme"], "--catalog", data["catalog"], "--org", "acme", "-o", private))
+    res = invoke("inspect", private)
+    ok(res)
+    assert "calls" in res.stdout and "prototype" in res.stdout
+    assert "orgs" not in res.stdout and "top scenario" not in res.stdout
+
+
 def test_build_with_privacy(data):
     out = data["dir"] / "private.json"
     ok(invoke("build", "--experience", data["acme"], "--catalog", data["catalog"], "--org", "acme",
