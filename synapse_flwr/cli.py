@@ -646,7 +646,8 @@ def experiment(
         help="Experiment TOML with an 'experiment' table (see configs/), or a dataset folder.")],
     fresh: Annotated[bool, typer.Option(help="Ignore and delete the cache; recompute every unit.")] = False,
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="Results folder (default: the config's 'output').")
+        Path | None, typer.Option("--output", "-o", help="Results folder (default: the config's 'output', else "
+                                  "docs/results/NAME under the working folder; the cache: runs/experiments/NAME).")
     ] = None,
 ) -> None:
     """Run an experiment (arms x seeds x contradiction rates) and write its results folder.
