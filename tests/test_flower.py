@@ -380,3 +380,33 @@ def test_deployment_with_registered_keys(tmp_path):
     log_text = res.log_path.read_text()
     for signer in signers:
         assert signer.private_pem().splitlines()[1].decode() not in log_text
+
+
+def test_the_capture_mod_keeps_what_a_client_sends_only_where_the_run_config_asks(tmp_path):
+    """The privacy audit's mod: off by default; on, the exact bytes of each reply, or the error Flower sends."""
+    from flwr.app import ConfigRecord, Context, Message, Metadata, RecordDict
+    from flwr.common.serde import message_to_proto
+
+    from synapse_flwr.flower.capture import capture_mod, flower_error_reason
+
+    metadata = Metadata(run_id=1, message_id="m", src_node_id=1, dst_node_id=3, reply_to_message_id="", group_id="",
+                        created_at=0.0, ttl=60.0, message_type="train")  # as the SuperLink fills it in
+    msg = Message(content=RecordDict({"config": ConfigRecord({"server-round": 2})}), metadata=metadata)
+
+    def context(run_config: dict) -> Context:
+        return Context(run_id=1, node_id=3, node_config={}, state=RecordDict(), run_config=run_config)
+
+    assert capture_mod(msg, context({}), lambda m, c: m) is msg and not list(tmp_path.iterdir())
+    capture_mod(msg, context({"capture-dir": str(tmp_path)}), lambda m, c: m)
+    (sent,) = tmp_path.glob("node3_round2_*.msg")
+    assert sent.read_bytes() == message_to_proto(msg).SerializeToString()
+
+    def fail(m, c):
+        raise RuntimeError("no experience")
+
+    with pytest.raises(RuntimeError):
+        capture_mod(msg, context({"capture-dir": str(tmp_path)}), fail)
+    (error,) = tmp_path.glob("node3_round2_*.err")
+    assert error.read_text() == flower_error_reason(RuntimeError("no experience"))
+    with pytest.raises(RunConfigError, match="capture-dri"):  # a misspelt key is named, not ignored
+        capture_mod(msg, context({"capture-dri": str(tmp_path)}), lambda m, c: m)

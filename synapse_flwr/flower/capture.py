@@ -19,6 +19,7 @@ from flwr.app import Context, Message
 from flwr.common.serde import message_to_proto
 
 from synapse_flwr.core.files import write_atomic
+from synapse_flwr.flower.config import RunConfig
 
 
 def flower_error_reason(exc: BaseException) -> str:
@@ -28,7 +29,7 @@ def flower_error_reason(exc: BaseException) -> str:
 
 def capture_mod(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
     """Run the ClientApp; write what it sends back under ``capture-dir`` when that is set."""
-    folder = str(context.run_config.get("capture-dir", ""))
+    folder = RunConfig.from_mapping(context.run_config).capture_dir
     if not folder:
         return call_next(msg, context)
     config = msg.content.config_records.get("config") if msg.has_content() else None

@@ -183,7 +183,7 @@ def absolute_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
         For an unknown key, a wrong type or a value out of range.
     """
     rc = check_overrides(run_config)  # a bad key or value fails here, before any process starts
-    rc["output-dir"] = str(Path(str(rc.get("output-dir", "runs/latest"))).expanduser().resolve())
+    rc["output-dir"] = str(Path(RunConfig.from_mapping(rc).output_dir).expanduser().resolve())
     for key in ("release-cache", "capture-dir"):
         if rc.get(key):
             rc[key] = str(Path(str(rc[key])).expanduser().resolve())
