@@ -141,7 +141,8 @@ class Experiment:
     fresh : bool
         Ignore (and delete) the cache.
     progress : callable or None
-        Called with a short label after every unit of work.
+        Called with a unit's key once it is done, once per unit (a unit
+        read again within the run is not counted twice).
     """
 
     def __init__(self, cfg: ExperimentConfig, fresh: bool = False,
@@ -152,6 +153,7 @@ class Experiment:
             shutil.rmtree(self.cache_dir)
         self.cache = UnitCache(self.cache_dir, cache_fingerprint(cfg))
         self.progress = progress or (lambda label: None)
+        self._done: set[str] = set()
         self.code = routing_code()
         self._embedder = None
         self._built: dict[tuple, Any] = {}
@@ -184,7 +186,9 @@ class Experiment:
 
     def unit(self, key: str, compute: Callable[[], Any]) -> Any:
         value = self.cache.get(key, compute)
-        self.progress(key)
+        if key not in self._done:  # the Flower runs are read again by every arm that uses them
+            self._done.add(key)
+            self.progress(key)
         return value
 
     # ------------------------------------------------------------ federation

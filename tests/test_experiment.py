@@ -198,7 +198,7 @@ def test_smoke_experiment_runs_every_arm_through_flower_and_resumes(tmp_path):
     for name in ("tables.md", "accuracy_vs_contradiction.png", "accuracy_per_round.png"):
         assert (out / name).stat().st_size > 0
     assert "| federated |" in (out / "tables.md").read_text()
-    assert any(k.startswith("flower/") for k in labels)
+    assert any(k.startswith("flower/") for k in labels) and len(labels) == len(set(labels))  # each unit once
 
     # resumable: a second run recomputes nothing and reproduces the results
     again = run_experiment(config, output=tmp_path / "again")
