@@ -343,7 +343,7 @@ def merge(
     save_artifact(output, merged)
     conflicts = len(getattr(merged, "conflicts", []))
     log.info(
-        "merged %d artifacts with %s into %s (%d conflicts, %.2fs)",
+        "merged %d artifacts with the %s policy into %s (%d conflicts, %.2fs)",
         len(artifacts), policy, output, conflicts, time.perf_counter() - t0,
     )
 
