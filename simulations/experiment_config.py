@@ -163,8 +163,7 @@ class ExperimentConfig:
 
     def __post_init__(self) -> None:
         if not self.orgs:  # keep the organisations a dataset folder comes with
-            own = own_orgs(str(self.dataset))  # one log is pooled experience, as MetaTool's
-            object.__setattr__(self, "orgs", own if own > 1 else DEFAULT_ORGS)
+            object.__setattr__(self, "orgs", own_orgs(str(self.dataset)) or DEFAULT_ORGS)
         if not self.name:  # a title only: a config may name just its dataset
             object.__setattr__(self, "name", Path(str(self.dataset)).name or str(self.dataset))
         slug = re.sub(r"[^a-z0-9_.-]+", "_", self.name.lower()).strip("_.") or "experiment"

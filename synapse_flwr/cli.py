@@ -426,7 +426,8 @@ def inspect(
              ",".join(t.provenance.orgs), max(t.when, key=lambda s: s.support).text if t.when else ""]
             for t in ranked]
     # the orgs and the top scenario only where some tool has them (a private global names no orgs)
-    shown = [i for i in range(len(columns)) if i < 5 or any(row[i] for row in rows)]
+    optional = ("orgs", "top scenario")
+    shown = [i for i, c in enumerate(columns) if c.header not in optional or any(row[i] for row in rows)]
     table = Table(*(columns[i] for i in shown))
     for row in rows:
         table.add_row(*(row[i] for i in shown))

@@ -160,12 +160,13 @@ def document_items(path: str | Path, text: str) -> list[tuple[ItemLine, object]]
         raise InputError(path, f"invalid JSON: {exc.msg}", line=exc.lineno) from None
     except (ValueError, RecursionError) as exc:  # huge number, nesting too deep
         raise InputError(path, f"invalid JSON: {exc}") from None
-    if isinstance(doc, dict) and "tools" in doc and not isinstance(doc["tools"], list):
-        raise InputError(path, f'"tools" is {json_kind(doc["tools"])}: expected a JSON list of objects '
-                               '({"tools": [...]})')
-    if isinstance(doc, list) or (isinstance(doc, dict) and "tools" in doc):
-        items = doc if isinstance(doc, list) else doc["tools"]
-        return list(zip(_item_lines(text), items, strict=True))
+    if isinstance(doc, list):
+        return list(zip(_item_lines(text), doc, strict=True))
+    if isinstance(doc, dict) and "tools" in doc:
+        if not isinstance(doc["tools"], list):
+            raise InputError(path, f'"tools" is {json_kind(doc["tools"])}: expected a JSON list of objects '
+                                   '({"tools": [...]})')
+        return list(zip(_item_lines(text), doc["tools"], strict=True))
     if "\n" in stripped:
         keys = ", ".join(map(repr, list(doc)[:5]))
         raise InputError(path, f"one JSON object (keys {keys}) where records were expected: write a JSON list of "

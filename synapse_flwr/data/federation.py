@@ -160,14 +160,17 @@ def packaged_examples(name: str, catalog: Catalog) -> Catalog:
 
 
 def own_orgs(name: str) -> int:
-    """Organisations a dataset comes with (its ``org_*.jsonl`` logs), 0 for a pooled benchmark.
+    """Organisations a dataset comes with (its ``org_*.jsonl`` logs), 0 for pooled experience.
 
-    Reads file names only, so a config can default to them before any data is loaded.
+    Pooled experience is a benchmark's (MetaTool, tau-bench) or a folder's
+    single log: one organisation is no federation, so it is split. Reads
+    file names only, so a config can default to them before any data is loaded.
     """
     from synapse_flwr.data.check import org_files
 
     folder = demo_dir() if name == "demo" else Path(name)
-    return len(org_files(folder)) if name not in ("metatool", "taubench") and folder.is_dir() else 0
+    logs = len(org_files(folder)) if name not in ("metatool", "taubench") and folder.is_dir() else 0
+    return logs if logs > 1 else 0
 
 
 @lru_cache(maxsize=4)
