@@ -265,7 +265,7 @@ class Experiment:
         When the federation votes, the pooled records vote too (exactly, leaving themselves out), so
         its router chooses its fusion as the federated ones do.
         """
-        from synapse_flwr.flower.client_app import cast_votes
+        from synapse_flwr.core.release import cast_votes
 
         ds = self.dataset(seed, rate)
         voting = self.run_config(seed, TYPED, math.inf, rate, False, self.cache_dir).votes and self.space is not None

@@ -46,11 +46,11 @@ from synapse_flwr.core.catalog import Catalog
 from synapse_flwr.core.embed import Embedder
 from synapse_flwr.core.fusion import voted_fusion
 from synapse_flwr.core.merge import merge_typed
+from synapse_flwr.core.release import cast_votes
 from synapse_flwr.core.router import Router
 from synapse_flwr.core.votes import VOTE_SHARE, sum_votes
 from synapse_flwr.data.federation import FederatedDataset, load_folder
 from synapse_flwr.eval.results import run_lab
-from synapse_flwr.flower.client_app import cast_votes
 
 log = logging.getLogger("folder_stress")
 #: What each ``docs`` shape keeps of a tool's documentation.

@@ -34,12 +34,12 @@ from synapse_flwr.core.builder import (
 )
 from synapse_flwr.core.fusion import Fusion
 from synapse_flwr.core.merge import merge_typed
+from synapse_flwr.core.release import cast_votes
 from synapse_flwr.core.router import Router
 from synapse_flwr.core.schema import FusionSetting, FusionVotes
 from synapse_flwr.core.votes import chosen_setting, sum_votes
 from synapse_flwr.data.federation import load_federated
 from synapse_flwr.eval.results import group_rows, run_lab
-from synapse_flwr.flower.client_app import cast_votes
 
 log = logging.getLogger("fusion_votes")
 

@@ -104,12 +104,17 @@ def build(
         typer.Option(help="litellm model that rewrites released scenario phrases into a line "
                      "(off by default; it only sees already-privatised phrases)."),
     ] = None,
+    votes: Annotated[
+        bool, typer.Option(help="Keep a share of each record's budget for its fusion vote, cast later with "
+                           "`synapse vote` against the merged global (without it, the records cannot vote).")
+    ] = True,
 ) -> None:
     """Build this organisation's privatised typed compendium from its experience."""
     from synapse_flwr.core.builder import BuildConfig, build_compendium
     from synapse_flwr.core.catalog import load_catalog
     from synapse_flwr.core.embed import get_embedder
     from synapse_flwr.core.experience import load_experience
+    from synapse_flwr.core.votes import VOTE_SHARE
     from synapse_flwr.core.wire import content_hash, encode, save_artifact
 
     if summarise_model:
@@ -126,7 +131,8 @@ def build(
         log.warning("%s holds no events: the artifact will carry the catalog's documentation and nothing "
                     "learned from experience", experience)
     try:
-        config = BuildConfig(rewrite=scenario_rewriter(summarise_model) if summarise_model else None)
+        config = BuildConfig(rewrite=scenario_rewriter(summarise_model) if summarise_model else None,
+                             vote_share=VOTE_SHARE if votes and embedder != "none" else 0.0)
         comp = build_compendium(
             events, cat, org, round_=round_, epsilon=epsilon, delta=delta, rounds=rounds, releases=releases,
             seed=seed, config=config, embedder=None if embedder == "none" else get_embedder(embedder),
@@ -154,6 +160,92 @@ def build(
         if not read:
             log.warning("at epsilon %s no prototype clears the noise: this artifact routes as the documentation "
                         "alone; more experience per tool, or a larger epsilon, would change that", epsilon)
+
+
+@app.command()
+def vote(
+    experience: Annotated[Path, typer.Option(help="This organisation's experience log: the one --artifact was "
+                                             "built from (each of its records votes once).")],
+    catalog: Annotated[Path, typer.Option(help="Tool catalog the federation uses.")],
+    artifact: Annotated[Path, typer.Option(help="This organisation's artifact from `synapse build`.")],
+    global_: Annotated[Path, typer.Option("--global", help="The global `synapse merge` made from --artifact "
+                                          "and the other organisations' artifacts.")],
+    output: OutOption,
+    embedder: Annotated[str, typer.Option(help="Embedder of the global's prototype space "
+                                          "(the one --artifact was built with).")] = "minilm",
+    seed: Annotated[int, typer.Option(help="Noise seed (combined with the org).")] = 0,
+) -> None:
+    """Cast this organisation's fusion votes: how much a router of the global should trust experience.
+
+    Each record of --experience is routed against --global, taken out of it,
+    under a few settings from documentation alone to the full weight of
+    experience; the noised counts of right routes are added to --artifact,
+    paid from the share of each record's budget that `build` kept for them.
+    Then merge every organisation's voted artifact again: a router of that
+    global follows the setting the votes favour, and routes exactly as the
+    documentation does where experience does not beat it by more than the
+    noise. (A Flower federation casts these votes itself from round 2 on.)
+    """
+    import numpy as np
+
+    from synapse_flwr.core.builder import artifact_vote_noise, derive_seed
+    from synapse_flwr.core.catalog import load_catalog
+    from synapse_flwr.core.embed import get_embedder
+    from synapse_flwr.core.experience import load_experience
+    from synapse_flwr.core.prototypes import space_mismatch
+    from synapse_flwr.core.release import add_votes, cast_votes, vote_refusal
+    from synapse_flwr.core.schema import Compendium
+    from synapse_flwr.core.votes import chosen_setting
+    from synapse_flwr.core.wire import save_artifact
+
+    check_space(embedder)
+    check_output(output, [experience, catalog, artifact, global_])
+    own, merged = (_load_artifact(path) for path in (artifact, global_))
+    reason = vote_refusal(own, merged)
+    try:
+        if reason:
+            raise ValueError(reason)
+        sd, epsilon = artifact_vote_noise(own.privacy)
+    except ValueError as exc:
+        raise SynapseError(f"{artifact} cannot vote against {global_}: {exc}") from None
+    cat = load_catalog(catalog)
+    events = load_experience(experience, cat)
+    emb = get_embedder(embedder)
+    if mismatch := space_mismatch(merged.embedding, emb):
+        raise SynapseError(f"--embedder {embedder}: {mismatch}")
+    rng = np.random.default_rng(derive_seed(seed, own.issuer.org, "votes"))
+    cast = cast_votes(events, cat, merged, emb, sd, rng)
+    if cast is None:
+        raise SynapseError(f"{experience} holds no record with a catalog tool to vote with")
+    try:
+        voted = Compendium.model_validate(add_votes(own, cast, epsilon).model_dump())
+    except ValueError as exc:
+        raise SynapseError(f"the votes do not fit {artifact} ({exc}): is {experience} the log it was built "
+                           "from?") from None
+    save_artifact(output, voted)
+    log.info("wrote %s: %.0f records voted (noise SD %.1f), epsilon spent %s; alone, these votes favour %s. "
+             "Merge every organisation's voted artifact into the next global.", output, cast.records, cast.sd,
+             "off" if epsilon is None else f"{epsilon:.3f} of {own.privacy.epsilon_target:g}",
+             _setting_words(chosen_setting(cast)))
+
+
+def _setting_words(setting) -> str:
+    """A fusion setting (:func:`~synapse_flwr.core.votes.chosen_setting`'s) in words."""
+    if setting is None:
+        return "the default weights (no voter)"
+    if setting.prototype == setting.prior == 0:
+        return "the documentation alone"
+    return f"prototype weight {setting.prototype:g}, count prior {setting.prior:g}"
+
+
+def _load_artifact(path: Path):
+    """The artifact at ``path``; an invalid one is named with the reason."""
+    from synapse_flwr.core.wire import load_artifact
+
+    try:
+        return load_artifact(path)
+    except ArtifactError as exc:
+        raise SynapseError(f"{path} is not a valid artifact: {exc}") from None
 
 
 @app.command()
@@ -320,18 +412,13 @@ def merge(
     from synapse_flwr.core.merge import POLICIES
     from synapse_flwr.core.merge import merge as merge_artifacts
     from synapse_flwr.core.schema import FlatCompendium
-    from synapse_flwr.core.wire import load_artifact, save_artifact
+    from synapse_flwr.core.wire import save_artifact
 
     if policy not in POLICIES:
         raise SynapseError(f"unknown merge policy {policy!r}; choose one of {', '.join(POLICIES)}")
     check_output(output, files)
     t0 = time.perf_counter()
-    artifacts = []
-    for path in files:
-        try:
-            artifacts.append(load_artifact(path))
-        except ArtifactError as exc:
-            raise SynapseError(f"{path} is not a valid artifact: {exc}") from None
+    artifacts = [_load_artifact(path) for path in files]
     flat = [a for a in artifacts if isinstance(a, FlatCompendium)]
     if flat and policy != "flat-majority":
         raise SynapseError(f"{len(flat)} flat artifact(s) can only be merged with --policy flat-majority")
@@ -346,6 +433,22 @@ def merge(
         "merged %d artifacts with the %s policy into %s (%d conflicts, %.2fs)",
         len(artifacts), policy, output, conflicts, time.perf_counter() - t0,
     )
+    _log_votes_step(output, artifacts, merged)
+
+
+def _log_votes_step(output: Path, artifacts: list, merged) -> None:
+    """Say what the global's fusion votes decide, or how to cast them when the inputs kept a share for them."""
+    from synapse_flwr.core.votes import chosen_setting
+
+    voted = [a for a in artifacts if getattr(a, "votes", None) is not None]
+    if voted:
+        log.info("fusion votes of %.0f records from %d of %d artifacts: a router of %s follows %s",
+                 merged.votes.records, len(voted), len(artifacts), output, _setting_words(chosen_setting(merged.votes)))
+    elif any(getattr(a.privacy, "vote_share", 0) > 0 for a in artifacts) and any(
+            getattr(t, "prototype", None) for t in getattr(merged, "tools", [])):
+        log.info("next: each organisation runs `synapse vote --artifact ITS_ARTIFACT --global %s ...` and the "
+                 "voted artifacts are merged again; until then a router adds experience at the default weights, "
+                 "which can route below the documentation alone on data unlike MetaTool", output)
 
 
 def _warn_merge_inputs(files: list[Path], artifacts: list) -> None:
@@ -385,12 +488,9 @@ def inspect(
 ) -> None:
     """Summarise an artifact: issuer, privacy, size, and a table of its tools."""
     from synapse_flwr.core.schema import FlatCompendium
-    from synapse_flwr.core.wire import content_hash, encode, load_artifact
+    from synapse_flwr.core.wire import content_hash, encode
 
-    try:
-        art = load_artifact(file)
-    except ArtifactError as exc:
-        raise SynapseError(f"{file} is not a valid artifact: {exc}") from None
+    art = _load_artifact(file)
     console = Console()
     p = art.privacy
     eps = "off" if p.epsilon is None else f"{p.epsilon:.3f} of {p.epsilon_target}"
@@ -706,7 +806,6 @@ def _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_
     )
     from synapse_flwr.core.schema import FlatCompendium
     from synapse_flwr.core.votes import chosen_setting
-    from synapse_flwr.core.wire import load_artifact
 
     try:  # before loading anything: a misspelt model or reranker is named at once
         check_router_args(reranker, k, render, model, "auto", llm_weight, DOCS_CANDIDATES)
@@ -715,10 +814,7 @@ def _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_
     cat = load_catalog(catalog)
     comp = None
     if compendium is not None:
-        try:
-            comp = load_artifact(compendium)
-        except ArtifactError as exc:
-            raise SynapseError(f"{compendium} is not a valid artifact: {exc}") from None
+        comp = _load_artifact(compendium)
         held = set(comp.texts) if isinstance(comp, FlatCompendium) else {e.tool_id for e in comp.tools}
         missing = sorted(held - set(cat.ids))
         if missing:
@@ -727,7 +823,8 @@ def _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_
                         ", ".join(missing[:3]), ", ..." if len(missing) > 3 else "")
     if comp is not None and chosen_setting(getattr(comp, "votes", None)) is None and count_prior is None and any(
             getattr(e, "prototype", None) for e in getattr(comp, "tools", [])):
-        log.info("%s carries no fusion votes (a federation casts them from round 2 on): experience is added at "
+        log.info("%s carries no fusion votes (a federation casts them from round 2 on; `synapse vote` casts them "
+                 "for artifacts merged by hand): experience is added at "
                  "the default weights, chosen on MetaTool; a later round's global weighs it for its own data",
                  compendium)
     try:

@@ -317,9 +317,10 @@ def test_schema_command(tmp_path):
 # --------------------------------------------------------------------------- help
 
 HELP = {
-    "build": ["--experience", "--catalog", "--org", "--output", "--epsilon", "--delta", "--rounds", "--releases", "--round", "--seed", "--embedder"],
+    "build": ["--experience", "--catalog", "--org", "--output", "--epsilon", "--delta", "--rounds", "--releases", "--round", "--seed", "--embedder", "--no-votes"],
     "validate": ["FILES"],
     "merge": ["FILES", "--output", "--policy"],
+    "vote": ["--experience", "--catalog", "--artifact", "--global", "--output", "--embedder", "--seed"],
     "schema": ["--output"],
     "inspect": ["FILE", "--limit"],
     "route": ["QUERY", "--catalog", "--compendium", "--reranker", "--model", "--embedder", "--render",
@@ -648,6 +649,49 @@ def test_route_scores_a_test_set_line_by_line_and_says_a_global_without_votes_us
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"query": "rain?", "gold": "teleport"}])
     refused(invoke("route", "--catalog", data["catalog"], "--model", "local/smollm2", "--test", bad),
             "bad.jsonl:1: field 'gold': tool 'teleport' is not in the catalog")
+
+
+def test_hand_merged_artifacts_vote_and_the_second_merge_carries_the_votes(data, tmp_path, caplog):
+    def build(org: str, *extra: str) -> Path:
+        out = tmp_path / f"{org}{''.join(extra)}.json"
+        ok(invoke("build", "--experience", data[org], "--catalog", data["catalog"], "--org", org,
+                  "--embedder", "static", "--epsilon", "4", *extra, "-o", out))
+        return out
+
+    def vote(org: str, artifact: Path, merged: Path, *extra: str, out: str = ""):
+        return invoke("vote", "--experience", data[org], "--catalog", data["catalog"], "--artifact", artifact,
+                      "--global", merged, "--embedder", "static", *extra, "-o", tmp_path / (out or f"{org}.voted.json"))
+
+    arts = {org: build(org) for org in ("acme", "globex")}
+    first = tmp_path / "g1.json"
+    with caplog.at_level(logging.INFO, logger="synapse_flwr"):
+        ok(invoke("merge", *arts.values(), "-o", first))
+    assert f"next: each organisation runs `synapse vote --artifact ITS_ARTIFACT --global {first}" in caplog.text
+    for org in arts:
+        ok(vote(org, arts[org], first))
+    acme, voted = load_artifact(arts["acme"]), load_artifact(tmp_path / "acme.voted.json")
+    assert voted.votes is not None and voted.votes.sd > 0  # noised sums of the 30 records' right routes
+    assert abs(voted.votes.records - 30) < 6 * voted.votes.sd
+    # the vote is paid from the share build kept: the record's whole budget, not more
+    assert acme.privacy.epsilon < voted.privacy.epsilon == pytest.approx(4.0, abs=1e-5)
+    assert voted.tools == acme.tools  # the release itself is unchanged
+    second = tmp_path / "g2.json"
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="synapse_flwr"):
+        ok(invoke("merge", tmp_path / "acme.voted.json", tmp_path / "globex.voted.json", "-o", second))
+        ok(invoke("route", "--catalog", data["catalog"], "--compendium", second, "--embedder", "static", "rain?"))
+    assert "from 2 of 2 artifacts: a router of" in caplog.text
+    assert "carries no fusion votes" not in caplog.text
+    assert load_artifact(second).votes.records == pytest.approx(
+        voted.votes.records + load_artifact(tmp_path / "globex.voted.json").votes.records, abs=1e-3)
+    # each record votes once, against the global its release went into, with a share kept for it
+    refused(vote("acme", tmp_path / "acme.voted.json", first, out="x.json"), "already carries its records' votes")
+    refused(vote("acme", build("acme", "--seed", "1"), first, out="x.json"), "the global was not merged from it")
+    no_share = build("acme", "--no-votes")
+    ok(invoke("merge", no_share, arts["globex"], "-o", tmp_path / "g3.json"))
+    refused(vote("acme", no_share, tmp_path / "g3.json", out="x.json"), "without a share of its budget kept")
+    refused(vote("acme", arts["acme"], first, "--embedder", "minilm", out="x.json"), "prototypes are in")
+    assert not (tmp_path / "x.json").exists()  # a refusal writes nothing
 
 
 def test_other_commands_refuse_their_mistakes_before_loading_anything(data, built):

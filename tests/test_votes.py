@@ -13,7 +13,7 @@ import pytest
 from test_prototypes import CATALOG, BagEmbedder
 
 from synapse_flwr.core import votes
-from synapse_flwr.core.builder import BuildConfig, build_compendium, vote_noise
+from synapse_flwr.core.builder import BuildConfig, artifact_vote_noise, build_compendium, vote_noise
 from synapse_flwr.core.embed import get_embedder
 from synapse_flwr.core.experience import Event
 from synapse_flwr.core.fusion import EMBEDDER_FUSIONS, Fusion, voted_fusion
@@ -81,6 +81,30 @@ def test_vote_noise_is_the_vote_multiplier_times_the_sensitivity():
     assert eps == pytest.approx(4.0, abs=1e-6)
     assert gaussian_epsilon(cal.vote_multiplier, 1, cal.delta_accounting) < 1.5  # the vote alone is a small part
     assert vote_noise(math.inf, 1e-5, 1, 1, config, EMB) == (0.0, None)
+
+
+@pytest.mark.parametrize(("epsilon", "rounds", "releases", "embedder"),
+                         [(4.0, 1, 1, EMB), (2.0, 3, 2, EMB), (4.0, 1, 1, None), (math.inf, 1, 1, EMB)])
+def test_an_artifact_s_vote_noise_is_read_back_from_its_privacy_block(epsilon, rounds, releases, embedder):
+    config = BuildConfig(vote_share=VOTE_SHARE)
+    art = build_compendium(EVENTS, CATALOG, "acme", epsilon=epsilon, rounds=rounds, releases=releases,
+                           config=config, embedder=embedder)
+    assert artifact_vote_noise(art.privacy) == vote_noise(epsilon, 1e-5, rounds, releases, config, embedder)
+
+
+def test_an_artifact_without_a_vote_share_or_with_another_calibration_cannot_vote():
+    art = build_compendium(EVENTS, CATALOG, "acme", epsilon=4.0, embedder=EMB)
+    with pytest.raises(ValueError, match="without a share of its budget kept for a vote"):
+        artifact_vote_noise(art.privacy)
+    shared = build_compendium(EVENTS, CATALOG, "acme", epsilon=4.0, embedder=EMB,
+                              config=BuildConfig(vote_share=VOTE_SHARE))
+    # another builder config (other bounds) gives other noise for the same budget: its vote noise is unknown
+    other = shared.privacy.model_copy(update={"sigma": shared.privacy.sigma * 1.2})
+    with pytest.raises(ValueError, match="not what the default build gives"):
+        artifact_vote_noise(other)
+    spent = shared.privacy.model_copy(update={"epsilon": shared.privacy.epsilon / 2})
+    with pytest.raises(ValueError, match="matches no number of releases"):
+        artifact_vote_noise(spent)
 
 
 def _without(compendium, tool: str, query: str):

@@ -486,6 +486,47 @@ def vote_noise(epsilon: float, delta: float, rounds: int, releases: int, config:
     return cal.vote_multiplier * vote_sensitivity(), epsilon_spent(params, cal, releases, voted=True)
 
 
+def artifact_vote_noise(privacy: PrivacyBlock) -> tuple[float, float | None]:
+    """:func:`vote_noise` of an artifact built with the default :class:`BuildConfig` (``synapse build``).
+
+    The budget, rounds, vote share and prototype weight are read from the
+    artifact's privacy block. The calibration they give must be the block's
+    own (else the artifact was built under other settings, whose vote noise
+    cannot be known from it), and the releases made so far are those whose
+    epsilon is the block's.
+
+    Parameters
+    ----------
+    privacy : PrivacyBlock
+        The privacy block of the artifact whose records vote.
+
+    Raises
+    ------
+    ValueError
+        With the reason: no share of the budget was kept for a vote, the
+        calibration is not the default build's, or its epsilon is no number
+        of releases'.
+    """
+    if privacy.mechanism == "none":
+        return 0.0, None
+    if privacy.vote_share <= 0:
+        raise ValueError("it was built without a share of its budget kept for a vote (build --no-votes): "
+                         "its records cannot vote")
+    config = BuildConfig(vote_share=privacy.vote_share)
+    prototypes = privacy.prototype_weight > 0
+    params = config.resolved(True, prototypes).privacy_params(
+        privacy.epsilon_target, privacy.delta, privacy.rounds_planned, privacy.prototype_weight)
+    cal = calibrate(params)
+    if not math.isclose(cal.sigma, privacy.sigma, rel_tol=1e-5):
+        raise ValueError(f"its noise (sigma {privacy.sigma:g}) is not what the default build gives for its budget "
+                         f"({cal.sigma:g}): it was built under other settings, whose vote noise is not known")
+    releases = [r for r in range(1, params.rounds + 1)
+                if math.isclose(epsilon_spent(params, cal, r), privacy.epsilon or 0.0, abs_tol=1e-5)]
+    if not releases:
+        raise ValueError(f"its spent epsilon {privacy.epsilon} matches no number of releases of its budget")
+    return cal.vote_multiplier * vote_sensitivity(), epsilon_spent(params, cal, releases[0], voted=True)
+
+
 def derive_seed(*parts: object) -> int:
     """A stable 63-bit seed from any parts (e.g. run seed, org, round)."""
     digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()

@@ -20,12 +20,17 @@ import hashlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from synapse_flwr.core.experience import Event
+from synapse_flwr.core.catalog import Catalog
+from synapse_flwr.core.embed import Embedder
+from synapse_flwr.core.experience import Event, event_label
 from synapse_flwr.core.merge import merge_typed
+from synapse_flwr.core.router import Router
 from synapse_flwr.core.schema import Compendium, FusionVotes, Issuer
-from synapse_flwr.core.votes import sum_votes
+from synapse_flwr.core.votes import loo_correct, release_votes, sum_votes
+from synapse_flwr.core.wire import Artifact, content_hash
 
 
 class ReleaseState(BaseModel):
@@ -137,11 +142,65 @@ def with_votes(
 ) -> tuple[Compendium, ReleaseState]:
     """The artifact and state after the records ``keys`` cast their fusion votes (released as ``votes``).
 
-    The votes add to those the artifact carries; ``epsilon`` (a record's
-    releases and its vote, None without privacy) becomes the artifact's
-    spent epsilon; the keys are recorded so that no record votes twice.
+    The artifact is :func:`add_votes`'s; the keys are recorded so that no
+    record votes twice.
     """
-    privacy = artifact.privacy if epsilon is None else artifact.privacy.model_copy(update={"epsilon": round(epsilon, 6)})
-    voted = artifact.model_copy(update={"votes": sum_votes([artifact.votes, votes]), "privacy": privacy})
+    voted = add_votes(artifact, votes, epsilon)
     new_state = state.model_copy(update={"voted": sorted(set(state.voted) | set(keys)), "artifact": voted})
     return voted, new_state
+
+
+def add_votes(artifact: Compendium, votes: FusionVotes | None, epsilon: float | None) -> Compendium:
+    """The artifact with ``votes`` added to those it carries.
+
+    ``epsilon`` (a record's releases and its vote, None without privacy)
+    becomes the artifact's spent epsilon.
+    """
+    privacy = artifact.privacy if epsilon is None else artifact.privacy.model_copy(update={"epsilon": round(epsilon, 6)})
+    return artifact.model_copy(update={"votes": sum_votes([artifact.votes, votes]), "privacy": privacy})
+
+
+def vote_refusal(own: Artifact, global_: Artifact) -> str | None:
+    """Why the records released in ``own`` cannot vote against ``global_``, or None when they can (never raises).
+
+    They vote once, against a global that holds their release (leave-one-out
+    takes each record out of it) and carries prototypes to vote on.
+    """
+    if not isinstance(own, Compendium) or own.kind != "org":
+        return "it is not an organisation's typed compendium"
+    if not isinstance(global_, Compendium) or global_.kind != "global":
+        return "the global is not a merged typed compendium"
+    if own.votes is not None:
+        return "it already carries its records' votes (a record votes once)"
+    if content_hash(own) not in global_.inputs:
+        return "the global was not merged from it (records vote against the global their release went into)"
+    if not any(t.prototype for t in global_.tools):
+        return "the global carries no prototypes: every setting would route as the documentation does"
+    return None
+
+
+def cast_votes(events: Sequence[Event], catalog: Catalog, incoming: Compendium, embedder: Embedder, sd: float,
+               rng: np.random.Generator) -> FusionVotes | None:
+    """The released fusion votes of ``events`` (those with a label) against the global ``incoming``.
+
+    Parameters
+    ----------
+    events : sequence of Event
+        The voting records: released into ``incoming`` and not voted before.
+    catalog : Catalog
+        The federation's tools.
+    incoming : Compendium
+        The global holding the records' release (each is left out of it when scored).
+    embedder : Embedder
+        The embedder of ``incoming``'s prototype space.
+    sd : float
+        Noise SD of the vote sums (:func:`~synapse_flwr.core.builder.vote_noise`; 0 without privacy).
+    rng : numpy.random.Generator
+        The noise source.
+    """
+    labelled = [(e.query, label) for e in events if (label := event_label(e, catalog)) is not None]
+    if not labelled:
+        return None
+    router = Router(incoming, catalog, embedder=embedder, reranker="none")
+    queries, labels = zip(*labelled)
+    return release_votes(loo_correct(router, queries, labels), sd, rng)

@@ -35,19 +35,20 @@ from synapse_flwr.core.catalog import Catalog, load_catalog
 from synapse_flwr.core.delta import encode_delta, make_delta, sha256_hex
 from synapse_flwr.core.embed import Embedder, get_embedder
 from synapse_flwr.core.errors import InputError
-from synapse_flwr.core.experience import Event, event_label, load_experience
+from synapse_flwr.core.experience import Event, load_experience
 from synapse_flwr.core.files import write_atomic
 from synapse_flwr.core.release import (
     ReleaseState,
+    cast_votes,
     record_keys,
     release_round,
     with_votes,
 )
 from synapse_flwr.core.replay import replay_events
 from synapse_flwr.core.router import Router
-from synapse_flwr.core.schema import SCHEMA_VERSION, Compendium, FusionVotes
+from synapse_flwr.core.schema import SCHEMA_VERSION, Compendium
 from synapse_flwr.core.signing import ARTIFACT, GLOBAL
-from synapse_flwr.core.votes import VOTE_SHARE, loo_correct, release_votes
+from synapse_flwr.core.votes import VOTE_SHARE
 from synapse_flwr.core.wire import Artifact, decode, encode, unwrap
 from synapse_flwr.data.check import DataError
 from synapse_flwr.data.federation import load_dataset, load_partition
@@ -189,17 +190,6 @@ def org_release(
                                np.random.default_rng(derive_seed(cfg.seed, data.org, server_round, "votes")))
             artifact, state = with_votes(artifact, state, votes, [k for k, _ in voters], epsilon)
     return artifact, state, released
-
-
-def cast_votes(events: list[Event], catalog: Catalog, incoming: Compendium, embedder: Embedder, sd: float,
-               rng: np.random.Generator) -> FusionVotes | None:
-    """The released fusion votes of ``events`` (those with a label) against the global ``incoming``."""
-    labelled = [(e.query, label) for e in events if (label := event_label(e, catalog)) is not None]
-    if not labelled:
-        return None
-    router = Router(incoming, catalog, embedder=embedder, reranker="none")
-    queries, labels = zip(*labelled)
-    return release_votes(loo_correct(router, queries, labels), sd, rng)
 
 
 def reply_payload(cfg: RunConfig, org: str, wire: bytes, held: str | None, sent_path: Path) -> tuple[str, bytes]:
