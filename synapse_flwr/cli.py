@@ -223,9 +223,9 @@ def vote(
         raise SynapseError(f"the votes do not fit {artifact} ({exc}): is {experience} the log it was built "
                            "from?") from None
     save_artifact(output, voted)
-    log.info("wrote %s: %.0f records voted (noise SD %.1f), epsilon spent %s; alone, these votes favour %s. "
+    log.info("wrote %s: %.0f records voted (noise SD %.1f), %s; alone, these votes favour %s. "
              "Merge every organisation's voted artifact into the next global.", output, cast.records, cast.sd,
-             "off" if epsilon is None else f"{epsilon:.3f} of {own.privacy.epsilon_target:g}",
+             "privacy off" if epsilon is None else f"epsilon spent {epsilon:.3f} of {own.privacy.epsilon_target:g}",
              _setting_words(chosen_setting(cast)))
 
 
