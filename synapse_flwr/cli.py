@@ -153,13 +153,20 @@ def build(
         content_hash(comp)[:12],
         time.perf_counter() - t0,
     )
-    if comp.privacy.mechanism != "none" and any(t.prototype for t in comp.tools):
-        read = sum(_above_noise(comp).values())
-        log.info("prototypes above the noise (length and count tests): %d of %d tools; a router reads those "
-                 "that also point along their tool's documentation", read, len(comp.tools))
-        if not read:
-            log.warning("at epsilon %s no prototype clears the noise: this artifact routes as the documentation "
-                        "alone; more experience per tool, or a larger epsilon, would change that", epsilon)
+    _log_prototypes_read(comp)
+
+
+def _log_prototypes_read(comp) -> None:
+    """Say how many of a private artifact's prototypes clear the noise, and warn when none does."""
+    if comp.privacy.mechanism == "none" or not any(t.prototype for t in comp.tools):
+        return
+    read = sum(_above_noise(comp).values())
+    log.info("prototypes above the noise (length and count tests): %d of %d tools; a router reads those "
+             "that also point along their tool's documentation", read, len(comp.tools))
+    if not read:
+        log.warning("at epsilon %s no prototype clears the noise: this artifact routes as the documentation "
+                    "alone; more experience per tool, or a larger epsilon, would change that",
+                    comp.privacy.epsilon_target)
 
 
 @app.command()
