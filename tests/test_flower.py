@@ -184,6 +184,7 @@ def test_rejected_artifact(tmp_path):
     assert rejection["round"] == 1
     assert rejection["reason"].startswith("client error")
     assert "rejected reply from node %d" % res.node_ids["broken"] in res.log_path.read_text()
+    assert "organisations cast their fusion votes from round 2 on" in res.log_path.read_text()  # one round
     assert record["merged"]
     load_artifact(out / "global_round_1.json")
 
@@ -204,6 +205,7 @@ def test_deployment(tmp_path):
         assert sorted(r["accepted"]) == sorted(res.node_ids.values())
         assert r["rejected"] == []
     assert_global(out / "global_round_2.json")
+    assert "cast their fusion votes from round 2 on" not in res.log_path.read_text()
     print("deployment metrics:", json.dumps(rounds))
 
 

@@ -231,6 +231,10 @@ def main(grid: Grid, context: Context) -> None:
         return
     if done:
         log.warning("resuming after round %d from %s", done, out_dir)
+    if cfg.fusion_votes and cfg.embedder != "none" and not cfg.votes:
+        log.warning("one round: organisations cast their fusion votes from round 2 on, so a router of this "
+                    "run's global adds experience at the default weights (chosen on MetaTool), which can route "
+                    "below the documentation alone on other data; run 2 or more rounds to have them weighed")
     strategy = make_strategy(
         cfg.policy,
         min_nodes=cfg.min_nodes,
