@@ -13,7 +13,12 @@ import pytest
 from test_prototypes import CATALOG, BagEmbedder
 
 from synapse_flwr.core import votes
-from synapse_flwr.core.builder import BuildConfig, artifact_vote_noise, build_compendium, vote_noise
+from synapse_flwr.core.builder import (
+    BuildConfig,
+    artifact_vote_noise,
+    build_compendium,
+    vote_noise,
+)
 from synapse_flwr.core.embed import get_embedder
 from synapse_flwr.core.experience import Event
 from synapse_flwr.core.fusion import EMBEDDER_FUSIONS, Fusion, voted_fusion
