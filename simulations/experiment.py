@@ -234,7 +234,10 @@ class Experiment:
         dataset = str(Path(self.cfg.dataset).resolve()) if Path(self.cfg.dataset).is_dir() else self.cfg.dataset
         return RunConfig.from_mapping({
             "dataset": dataset, "num-rounds": self.cfg.rounds, "policy": policy, "min-nodes": self.cfg.orgs,
-            "epsilon": epsilon, "delta": self.cfg.delta, "alpha": self.cfg.alpha, "seed": seed, "inject": rate,
+            # seeded noise: the experimenter holds every organisation's data, and the org artifacts
+            # are rebuilt in process from the same seed (org_artifacts)
+            "epsilon": epsilon, "delta": self.cfg.delta, "alpha": self.cfg.alpha, "seed": seed, "noise": "seeded",
+            "inject": rate,
             "output-dir": str(out_dir), "evaluate": False, "replay": replay, "embedder": self.space_name})
 
     def org_artifacts(self, seed: int, rate: float, epsilon: float, run: dict) -> dict[str, Compendium]:

@@ -62,7 +62,8 @@ log = logging.getLogger("fault_audit")
 REPO = Path(__file__).resolve().parent.parent
 ORGS = 5
 FAILING = ("org1", "org3")  # 40% of five
-BASE = {"dataset": "demo", "embedder": "static", "evaluate": False, "min-nodes": 2}
+# seeded noise: a resumed run must be byte-identical to the uninterrupted one
+BASE = {"dataset": "demo", "embedder": "static", "evaluate": False, "min-nodes": 2, "noise": "seeded"}
 
 
 def audit_dataset(folder: Path, orgs: int = ORGS) -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -30,6 +31,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+NoiseSeedOption = Annotated[int | None, typer.Option(
+    help="Seed of the noise, for reproducible experiments only: anyone who knows it can regenerate the noise "
+         "and remove it. Default: a secret seed from the OS's random source, never written down.")]
 OutOption = Annotated[
     Path, typer.Option("--output", "-o", help="Output file (written atomically; '.gz' compresses).")
 ]
@@ -49,6 +53,16 @@ def check_org(org: str, what: str = "--org") -> None:
 
     if not is_org_id(org):
         raise SynapseError(f"{what} {org!r}: use {ORG_ID_RULE}")
+
+
+def _noise_seed(seed: int | None, epsilon: float) -> int:
+    """The noise's seed: ``seed`` when given (a warning when it seeds a private release), else a secret one."""
+    if seed is None:
+        return secrets.randbits(63)
+    if math.isfinite(epsilon):
+        log.warning("--seed %d seeds the noise: whoever knows it can remove the noise, so this release is "
+                    "private only from those who do not; leave --seed out for a secret seed", seed)
+    return seed
 
 
 def check_space(embedder: str) -> None:
@@ -94,7 +108,7 @@ def build(
     round_: Annotated[
         int, typer.Option("--round", min=0, help="Server round written into the issuer (0: standalone).")
     ] = 0,
-    seed: Annotated[int, typer.Option(help="Noise seed (combined with org and round).")] = 0,
+    seed: NoiseSeedOption = None,
     embedder: Annotated[
         str, typer.Option(help="Embedding space of the query prototypes, shared by the federation: "
                           "minilm | mpnet | static | none (none: no prototypes).")
@@ -135,7 +149,8 @@ def build(
                              vote_share=VOTE_SHARE if votes and embedder != "none" else 0.0)
         comp = build_compendium(
             events, cat, org, round_=round_, epsilon=epsilon, delta=delta, rounds=rounds, releases=releases,
-            seed=seed, config=config, embedder=None if embedder == "none" else get_embedder(embedder),
+            seed=_noise_seed(seed, epsilon), config=config,
+            embedder=None if embedder == "none" else get_embedder(embedder),
         )
     except ValueError as exc:
         raise SynapseError(str(exc)) from None
@@ -180,7 +195,7 @@ def vote(
     output: OutOption,
     embedder: Annotated[str, typer.Option(help="Embedder of the global's prototype space "
                                           "(the one --artifact was built with).")] = "minilm",
-    seed: Annotated[int, typer.Option(help="Noise seed (combined with the org).")] = 0,
+    seed: NoiseSeedOption = None,
 ) -> None:
     """Cast this organisation's fusion votes: how much a router of the global should trust experience.
 
@@ -220,7 +235,7 @@ def vote(
     emb = get_embedder(embedder)
     if mismatch := space_mismatch(merged.embedding, emb):
         raise SynapseError(f"--embedder {embedder}: {mismatch}")
-    rng = np.random.default_rng(derive_seed(seed, own.issuer.org, "votes"))
+    rng = np.random.default_rng(derive_seed(_noise_seed(seed, epsilon or math.inf), own.issuer.org, "votes"))
     cast = cast_votes(events, cat, merged, emb, sd, rng)
     if cast is None:
         raise SynapseError(f"{experience} holds no record with a catalog tool to vote with")

@@ -236,6 +236,20 @@ def test_build_with_privacy(data):
     assert 0 < art.privacy.epsilon <= 8 and art.issuer.round == 1
 
 
+def test_private_noise_comes_from_a_secret_seed_unless_one_is_given(data, tmp_path, caplog):
+    def build(name: str, *extra: str):
+        ok(invoke("build", "--experience", data["acme"], "--catalog", data["catalog"], "--org", "acme",
+                  "--embedder", "static", *extra, "-o", tmp_path / name))
+        return load_artifact(tmp_path / name)
+
+    # the server knows the org, the round and any seed in a shared config: a default seed would let it
+    # regenerate the noise, so two builds of one log draw different noise
+    assert build("a.json").tools != build("b.json").tools
+    with caplog.at_level(logging.WARNING, logger="synapse_flwr"):
+        assert build("c.json", "--seed", "5").tools == build("d.json", "--seed", "5").tools
+    assert "--seed 5 seeds the noise: whoever knows it can remove the noise" in caplog.text
+
+
 def test_build_says_how_many_prototypes_clear_the_noise(data, caplog):
     out = data["dir"] / "hopeless.json"
     with caplog.at_level(logging.INFO, logger="synapse_flwr"):

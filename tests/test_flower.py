@@ -147,7 +147,7 @@ def test_delta_on_the_wire(tmp_path):
     globals_, sent = {}, {}
     for delta in (True, False):
         home, out = tmp_path / f"flwr-{delta}", tmp_path / f"out-{delta}"
-        rc = {"dataset": dataset(tmp_path), "num-rounds": 2, "epsilon": 4.0, "embedder": "static",
+        rc = {"dataset": dataset(tmp_path), "num-rounds": 2, "epsilon": 4.0, "embedder": "static", "noise": "seeded",
               "evaluate": False, "wire-delta": delta, "output-dir": str(out)}
         try:
             run_simulation(APP_DIR, num_supernodes=3, run_config=rc, flwr_home=home, timeout=300)

@@ -136,3 +136,15 @@ def test_a_run_resumed_with_more_rounds_keeps_its_cache(tmp_path):
     # with replay the rounds set the calibration (one release per round): another run
     replay = [RunConfig.from_mapping({**base, "replay": True, "num-rounds": r}) for r in (3, 5)]
     assert len({fingerprint(c, "acme", CATALOG) for c in replay}) == 2
+
+
+def test_an_org_s_noise_is_secret_unless_the_run_asks_for_seeded_noise():
+    # the server knows the run's seed, the org and the round: noise derived from them alone it could remove
+    data = OrgData("acme", CATALOG, _events(20))
+
+    def release(noise: str):
+        cfg = RunConfig.from_mapping({"epsilon": 4.0, "embedder": "none", "noise": noise})
+        return org_release(data, cfg, ReleaseState(fingerprint="f"), 1, [], None)[0].tools
+
+    assert release("secret") != release("secret")
+    assert release("seeded") == release("seeded")

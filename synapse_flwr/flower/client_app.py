@@ -18,6 +18,7 @@ import functools
 import hashlib
 import json
 import logging
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,6 +142,18 @@ def load_state(path: Path, fingerprint_: str) -> ReleaseState:
     return state
 
 
+def noise_seed(cfg: RunConfig) -> int:
+    """The seed of this organisation's DP noise this round.
+
+    Secret by default: drawn from the OS's random source, never written
+    anywhere, so that no one else can regenerate the noise. With run config
+    ``noise = "seeded"`` it is the run's seed, which the server knows too: it
+    could regenerate each organisation's noise from the seed, org and round
+    and remove it, so seeded noise is for reproducible experiments only.
+    """
+    return cfg.seed if cfg.noise == "seeded" else secrets.randbits(63)
+
+
 def build_config(cfg: RunConfig) -> BuildConfig:
     """The builder's config for this run: part of each record's budget kept for its fusion vote when the run votes."""
     return BuildConfig(vote_share=VOTE_SHARE if cfg.votes else 0.0)
@@ -169,11 +182,12 @@ def org_release(
     rounds = cfg.num_rounds if cfg.replay else 1
     config = build_config(cfg)
     releases = min(state.windows + 1, rounds)
+    seed = noise_seed(cfg)
 
     def build(events: list[Event]) -> Compendium:
         return build_compendium(
             events, data.catalog, data.org, round_=server_round, epsilon=cfg.epsilon, delta=cfg.delta,
-            rounds=rounds, releases=releases, seed=cfg.seed, embedder=embedder, config=config,
+            rounds=rounds, releases=releases, seed=seed, embedder=embedder, config=config,
         )
 
     before = state
@@ -187,7 +201,7 @@ def org_release(
         if voters:
             sd, epsilon = vote_noise(cfg.epsilon, cfg.delta, rounds, releases, config, embedder)
             votes = cast_votes([e for _, e in voters], data.catalog, incoming, embedder, sd,
-                               np.random.default_rng(derive_seed(cfg.seed, data.org, server_round, "votes")))
+                               np.random.default_rng(derive_seed(seed, data.org, server_round, "votes")))
             artifact, state = with_votes(artifact, state, votes, [k for k, _ in voters], epsilon)
     return artifact, state, released
 

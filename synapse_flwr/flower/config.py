@@ -101,7 +101,11 @@ KEYS: tuple[Key, ...] = (
         _between(0.0, math.inf, low_open=True)),
     Key("delta", float, DEFAULT_DELTA, "privacy delta per record over the whole run", _between(0.0, 0.1, low_open=True)),
     Key("alpha", float, 0.5, "Dirichlet skew when experience is re-partitioned", _between(0.0, 1e6, low_open=True)),
-    Key("seed", int, 42, "seed of the data split and of the noise", _between(0, 2**63 - 1)),
+    Key("seed", int, 42, "seed of the data split (and of the noise when noise is seeded)", _between(0, 2**63 - 1)),
+    Key("noise", str, "secret", "where each organisation's DP noise comes from: secret (a seed from the OS's "
+        "random source, drawn by the organisation) | seeded (from seed, org and round: reproducible experiments "
+        "only, since anyone who knows them, the server included, can regenerate the noise and remove it)",
+        _one_of(("secret", "seeded"))),
     Key("output-dir", str, "runs/latest", "where the server writes globals and metrics.json", _non_empty),
     Key("release-cache", str, "", "client release cache folder (empty: <output-dir>/release-cache)"),
     Key("round-timeout", float, 600.0, "seconds a round waits for replies", _between(0.0, 86_400.0, low_open=True)),
@@ -136,6 +140,7 @@ class RunConfig:
     delta: float
     alpha: float
     seed: int
+    noise: str
     output_dir: str
     release_cache: str
     round_timeout: float
@@ -180,10 +185,11 @@ class RunConfig:
 
 # Keys a run may change when it resumes an output folder: more rounds, how long to wait
 # and for how many nodes, what is measured, votes switched on later (docs/privacy.md:
-# records released without the vote share never vote), and the fault injection of tests.
+# records released without the vote share never vote), where new noise comes from (what was
+# released stays as released), and the fault injection of tests.
 # Every other key shaped the artifacts on disk (and the release cache their privacy rests on).
 RESUMABLE = frozenset({"num-rounds", "output-dir", "round-timeout", "min-nodes", "evaluate", "fusion-votes",
-                       "fail-round", "fail-orgs", "capture-dir"})
+                       "noise", "fail-round", "fail-orgs", "capture-dir"})
 
 
 def resume_conflict(output_dir: str | Path, recorded: Mapping[str, Any], current: Mapping[str, Any]) -> str | None:
