@@ -101,7 +101,7 @@ class TauConfig:
     train_sequences : bool
         Whether the train tasks' gold lists count as call sequences (they list
         the write calls only) or only as calls.
-    lift_first, lift_later, route, smoothing, backoff : float
+    lift_first, lift_later, route, smoothing, backoff, docs : float
         :class:`~synapse_flwr.eval.taubench.StepWeights`.
     grid : dict
         Values searched by ``--tune`` (key -> list), on ``dev_seed`` only.
@@ -120,6 +120,7 @@ class TauConfig:
     route: float = 3.0
     smoothing: float = 0.1
     backoff: float = 1.0
+    docs: float = 0.0
     grid: dict = field(default_factory=dict)
 
     @classmethod
@@ -137,7 +138,7 @@ class TauConfig:
 
     @property
     def weights(self) -> StepWeights:
-        return StepWeights(self.lift_first, self.lift_later, self.route, self.smoothing, self.backoff)
+        return StepWeights(self.lift_first, self.lift_later, self.route, self.smoothing, self.backoff, self.docs)
 
     @property
     def build(self) -> BuildConfig:
@@ -490,7 +491,7 @@ def tune(config: Path) -> Path:
 
     folds = make_folds(train, test, "cv", base.folds, exp.orgs, seed, base.train_sequences)
     docs = pooled([(runner.router(None), fold.test) for fold in folds], base.weights, docs_only=True)
-    weight_keys = [k for k in ("lift_first", "lift_later", "route") if k in base.grid]
+    weight_keys = [k for k in ("lift_first", "lift_later", "route", "docs") if k in base.grid]
     trials = []
     for train_sequences in base.grid.get("train_sequences", [base.train_sequences]):
         routers = global_routers(replace(base, train_sequences=train_sequences), math.inf)

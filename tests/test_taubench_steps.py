@@ -140,6 +140,16 @@ def test_learned_transitions_and_starts_predict_every_step():
     assert 0.0 <= m["task_acc"] <= m["acc"] <= m["r5"] <= 1.0
 
 
+def test_the_docs_weight_adds_what_a_documentation_only_router_scores():
+    items = taubench_step_items(TEST)
+    router = Router(_learned(), CATALOG, embedder=TfidfEmbedder())
+    added = step_scores(router, items, StepWeights(0, 0, 1.0, docs=2.0)) - step_scores(router, items, StepWeights(0, 0, 1.0))
+    docs = step_scores(Router(None, CATALOG, embedder=TfidfEmbedder()), items, docs_only=True)
+    assert np.allclose(added, 2.0 * docs, atol=1e-5)
+    with pytest.raises(ValueError, match="non-negative"):
+        StepWeights(docs=-1.0)
+
+
 def test_history_never_enters_the_query():
     items = taubench_step_items(TEST)
     assert len(items) == sum(len(t.actions) for t in TEST) == 6
