@@ -21,7 +21,9 @@ ClientApps send captured (run config ``capture-dir``):
    timeout.
 
 Each run's captured client messages and the server's outputs (metrics,
-globals, per-org checkpoints) are searched for the canaries.
+globals, per-org checkpoints) are searched for the canaries, and the metrics
+the captured replies report beside their artifacts are listed: none may
+count the organisation's records (``client_app.reply_metrics``).
 
 Usage: ``python simulations/fault_audit.py [--rounds 3] [--out docs/results/security]`` (writes
 ``faults/results.json``, ``tables.md``, ``manifest.json`` and the ``dropout_rounds_completed``,
@@ -94,6 +96,20 @@ def _leaks(*folders: Path) -> dict[str, list[str]]:
     return scan_files(files, list(CANARIES))
 
 
+def reply_metric_names(capture: Path) -> list[str]:
+    """The metric names the captured client replies report (each ``.msg`` a serialised Flower message)."""
+    from flwr.common.serde import message_from_proto
+    from flwr.proto.message_pb2 import Message as ProtoMessage
+
+    names: set[str] = set()
+    for path in sorted(capture.glob("*.msg")):
+        proto = ProtoMessage()
+        proto.ParseFromString(path.read_bytes())
+        for record in message_from_proto(proto).content.metric_records.values():
+            names |= set(record)
+    return sorted(names)
+
+
 def _kill_when(out: Path, round_: int, pick, stop: threading.Event, killed: list[int], after=None) -> None:
     """Once ``round_`` is in ``out/metrics.json``, SIGKILL the processes ``pick`` returns, then call ``after``."""
     while not stop.is_set():
@@ -162,6 +178,7 @@ def dropouts_and_resume(work: Path, rounds: int = 2, replay: bool = False) -> di
             (ref / "release-cache" / n).read_bytes() == (crashed / "release-cache" / n).read_bytes()
             for n in caches),
         "canaries_leaked": _leaks(work / "capture", ref, crashed),
+        "reply_metrics": reply_metric_names(work / "capture"),
         "captured_messages": len(list((work / "capture").iterdir())),
     }
 

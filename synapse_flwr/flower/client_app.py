@@ -206,6 +206,19 @@ def org_release(
     return artifact, state, released
 
 
+def reply_metrics(payload: bytes, wire: bytes, artifact: Artifact) -> MetricRecord:
+    """What a reply reports beside its artifact: functions of the release and the run config alone.
+
+    No count of the organisation's records (its events, those released this
+    round, its misrouted replays) goes to the server: each moves by one with
+    one record and none is noised, so any of them would undo the release's
+    guarantee. The artifact's noised counts say what the federation may know.
+    """
+    epsilon = artifact.privacy.epsilon
+    return MetricRecord({"bytes-sent": len(payload), "bytes-full": len(wire),
+                         "epsilon": epsilon if epsilon is not None else -1.0})
+
+
 def reply_payload(cfg: RunConfig, org: str, wire: bytes, held: str | None, sent_path: Path) -> tuple[str, bytes]:
     """The reply's record key and bytes: a delta against what this org sent last, when the server holds it.
 
@@ -298,18 +311,10 @@ def train(msg: Message, context: Context) -> Message:
     wire = encode(artifact)
     key, payload = reply_payload(cfg, data.org, wire, msg.content["config"].get(DELTA_BASE),
                                  path.with_name(f"{data.org}.sent.json"))
-    log.info("%s round %d: %d events, %d released now -> %d bytes as %s (global in: %d tools)", data.org,
-             server_round, len(data.events), released, len(payload), key, len(getattr(incoming, "tools", [])))
-    metrics = MetricRecord(
-        {
-            "events": len(data.events),
-            "released": released,
-            "bytes-sent": len(payload),
-            "bytes-full": len(wire),
-            "epsilon": artifact.privacy.epsilon if artifact.privacy.epsilon is not None else -1.0,
-            "replayed": len(replayed),  # replay keeps only misroutes: this is their count
-        }
-    )
-    content = RecordDict({key: to_record(payload), "metrics": metrics})
+    # the counts stay in this org's own log: replay keeps only misroutes, so "replayed" counts those
+    log.info("%s round %d: %d events, %d released now, %d replayed -> %d bytes as %s (global in: %d tools)",
+             data.org, server_round, len(data.events), released, len(replayed), len(payload), key,
+             len(getattr(incoming, "tools", [])))
+    content = RecordDict({key: to_record(payload), "metrics": reply_metrics(payload, wire, artifact)})
     signer = signer_for(cfg, data.org, context.node_config)  # signing: over the artifact, org and round
     return Message(content=attach_signature(content, signer, ARTIFACT, server_round, wire), reply_to=msg)
