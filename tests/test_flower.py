@@ -412,3 +412,23 @@ def test_the_capture_mod_keeps_what_a_client_sends_only_where_the_run_config_ask
     assert error.read_text() == flower_error_reason(RuntimeError("no experience"))
     with pytest.raises(RunConfigError, match="capture-dri"):  # a misspelt key is named, not ignored
         capture_mod(msg, context({"capture-dri": str(tmp_path)}), lambda m, c: m)
+
+
+def test_a_client_that_cannot_load_its_experience_tells_the_server_where_never_what(tmp_path):
+    from synapse_flwr.core.catalog import ToolDoc, make_catalog
+    from synapse_flwr.core.errors import InputError
+    from synapse_flwr.core.experience import load_experience
+    from synapse_flwr.flower.client_app import load_failure_reason
+
+    log = tmp_path / "secret_org.jsonl"
+    log.write_text('{"query": "weather in rome", "tool": "get_weather", "success": true}\n'
+                   '{"query": "wire 5000 to account 1234 for my divorce lawyer", "tool": "internal_payroll_tool", '
+                   '"success": true}\n')
+    catalog = make_catalog([ToolDoc("get_weather", "get_weather", "Weather.")])
+    with pytest.raises(InputError) as caught:
+        load_experience(log, catalog)
+    assert "internal_payroll_tool" in str(caught.value)  # the org's own log names it
+    reason = load_failure_reason(caught.value)
+    assert reason.startswith("invalid local experience data (line 2, field 'tool'")
+    for private in ("internal_payroll_tool", "divorce", "secret_org", str(tmp_path)):
+        assert private not in reason

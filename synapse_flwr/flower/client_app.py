@@ -268,6 +268,19 @@ def decoded_global(wire: bytes) -> Artifact:
     return decode(wire)
 
 
+def load_failure_reason(exc: InputError | DataError) -> str:
+    """What the server is told when this org's experience cannot be loaded: where, never what.
+
+    The message stays in the organisation's log: it may quote a record's
+    value (a query, a tool name outside the public catalog) or a file path,
+    none of which is released under DP.
+    """
+    first = exc.report.problems[0] if isinstance(exc, DataError) else exc
+    where = f"line {int(first.line)}" if first.line is not None else "the file"
+    field = f", field {first.field!r}" if first.field else ""
+    return f"invalid local experience data ({where}{field}; the organisation's log says what is wrong)"
+
+
 @functools.cache
 def _loaded_embedder(name: str) -> Embedder:
     # one model load per client process, not one per round
@@ -287,11 +300,8 @@ def train(msg: Message, context: Context) -> Message:
     try:
         data = org_data(context, cfg)
     except (InputError, DataError) as exc:
-        # The reason travels to the server: keep the org's file paths out of it.
         log.error("cannot load this org's experience: %s", exc)
-        first = exc.report.problems[0] if isinstance(exc, DataError) else exc
-        where = f"line {first.line}" if first.line is not None else "file"
-        raise RuntimeError(f"invalid local experience data ({where}): {first.message}") from None
+        raise RuntimeError(load_failure_reason(exc)) from None
     embedder = federation_embedder(cfg)
     path = cache_path(cfg, context, data.org)
     state = load_state(path, fingerprint(cfg, data.org, data.catalog))
