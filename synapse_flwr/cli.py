@@ -224,12 +224,13 @@ def vote(
     check_output(output, [experience, catalog, artifact, global_])
     own, merged = (_load_artifact(path) for path in (artifact, global_))
     reason = vote_refusal(own, merged)
-    try:
-        if reason:
-            raise ValueError(reason)
-        sd, epsilon = artifact_vote_noise(own.privacy)
-    except ValueError as exc:
-        raise SynapseError(f"{artifact} cannot vote against {global_}: {exc}") from None
+    if reason is None:
+        try:
+            sd, epsilon = artifact_vote_noise(own.privacy)
+        except ValueError as exc:
+            reason = str(exc)
+    if reason:
+        raise SynapseError(f"{artifact} cannot vote against {global_}: {reason}")
     cat = load_catalog(catalog)
     events = load_experience(experience, cat)
     emb = get_embedder(embedder)
