@@ -217,7 +217,7 @@ def vote(
     from synapse_flwr.core.prototypes import space_mismatch
     from synapse_flwr.core.release import add_votes, cast_votes, vote_refusal
     from synapse_flwr.core.schema import Compendium
-    from synapse_flwr.core.votes import chosen_setting
+    from synapse_flwr.core.votes import SETTINGS, chosen_setting
     from synapse_flwr.core.wire import save_artifact
 
     check_space(embedder)
@@ -237,6 +237,8 @@ def vote(
     if mismatch := space_mismatch(merged.embedding, emb):
         raise SynapseError(f"--embedder {embedder}: {mismatch}")
     rng = np.random.default_rng(derive_seed(_noise_seed(seed, epsilon or math.inf), own.issuer.org, "votes"))
+    log.info("routing %d records against %s, each left out of it, under %d settings", len(events), global_,
+             len(SETTINGS))
     cast = cast_votes(events, cat, merged, emb, sd, rng)
     if cast is None:
         raise SynapseError(f"{experience} holds no record with a catalog tool to vote with")
