@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
+import pytest
+
 from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.catalog import ToolDoc, make_catalog
 from synapse_flwr.core.experience import Event
@@ -148,3 +150,23 @@ def test_an_org_s_noise_is_secret_unless_the_run_asks_for_seeded_noise():
 
     assert release("secret") != release("secret")
     assert release("seeded") == release("seeded")
+
+
+def test_a_cache_the_organisation_pinned_is_its_ledger_and_another_run_cannot_replace_it(tmp_path, caplog):
+    # the operator sets the run config: changing a setting (here the seed) would start "another run" and
+    # release every record again; an org that pinned its cache in its node config refuses that
+    data = OrgData("acme", CATALOG, _events(20))
+    path = tmp_path / "acme.json"
+    first = RunConfig.from_mapping({"epsilon": 4.0, "embedder": "none", "seed": 1})
+    _, state, _ = org_release(data, first, load_state(path, fingerprint(first, "acme", CATALOG), pinned=True), 1,
+                              [], None)
+    path.write_text(state.model_dump_json())
+    other = fingerprint(RunConfig.from_mapping({"epsilon": 4.0, "embedder": "none", "seed": 2}), "acme", CATALOG)
+    with pytest.raises(RuntimeError, match="does not release its records again"):
+        load_state(path, other, pinned=True)
+    assert "move the cache away to allow it" in caplog.text
+    assert load_state(path, other).windows == 0  # unpinned, the run's settings decide
+    assert load_state(path, fingerprint(first, "acme", CATALOG), pinned=True) == state
+    path.write_text("{not json")
+    with pytest.raises(RuntimeError, match="pinned release cache"):
+        load_state(path, other, pinned=True)

@@ -127,19 +127,38 @@ def cache_path(cfg: RunConfig, context: Context, org: str) -> Path:
     return Path(folder or Path(cfg.output_dir) / "release-cache") / f"{org}.json"
 
 
-def load_state(path: Path, fingerprint_: str) -> ReleaseState:
-    """The cached releases, or a fresh state when there is none for these settings."""
+def load_state(path: Path, fingerprint_: str, pinned: bool = False) -> ReleaseState:
+    """The cached releases, or a fresh state when there is none for these settings.
+
+    ``pinned``: the organisation chose the cache's place (node config
+    ``release-cache``), so the cache is its ledger across runs. A pinned cache
+    made under other settings, or unreadable, is then refused rather than
+    replaced: another run would release the same records again, and only the
+    organisation may allow that (by moving the cache). Unpinned, the run's
+    settings decide and a fresh state starts.
+
+    Raises
+    ------
+    RuntimeError
+        For a pinned cache that is unreadable or made under other settings.
+    """
     try:
         state = ReleaseState.model_validate_json(path.read_bytes())
     except FileNotFoundError:
         return ReleaseState(fingerprint=fingerprint_)
     except ValueError as exc:
-        log.warning("release cache %s is unreadable (%s); starting a new one", path, exc)
-        return ReleaseState(fingerprint=fingerprint_)
-    if state.fingerprint != fingerprint_:
-        log.warning("release cache %s was made under other settings; starting a new one", path)
-        return ReleaseState(fingerprint=fingerprint_)
-    return state
+        problem = f"release cache {path} is unreadable ({exc})"
+    else:
+        if state.fingerprint == fingerprint_:
+            return state
+        problem = f"release cache {path} was made under other settings (another run)"
+    if pinned:
+        log.error("%s; releasing this organisation's records again would spend their budget again: move the "
+                  "cache away to allow it", problem)
+        raise RuntimeError("this organisation's pinned release cache holds releases made under other settings "
+                           "or is unreadable: it does not release its records again (see its log)")
+    log.warning("%s; starting a new one", problem)
+    return ReleaseState(fingerprint=fingerprint_)
 
 
 def noise_seed(cfg: RunConfig) -> int:
@@ -304,7 +323,7 @@ def train(msg: Message, context: Context) -> Message:
         raise RuntimeError(load_failure_reason(exc)) from None
     embedder = federation_embedder(cfg)
     path = cache_path(cfg, context, data.org)
-    state = load_state(path, fingerprint(cfg, data.org, data.catalog))
+    state = load_state(path, fingerprint(cfg, data.org, data.catalog), pinned=bool(context.node_config.get("release-cache")))
     replayed: list[Event] = []
     # a typed global has tools, a flat-majority one texts; round 1's global has neither
     if cfg.replay and (getattr(incoming, "tools", None) or getattr(incoming, "texts", None)):
