@@ -8,6 +8,7 @@ under ``tmp_path`` and free ports, and checks that none of them outlives it.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import random
@@ -32,7 +33,7 @@ from synapse_flwr.core.signing import (
 from synapse_flwr.core.wire import load_artifact
 from synapse_flwr.data.federation import demo_dir
 from synapse_flwr.flower import launch
-from synapse_flwr.flower.config import RunConfigError
+from synapse_flwr.flower.config import RunConfig, RunConfigError
 from synapse_flwr.flower.deploy import (
     DeploymentConfig,
     NodeSpec,
@@ -432,3 +433,23 @@ def test_a_client_that_cannot_load_its_experience_tells_the_server_where_never_w
     assert reason.startswith("invalid local experience data (line 2, field 'tool'")
     for private in ("internal_payroll_tool", "divorce", "secret_org", str(tmp_path)):
         assert private not in reason
+
+
+def test_an_unexpected_client_failure_reaches_the_server_as_its_type_only(caplog):
+    from synapse_flwr.flower.client_app import ReasonForServer, server_safe
+
+    def leaks(msg, context):
+        raise KeyError("wire 5000 to account 1234 for my divorce lawyer")
+
+    with caplog.at_level(logging.ERROR), pytest.raises(ReasonForServer) as caught:
+        server_safe(leaks)(None, None)
+    assert str(caught.value) == "the ClientApp failed (KeyError); the organisation's log has the details"
+    assert "divorce lawyer" in caplog.text  # the organisation's own log keeps it
+
+    def refused(msg, context):
+        raise ReasonForServer("global rejected: bad signature")
+
+    with pytest.raises(ReasonForServer, match="^global rejected: bad signature$"):
+        server_safe(refused)(None, None)
+    with pytest.raises(RunConfigError, match="capture-dri"):  # the operator's own settings are named
+        server_safe(lambda m, c: RunConfig.from_mapping({"capture-dri": "x"}))(None, None)

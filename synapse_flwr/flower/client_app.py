@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,11 +51,11 @@ from synapse_flwr.core.router import Router
 from synapse_flwr.core.schema import SCHEMA_VERSION, Compendium
 from synapse_flwr.core.signing import ARTIFACT, GLOBAL
 from synapse_flwr.core.votes import VOTE_SHARE
-from synapse_flwr.core.wire import Artifact, decode, encode, unwrap
+from synapse_flwr.core.wire import Artifact, ArtifactError, decode, encode, unwrap
 from synapse_flwr.data.check import DataError
 from synapse_flwr.data.federation import load_dataset, load_partition
 from synapse_flwr.flower.capture import capture_mod
-from synapse_flwr.flower.config import RunConfig
+from synapse_flwr.flower.config import RunConfig, RunConfigError
 from synapse_flwr.flower.keys import registry_for, signer_for
 from synapse_flwr.strategies.base import DELTA_BASE, DELTA_KEY
 from synapse_flwr.strategies.records import (
@@ -155,7 +156,7 @@ def load_state(path: Path, fingerprint_: str, pinned: bool = False) -> ReleaseSt
     if pinned:
         log.error("%s; releasing this organisation's records again would spend their budget again: move the "
                   "cache away to allow it", problem)
-        raise RuntimeError("this organisation's pinned release cache holds releases made under other settings "
+        raise ReasonForServer("this organisation's pinned release cache holds releases made under other settings "
                            "or is unreadable: it does not release its records again (see its log)")
     log.warning("%s; starting a new one", problem)
     return ReleaseState(fingerprint=fingerprint_)
@@ -306,7 +307,36 @@ def _loaded_embedder(name: str) -> Embedder:
     return get_embedder(name)
 
 
+class ReasonForServer(RuntimeError):
+    """A failure whose message may go to the server: it quotes no record, value or local path."""
+
+
+def server_safe(handler: Callable[[Message, Context], Message]) -> Callable[[Message, Context], Message]:
+    """``handler`` whose failures tell the server only what is safe to tell it.
+
+    Flower sends a failed ClientApp's exception message to the server. A
+    :class:`ReasonForServer`, a run-config error (the operator's own values)
+    and an invalid global (the server's own bytes) pass unchanged; any other
+    exception may quote private data (a query in a ``KeyError``, a value in a
+    validation error), so the server gets its type and the organisation's
+    log keeps the rest.
+    """
+    @functools.wraps(handler)
+    def guarded(msg: Message, context: Context) -> Message:
+        try:
+            return handler(msg, context)
+        except (ReasonForServer, RunConfigError, ArtifactError):
+            raise
+        except Exception as exc:
+            log.exception("this organisation's round failed")
+            raise ReasonForServer(f"the ClientApp failed ({type(exc).__name__}); the organisation's log "
+                                  "has the details") from None
+
+    return guarded
+
+
 @app.train()
+@server_safe
 def train(msg: Message, context: Context) -> Message:
     """Validate the global, release this org's new experience, reply with its compendium (or a delta)."""
     cfg = RunConfig.from_mapping(context.run_config)
@@ -314,13 +344,13 @@ def train(msg: Message, context: Context) -> Message:
     # signing: a global whose server signature does not verify is never used
     if problem := signature_problem(msg.content, registry_for(cfg, context.node_config), GLOBAL, server_round,
                                     from_record(msg.content["arrays"])):
-        raise RuntimeError(f"global rejected: {problem}")
+        raise ReasonForServer(f"global rejected: {problem}")
     incoming = decoded_global(from_record(msg.content["arrays"]))  # raises on an invalid global
     try:
         data = org_data(context, cfg)
     except (InputError, DataError) as exc:
         log.error("cannot load this org's experience: %s", exc)
-        raise RuntimeError(load_failure_reason(exc)) from None
+        raise ReasonForServer(load_failure_reason(exc)) from None
     embedder = federation_embedder(cfg)
     path = cache_path(cfg, context, data.org)
     state = load_state(path, fingerprint(cfg, data.org, data.catalog), pinned=bool(context.node_config.get("release-cache")))
@@ -336,7 +366,7 @@ def train(msg: Message, context: Context) -> Message:
     if new_state is not state:
         write_atomic(path, new_state.model_dump_json())  # before replying: a restart never re-releases
     if cfg.fail_round == server_round and data.org in cfg.fail_orgs.split(","):
-        raise RuntimeError(f"fault injection: org {data.org} fails in round {server_round} (run config fail-orgs)")
+        raise ReasonForServer(f"fault injection: org {data.org} fails in round {server_round} (run config fail-orgs)")
     wire = encode(artifact)
     key, payload = reply_payload(cfg, data.org, wire, msg.content["config"].get(DELTA_BASE),
                                  path.with_name(f"{data.org}.sent.json"))
