@@ -153,15 +153,15 @@ def test_an_org_s_noise_is_secret_unless_the_run_asks_for_seeded_noise():
 
 
 def test_a_cache_the_organisation_pinned_is_its_ledger_and_another_run_cannot_replace_it(tmp_path, caplog):
-    # the operator sets the run config: changing a setting (here the seed) would start "another run" and
+    # the operator sets the run config: changing a setting (here the budget) would start "another run" and
     # release every record again; an org that pinned its cache in its node config refuses that
     data = OrgData("acme", CATALOG, _events(20))
     path = tmp_path / "acme.json"
-    first = RunConfig.from_mapping({"epsilon": 4.0, "embedder": "none", "seed": 1})
+    first = RunConfig.from_mapping({"epsilon": 4.0, "embedder": "none"})
     _, state, _ = org_release(data, first, load_state(path, fingerprint(first, "acme", CATALOG), pinned=True), 1,
                               [], None)
     path.write_text(state.model_dump_json())
-    other = fingerprint(RunConfig.from_mapping({"epsilon": 4.0, "embedder": "none", "seed": 2}), "acme", CATALOG)
+    other = fingerprint(RunConfig.from_mapping({"epsilon": 2.0, "embedder": "none"}), "acme", CATALOG)
     with pytest.raises(RuntimeError, match="does not release its records again"):
         load_state(path, other, pinned=True)
     assert "move the cache away to allow it" in caplog.text
@@ -170,3 +170,14 @@ def test_a_cache_the_organisation_pinned_is_its_ledger_and_another_run_cannot_re
     path.write_text("{not json")
     with pytest.raises(RuntimeError, match="pinned release cache"):
         load_state(path, other, pinned=True)
+
+
+def test_on_its_own_data_an_org_s_cache_ignores_the_split_settings_the_operator_may_change():
+    def fp(own_data: bool, **changes) -> str:
+        cfg = RunConfig.from_mapping({"epsilon": 4.0, "seed": 1, "alpha": 0.5, "dataset": "demo", **changes})
+        return fingerprint(cfg, "acme", CATALOG, own_data=own_data)
+
+    split = ({"seed": 2}, {"alpha": 0.1}, {"dataset": "metatool"}, {"inject": 0.2})
+    assert all(fp(True, **c) == fp(True) for c in split)  # they shape no record of a node's own log
+    assert all(fp(False, **c) != fp(False) for c in split)  # in simulation they are the records' split
+    assert fp(True, epsilon=2.0) != fp(True)  # the budget is always one of the settings

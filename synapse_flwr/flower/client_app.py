@@ -106,7 +106,7 @@ def org_data(context: Context, cfg: RunConfig) -> OrgData:
     return OrgData(org, ds.catalog, ds.orgs[org])
 
 
-def fingerprint(cfg: RunConfig, org: str, catalog: Catalog) -> str:
+def fingerprint(cfg: RunConfig, org: str, catalog: Catalog, own_data: bool = False) -> str:
     """The settings a release cache belongs to: a cache made under others is not reused.
 
     ``num-rounds`` is one of them only with replay on, the one case where it sets
@@ -114,11 +114,15 @@ def fingerprint(cfg: RunConfig, org: str, catalog: Catalog) -> str:
     once whatever the rounds, so a run resumed with more rounds keeps its cache
     and releases only what is new, instead of releasing every record again.
     Nor is the budget share kept for fusion votes (which needs 2+ rounds):
-    records released without it are marked and never vote.
+    records released without it are marked and never vote. With ``own_data``
+    (the node's own ``data-path``, a deployment) the split's settings
+    (``dataset``, ``seed``, ``alpha``, ``inject``) shape no record, so they are
+    left out too: an operator who changes them does not make another run.
     """
     rounds = cfg.num_rounds if cfg.replay else None
-    parts = [org, cfg.dataset, cfg.seed, cfg.epsilon, cfg.delta, rounds, cfg.replay, cfg.embedder,
-             cfg.alpha, cfg.inject, repr(BuildConfig()), SCHEMA_VERSION, *catalog.ids]
+    split = [] if own_data else [cfg.dataset, cfg.seed, cfg.alpha, cfg.inject]
+    parts = [org, *split, cfg.epsilon, cfg.delta, rounds, cfg.replay, cfg.embedder,
+             repr(BuildConfig()), SCHEMA_VERSION, *catalog.ids]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
 
 
@@ -353,7 +357,9 @@ def train(msg: Message, context: Context) -> Message:
         raise ReasonForServer(load_failure_reason(exc)) from None
     embedder = federation_embedder(cfg)
     path = cache_path(cfg, context, data.org)
-    state = load_state(path, fingerprint(cfg, data.org, data.catalog), pinned=bool(context.node_config.get("release-cache")))
+    nc = context.node_config
+    state = load_state(path, fingerprint(cfg, data.org, data.catalog, own_data="data-path" in nc),
+                       pinned=bool(nc.get("release-cache")))
     replayed: list[Event] = []
     # a typed global has tools, a flat-majority one texts; round 1's global has neither
     if cfg.replay and (getattr(incoming, "tools", None) or getattr(incoming, "texts", None)):
