@@ -480,9 +480,20 @@ def vote_noise(epsilon: float, delta: float, rounds: int, releases: int, config:
     """
     if not math.isfinite(epsilon):
         return 0.0, None
-    weight = config.prototype_weight if embedder is not None else 0.0
-    params = config.resolved(True, embedder is not None).privacy_params(epsilon, delta, rounds, weight)
-    cal = calibrate(params)
+    params, cal = _private_calibration(config, epsilon, delta, rounds, embedder is not None)
+    return _vote_noise_after(params, cal, releases)
+
+
+def _private_calibration(config: BuildConfig, epsilon: float, delta: float, rounds: int,
+                         prototypes: bool) -> tuple[PrivacyParams, Calibration]:
+    """The budget and calibration of a private :func:`build_compendium` (``prototypes``: it releases some)."""
+    weight = config.prototype_weight if prototypes else 0.0
+    params = config.resolved(True, prototypes).privacy_params(epsilon, delta, rounds, weight)
+    return params, calibrate(params)
+
+
+def _vote_noise_after(params: PrivacyParams, cal: Calibration, releases: int) -> tuple[float, float]:
+    """The vote sums' noise SD, and the epsilon of ``releases`` releases with the vote."""
     return cal.vote_multiplier * vote_sensitivity(), epsilon_spent(params, cal, releases, voted=True)
 
 
@@ -512,11 +523,8 @@ def artifact_vote_noise(privacy: PrivacyBlock) -> tuple[float, float | None]:
     if privacy.vote_share <= 0:
         raise ValueError("it was built without a share of its budget kept for a vote (build --no-votes): "
                          "its records cannot vote")
-    config = BuildConfig(vote_share=privacy.vote_share)
-    prototypes = privacy.prototype_weight > 0
-    params = config.resolved(True, prototypes).privacy_params(
-        privacy.epsilon_target, privacy.delta, privacy.rounds_planned, privacy.prototype_weight)
-    cal = calibrate(params)
+    params, cal = _private_calibration(BuildConfig(vote_share=privacy.vote_share), privacy.epsilon_target,
+                                       privacy.delta, privacy.rounds_planned, privacy.prototype_weight > 0)
     if not math.isclose(cal.sigma, privacy.sigma, rel_tol=1e-5):
         raise ValueError(f"its noise (sigma {privacy.sigma:g}) is not what the default build gives for its budget "
                          f"({cal.sigma:g}): it was built under other settings, whose vote noise is not known")
@@ -524,7 +532,7 @@ def artifact_vote_noise(privacy: PrivacyBlock) -> tuple[float, float | None]:
                 if math.isclose(epsilon_spent(params, cal, r), privacy.epsilon or 0.0, abs_tol=1e-5)]
     if not releases:
         raise ValueError(f"its spent epsilon {privacy.epsilon} matches no number of releases of its budget")
-    return cal.vote_multiplier * vote_sensitivity(), epsilon_spent(params, cal, releases[0], voted=True)
+    return _vote_noise_after(params, cal, releases[0])
 
 
 def derive_seed(*parts: object) -> int:
