@@ -226,6 +226,7 @@ def killed_supernode(work: Path, rounds: int = 2, round_timeout: float = 90.0, o
         "merged_into_final": _merged_orgs(out, rounds),
         "canaries_leaked": _leaks(work / "capture", out),
         "captured_messages": len(list((work / "capture").iterdir())),
+        "reply_metrics": reply_metric_names(work / "capture"),
     }
 
 
@@ -250,6 +251,8 @@ def table(res: dict) -> str:
         ("canaries planted (per org) / leaked (files)", f"{len(CANARIES)} / "
          f"{len(d['canaries_leaked']) + len(k['canaries_leaked'])}"),
         ("client messages searched (simulations / deployment)", f"{d['captured_messages']} / {k['captured_messages']}"),
+        ("metrics a reply reports beside its artifact (simulations / deployment)",
+         f"{', '.join(d['reply_metrics'])} / {', '.join(k['reply_metrics'])}"),
     ]
     return "\n".join(["| check | outcome |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)]) + "\n"
 
