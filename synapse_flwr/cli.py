@@ -37,6 +37,11 @@ NoiseSeedOption = Annotated[int | None, typer.Option(
 OutOption = Annotated[
     Path, typer.Option("--output", "-o", help="Output file (written atomically; '.gz' compresses).")
 ]
+ReleaseCacheOption = Annotated[Path | None, typer.Option(
+    help="This organisation's release cache: a JSON file on its own disk, never sent, that records which "
+         "records were released (and voted). With it each record is released once across builds: a later build "
+         "of a grown log releases only the new records and re-sends the rest at no further cost. A cache made "
+         "under other settings (org, epsilon, delta, rounds, embedder, catalog) is refused, not replaced.")]
 
 
 def check_output(output: Path, inputs: list[Path]) -> None:
@@ -122,12 +127,18 @@ def build(
         bool, typer.Option(help="Keep a share of each record's budget for its fusion vote, cast later with "
                            "`synapse vote` against the merged global (without it, the records cannot vote).")
     ] = True,
+    release_cache: ReleaseCacheOption = None,
 ) -> None:
-    """Build this organisation's privatised typed compendium from its experience."""
+    """Build this organisation's privatised typed compendium from its experience.
+
+    Without --release-cache every build releases every record of the log
+    again, with fresh noise: two builds of one log spend the budget twice.
+    """
     from synapse_flwr.core.builder import BuildConfig, build_compendium
     from synapse_flwr.core.catalog import load_catalog
     from synapse_flwr.core.embed import get_embedder
     from synapse_flwr.core.experience import load_experience
+    from synapse_flwr.core.schema import Compendium
     from synapse_flwr.core.votes import VOTE_SHARE
     from synapse_flwr.core.wire import content_hash, encode, save_artifact
 
@@ -137,6 +148,11 @@ def build(
     check_org(org)
     check_space(embedder)
     check_output(output, [experience, catalog])
+    if release_cache is not None:
+        _check_cache(release_cache, [output, experience, catalog])
+        if releases != 1:
+            raise SynapseError("--releases counts a record's releases by hand; --release-cache counts them itself "
+                               "(each record once): leave --releases at 1")
     t0 = time.perf_counter()
     cat = load_catalog(catalog)
     events = load_experience(experience, cat)
@@ -147,11 +163,15 @@ def build(
     try:
         config = BuildConfig(rewrite=scenario_rewriter(summarise_model) if summarise_model else None,
                              vote_share=VOTE_SHARE if votes and embedder != "none" else 0.0)
-        comp = build_compendium(
-            events, cat, org, round_=round_, epsilon=epsilon, delta=delta, rounds=rounds, releases=releases,
-            seed=_noise_seed(seed, epsilon), config=config,
-            embedder=None if embedder == "none" else get_embedder(embedder),
-        )
+        space, noise = None if embedder == "none" else get_embedder(embedder), _noise_seed(seed, epsilon)
+
+        def make(window: list) -> Compendium:
+            return build_compendium(window, cat, org, round_=round_, epsilon=epsilon, delta=delta, rounds=rounds,
+                                    releases=releases, seed=noise, config=config, embedder=space)
+
+        comp = make(events) if release_cache is None else _release_once(
+            release_cache, events, cat, org, [epsilon, delta, rounds, embedder], make, round_,
+            math.isfinite(epsilon) and not config.vote_share)
     except ValueError as exc:
         raise SynapseError(str(exc)) from None
     save_artifact(output, comp)
@@ -169,6 +189,41 @@ def build(
         time.perf_counter() - t0,
     )
     _log_prototypes_read(comp)
+
+
+def _check_cache(cache: Path, files: list[Path]) -> None:
+    """Refuse, before any work, a release cache that is a folder or one of the command's other files."""
+    if cache.is_dir():
+        raise SynapseError(f"--release-cache {cache} is a folder; name the organisation's cache file")
+    if any(p.resolve() == cache.resolve() for p in files):
+        raise SynapseError(f"--release-cache {cache} is one of the command's other files; give the cache its own")
+
+
+def _release_once(cache: Path, events: list, catalog, org: str, settings: list, make, round_: int,
+                  drop_votes: bool):
+    """The artifact to write: the cache's release plus a window of the records it has not released.
+
+    The cache is saved first, holding the artifact as written: a failure after
+    it leaves records marked released whose release the next build re-sends,
+    never records released twice.
+    """
+    from synapse_flwr.core.release import (
+        load_release_state,
+        record_keys,
+        release_round,
+        save_release_state,
+        settings_fingerprint,
+        without_votes,
+    )
+
+    state = load_release_state(cache, settings_fingerprint(org, ["cli", *settings], catalog), pinned=True)
+    comp, new, released = release_round(list(zip(record_keys(events), events)), state, make, round_)
+    if drop_votes:
+        new = without_votes(state, new)
+    save_release_state(cache, new.model_copy(update={"artifact": comp}))
+    log.info("%s: %d records released now; %d released before, re-sent at no further cost", cache, released,
+             len(state.released))
+    return comp
 
 
 def _log_prototypes_read(comp) -> None:
@@ -196,6 +251,10 @@ def vote(
     embedder: Annotated[str, typer.Option(help="Embedder of the global's prototype space "
                                           "(the one --artifact was built with).")] = "minilm",
     seed: NoiseSeedOption = None,
+    release_cache: Annotated[Path | None, typer.Option(
+        help="The release cache --artifact was built with (`build --release-cache`): then only its records "
+             "that were released and have not voted vote, and the cache records their votes, so that the next "
+             "build re-sends them. Without it, an artifact votes once.")] = None,
 ) -> None:
     """Cast this organisation's fusion votes: how much a router of the global should trust experience.
 
@@ -215,24 +274,35 @@ def vote(
     from synapse_flwr.core.embed import get_embedder
     from synapse_flwr.core.experience import load_experience
     from synapse_flwr.core.prototypes import space_mismatch
-    from synapse_flwr.core.release import add_votes, cast_votes, vote_refusal
-    from synapse_flwr.core.schema import Compendium
+    from synapse_flwr.core.release import (
+        cast_votes,
+        may_vote,
+        record_keys,
+        vote_refusal,
+    )
     from synapse_flwr.core.votes import SETTINGS, chosen_setting
-    from synapse_flwr.core.wire import save_artifact
 
     check_space(embedder)
     check_output(output, [experience, catalog, artifact, global_])
+    if release_cache is not None:
+        _check_cache(release_cache, [output, experience, catalog, artifact, global_])
     own, merged = (_load_artifact(path) for path in (artifact, global_))
-    reason = vote_refusal(own, merged)
+    state = None if release_cache is None else _cached_release(release_cache, own, artifact)
+    reason = vote_refusal(own, merged, counted=state is not None)
     if reason is None:
-        try:
-            sd, epsilon = artifact_vote_noise(own.privacy)
+        try:  # a cache's records were released once each
+            sd, epsilon = artifact_vote_noise(own.privacy, None if state is None else 1)
         except ValueError as exc:
             reason = str(exc)
     if reason:
         raise SynapseError(f"{artifact} cannot vote against {global_}: {reason}")
     cat = load_catalog(catalog)
     events = load_experience(experience, cat)
+    keys = record_keys(events)
+    if state is not None:
+        waiting = may_vote(state, keys)
+        events, keys = [e for e, ok in zip(events, waiting) if ok], [k for k, ok in zip(keys, waiting) if ok]
+        log.info("%s: %d records of %s released and not voted yet", release_cache, len(keys), experience)
     emb = get_embedder(embedder)
     if mismatch := space_mismatch(merged.embedding, emb):
         raise SynapseError(f"--embedder {embedder}: {mismatch}")
@@ -241,17 +311,47 @@ def vote(
              len(SETTINGS))
     cast = cast_votes(events, cat, merged, emb, sd, rng)
     if cast is None:
-        raise SynapseError(f"{experience} holds no record with a catalog tool to vote with")
+        raise SynapseError(f"{experience} holds no record with a catalog tool "
+                           f"{'that was released and has not voted ' if state else ''}to vote with")
+    _save_votes(output, own, state, release_cache, cast, list(keys), epsilon, experience, artifact)
+    log.info("wrote %s: %.0f records voted (noise SD %.1f), %s; alone, these votes favour %s. "
+             "Merge every organisation's voted artifact into the next global.", output, cast.records, cast.sd,
+             "privacy off" if epsilon is None else f"epsilon spent {epsilon:.3f} of {own.privacy.epsilon_target:g}",
+             _setting_words(chosen_setting(cast)))
+
+
+def _cached_release(cache: Path, own, artifact: Path):
+    """The release cache ``--artifact`` came from; refused when missing, unreadable, or holding another release."""
+    from synapse_flwr.core.release import ReleaseState
+    from synapse_flwr.core.wire import content_hash
+
+    try:
+        state = ReleaseState.model_validate_json(cache.read_bytes())
+    except FileNotFoundError:
+        raise SynapseError(f"--release-cache {cache} does not exist: name the cache `build` wrote") from None
+    except ValueError as exc:
+        raise SynapseError(f"--release-cache {cache} is unreadable ({exc})") from None
+    if state.artifact is None or content_hash(state.artifact) != content_hash(own):
+        raise SynapseError(f"{artifact} is not the release {cache} holds: vote with the artifact the last build "
+                           "with this cache wrote")
+    return state
+
+
+def _save_votes(output: Path, own, state, cache: Path | None, cast, keys: list[str], epsilon: float | None,
+                experience: Path, artifact: Path) -> None:
+    """Write the voted artifact; with a cache, the cache first (its records' votes, the voted artifact)."""
+    from synapse_flwr.core.release import add_votes, save_release_state, with_votes
+    from synapse_flwr.core.schema import Compendium
+    from synapse_flwr.core.wire import save_artifact
+
     try:
         voted = Compendium.model_validate(add_votes(own, cast, epsilon).model_dump())
     except ValueError as exc:
         raise SynapseError(f"the votes do not fit {artifact} ({exc}): is {experience} the log it was built "
                            "from?") from None
+    if state is not None and cache is not None:
+        save_release_state(cache, with_votes(own, state, cast, keys, epsilon)[1].model_copy(update={"artifact": voted}))
     save_artifact(output, voted)
-    log.info("wrote %s: %.0f records voted (noise SD %.1f), %s; alone, these votes favour %s. "
-             "Merge every organisation's voted artifact into the next global.", output, cast.records, cast.sd,
-             "privacy off" if epsilon is None else f"epsilon spent {epsilon:.3f} of {own.privacy.epsilon_target:g}",
-             _setting_words(chosen_setting(cast)))
 
 
 def _setting_words(setting) -> str:

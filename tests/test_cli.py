@@ -708,6 +708,70 @@ def test_hand_merged_artifacts_vote_and_the_second_merge_carries_the_votes(data,
     assert not (tmp_path / "x.json").exists()  # a refusal writes nothing
 
 
+def test_a_release_cache_releases_each_record_once_across_builds_and_counts_each_vote(data, tmp_path, caplog):
+    from synapse_flwr.core.release import ReleaseState
+
+    lines = data["acme"].read_text().splitlines(keepends=True)
+    early = tmp_path / "early.jsonl"
+    early.write_text("".join(lines[:20]))
+    cache = tmp_path / "acme.cache.json"
+
+    def build(log: Path, out: str, *extra: str):
+        return invoke("build", "--experience", log, "--catalog", data["catalog"], "--org", "acme", "--embedder",
+                      "static", "--epsilon", "4", "--release-cache", cache, *extra, "-o", tmp_path / out)
+
+    def vote(artifact: str, merged: str, out: str, log: Path = data["acme"]):
+        return invoke("vote", "--experience", log, "--catalog", data["catalog"], "--artifact",
+                      tmp_path / artifact, "--global", tmp_path / merged, "--embedder", "static",
+                      "--release-cache", cache, "-o", tmp_path / out)
+
+    def merged(acme: str, out: str) -> None:
+        ok(invoke("build", "--experience", data["globex"], "--catalog", data["catalog"], "--org", "globex",
+                  "--embedder", "static", "--epsilon", "4", "-o", tmp_path / f"globex.{out}"))
+        ok(invoke("merge", tmp_path / acme, tmp_path / f"globex.{out}", "-o", tmp_path / out))
+
+    with caplog.at_level(logging.INFO, logger="synapse_flwr"):
+        ok(build(early, "a1.json"))
+        ok(build(early, "a2.json"))  # nothing new: the cached release, no fresh noise
+    assert "0 records released now; 20 released before" in caplog.text
+    a1, a2 = (load_artifact(tmp_path / f) for f in ("a1.json", "a2.json"))
+    assert a2.tools == a1.tools and a2.privacy == a1.privacy
+    ok(build(data["acme"], "a3.json"))  # the grown log: only its 10 new records are released
+    a3 = load_artifact(tmp_path / "a3.json")
+    assert a3.tools != a1.tools and a3.privacy.epsilon == a1.privacy.epsilon  # the per-record bound holds
+    assert len(ReleaseState.model_validate_json(cache.read_bytes()).released) == 30
+    # the cache is the organisation's ledger: other settings, counted releases or a clash are refused, nothing written
+    refused(build(data["acme"], "x.json", "--epsilon", "2"), "made under other settings")
+    refused(build(data["acme"], "x.json", "--releases", "2"), "counts them itself")
+    refused(invoke("build", "--experience", data["acme"], "--catalog", data["catalog"], "--org", "acme",
+                   "--release-cache", data["acme"], "-o", tmp_path / "x.json"), "one of the command's other files")
+    assert not (tmp_path / "x.json").exists()
+    # votes: each record once, counted by the cache, also across builds
+    merged("a3.json", "g1.json")
+    ok(vote("a3.json", "g1.json", "v1.json"))
+    v1 = load_artifact(tmp_path / "v1.json")
+    assert v1.privacy.epsilon == pytest.approx(4.0, abs=1e-5)
+    assert len(ReleaseState.model_validate_json(cache.read_bytes()).voted) == 30
+    refused(vote("a3.json", "g1.json", "x.json"), "is not the release")  # the cache holds the voted one now
+    merged("v1.json", "g2.json")
+    refused(vote("v1.json", "g2.json", "x.json"), "that was released and has not voted")
+    more = tmp_path / "more.jsonl"
+    more.write_text("".join(lines) + "".join(lines[:5]))  # five new records (repeats count as records of their own)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="synapse_flwr"):
+        ok(build(more, "a4.json"))
+        a4 = load_artifact(tmp_path / "a4.json")
+        assert a4.votes == v1.votes  # the earlier votes are re-sent with the release
+        merged("a4.json", "g3.json")
+        ok(vote("a4.json", "g3.json", "v4.json", more))
+    assert "5 records released now; 30 released before" in caplog.text
+    assert "5 records of" in caplog.text and "released and not voted yet" in caplog.text
+    v4 = load_artifact(tmp_path / "v4.json")
+    assert abs(v4.votes.records - v1.votes.records - 5) < 6 * v4.votes.sd  # the five new records only
+    assert v4.privacy.epsilon == pytest.approx(4.0, abs=1e-5)
+    assert not (tmp_path / "x.json").exists()
+
+
 def test_other_commands_refuse_their_mistakes_before_loading_anything(data, built):
     refused(invoke("inspect", built["global"], "--limit", "-1"), "--limit")
     refused(invoke("check-data", data["catalog"]), "is a file")

@@ -497,19 +497,23 @@ def _vote_noise_after(params: PrivacyParams, cal: Calibration, releases: int) ->
     return cal.vote_multiplier * vote_sensitivity(), epsilon_spent(params, cal, releases, voted=True)
 
 
-def artifact_vote_noise(privacy: PrivacyBlock) -> tuple[float, float | None]:
+def artifact_vote_noise(privacy: PrivacyBlock, releases: int | None = None) -> tuple[float, float | None]:
     """:func:`vote_noise` of an artifact built with the default :class:`BuildConfig` (``synapse build``).
 
     The budget, rounds, vote share and prototype weight are read from the
     artifact's privacy block. The calibration they give must be the block's
     own (else the artifact was built under other settings, whose vote noise
     cannot be known from it), and the releases made so far are those whose
-    epsilon is the block's.
+    epsilon is the block's, unless given.
 
     Parameters
     ----------
     privacy : PrivacyBlock
         The privacy block of the artifact whose records vote.
+    releases : int or None
+        Releases the voting records have taken part in, when known (a release
+        cache counts them: its artifact's block may hold the epsilon of
+        earlier records that voted already); None: read off the block's epsilon.
 
     Raises
     ------
@@ -528,11 +532,13 @@ def artifact_vote_noise(privacy: PrivacyBlock) -> tuple[float, float | None]:
     if not math.isclose(cal.sigma, privacy.sigma, rel_tol=1e-5):
         raise ValueError(f"its noise (sigma {privacy.sigma:g}) is not what the default build gives for its budget "
                          f"({cal.sigma:g}): it was built under other settings, whose vote noise is not known")
-    releases = [r for r in range(1, params.rounds + 1)
+    if releases is not None:
+        return _vote_noise_after(params, cal, releases)
+    matching = [r for r in range(1, params.rounds + 1)
                 if math.isclose(epsilon_spent(params, cal, r), privacy.epsilon or 0.0, abs_tol=1e-5)]
-    if not releases:
+    if not matching:
         raise ValueError(f"its spent epsilon {privacy.epsilon} matches no number of releases of its budget")
-    return _vote_noise_after(params, cal, releases[0])
+    return _vote_noise_after(params, cal, matching[0])
 
 
 def derive_seed(*parts: object) -> int:

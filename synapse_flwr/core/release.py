@@ -17,20 +17,28 @@ record, which the caller accounts for by calibrating for that many releases.
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from synapse_flwr.core.builder import BuildConfig
 from synapse_flwr.core.catalog import Catalog
 from synapse_flwr.core.embed import Embedder
+from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.experience import Event, event_label
+from synapse_flwr.core.files import write_atomic
 from synapse_flwr.core.merge import merge_typed
 from synapse_flwr.core.router import Router
-from synapse_flwr.core.schema import Compendium, FusionVotes, Issuer
+from synapse_flwr.core.schema import SCHEMA_VERSION, Compendium, FusionVotes, Issuer
 from synapse_flwr.core.votes import loo_correct, release_votes, sum_votes
 from synapse_flwr.core.wire import Artifact, content_hash
+
+log = logging.getLogger(__name__)
 
 
 class ReleaseState(BaseModel):
@@ -64,6 +72,69 @@ class ReleaseState(BaseModel):
     artifact: Compendium | None = None
     voted: list[str] = Field(default_factory=list)
     no_vote: list[str] = Field(default_factory=list)
+
+
+class ReleaseCacheError(SynapseError):
+    """A release cache that cannot be the organisation's ledger: unreadable, or made under other settings."""
+
+
+def settings_fingerprint(org: str, settings: Sequence[object], catalog: Catalog) -> str:
+    """The settings a release cache belongs to: ``org``, ``settings``, the builder, the schema and the catalog.
+
+    A cache made under other settings belongs to another run (its records
+    were released under another calibration, or into another space).
+    """
+    parts = [org, *settings, repr(BuildConfig()), SCHEMA_VERSION, *catalog.ids]
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
+
+
+def load_release_state(path: Path, fingerprint: str, pinned: bool = False) -> ReleaseState:
+    """The cached releases at ``path``, or a fresh state when there is none for these settings.
+
+    ``pinned``: the organisation chose the cache's place, so the cache is its
+    ledger across runs. A pinned cache made under other settings, or
+    unreadable, is then refused rather than replaced: another run would
+    release the same records again, and only the organisation may allow that
+    (by moving the cache). Unpinned, the run's settings decide and a fresh
+    state starts.
+
+    Raises
+    ------
+    ReleaseCacheError
+        For a pinned cache that is unreadable or made under other settings.
+    """
+    try:
+        state = ReleaseState.model_validate_json(path.read_bytes())
+    except FileNotFoundError:
+        return ReleaseState(fingerprint=fingerprint)
+    except ValueError as exc:
+        problem = f"release cache {path} is unreadable ({exc})"
+    else:
+        if state.fingerprint == fingerprint:
+            return state
+        problem = f"release cache {path} was made under other settings (another run)"
+    if pinned:
+        raise ReleaseCacheError(f"{problem}; releasing its records again would spend their budget again: move the "
+                                "cache away to allow it")
+    log.warning("%s; starting a new one", problem)
+    return ReleaseState(fingerprint=fingerprint)
+
+
+def save_release_state(path: Path, state: ReleaseState) -> None:
+    """Write the cache atomically (before the release leaves: a crash never makes a record go out twice)."""
+    write_atomic(path, state.model_dump_json())
+
+
+def without_votes(before: ReleaseState, after: ReleaseState) -> ReleaseState:
+    """``after`` with the records released since ``before`` marked as never voting (no vote share kept)."""
+    fresh = set(after.released) - set(before.released)
+    return after.model_copy(update={"no_vote": sorted(set(after.no_vote) | fresh)}) if fresh else after
+
+
+def may_vote(state: ReleaseState, keys: Sequence[str]) -> list[bool]:
+    """Per record key: released before and neither voted nor released without a vote share."""
+    done, skip = set(state.released), set(state.voted) | set(state.no_vote)
+    return [k in done and k not in skip for k in keys]
 
 
 def record_keys(events: Sequence[Event]) -> list[str]:
@@ -160,17 +231,20 @@ def add_votes(artifact: Compendium, votes: FusionVotes | None, epsilon: float | 
     return artifact.model_copy(update={"votes": sum_votes([artifact.votes, votes]), "privacy": privacy})
 
 
-def vote_refusal(own: Artifact, global_: Artifact) -> str | None:
+def vote_refusal(own: Artifact, global_: Artifact, counted: bool = False) -> str | None:
     """Why the records released in ``own`` cannot vote against ``global_``, or None when they can (never raises).
 
     They vote once, against a global that holds their release (leave-one-out
-    takes each record out of it) and carries prototypes to vote on.
+    takes each record out of it) and carries prototypes to vote on. Without a
+    record of who voted, "once" is per artifact: one that carries votes is
+    refused; ``counted``: a release cache counts each record's vote, so an
+    artifact with votes may take those of its records that have not voted.
     """
     if not isinstance(own, Compendium) or own.kind != "org":
         return "it is not an organisation's typed compendium"
     if not isinstance(global_, Compendium) or global_.kind != "global":
         return "the global is not a merged typed compendium"
-    if own.votes is not None:
+    if own.votes is not None and not counted:
         return "it already carries its records' votes (a record votes once)"
     if content_hash(own) not in global_.inputs:
         return "the global was not merged from it (records vote against the global their release went into)"

@@ -15,8 +15,6 @@ run config ``wire-delta``). The raw experience never leaves it.
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import logging
 import secrets
 from collections.abc import Callable
@@ -40,15 +38,20 @@ from synapse_flwr.core.errors import InputError
 from synapse_flwr.core.experience import Event, load_experience
 from synapse_flwr.core.files import write_atomic
 from synapse_flwr.core.release import (
+    ReleaseCacheError,
     ReleaseState,
     cast_votes,
+    load_release_state,
+    may_vote,
     record_keys,
     release_round,
+    settings_fingerprint,
     with_votes,
+    without_votes,
 )
 from synapse_flwr.core.replay import replay_events
 from synapse_flwr.core.router import Router
-from synapse_flwr.core.schema import SCHEMA_VERSION, Compendium
+from synapse_flwr.core.schema import Compendium
 from synapse_flwr.core.signing import ARTIFACT, GLOBAL
 from synapse_flwr.core.votes import VOTE_SHARE
 from synapse_flwr.core.wire import Artifact, ArtifactError, decode, encode, unwrap
@@ -121,9 +124,7 @@ def fingerprint(cfg: RunConfig, org: str, catalog: Catalog, own_data: bool = Fal
     """
     rounds = cfg.num_rounds if cfg.replay else None
     split = [] if own_data else [cfg.dataset, cfg.seed, cfg.alpha, cfg.inject]
-    parts = [org, *split, cfg.epsilon, cfg.delta, rounds, cfg.replay, cfg.embedder,
-             repr(BuildConfig()), SCHEMA_VERSION, *catalog.ids]
-    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
+    return settings_fingerprint(org, [*split, cfg.epsilon, cfg.delta, rounds, cfg.replay, cfg.embedder], catalog)
 
 
 def cache_path(cfg: RunConfig, context: Context, org: str) -> Path:
@@ -133,37 +134,23 @@ def cache_path(cfg: RunConfig, context: Context, org: str) -> Path:
 
 
 def load_state(path: Path, fingerprint_: str, pinned: bool = False) -> ReleaseState:
-    """The cached releases, or a fresh state when there is none for these settings.
+    """:func:`~synapse_flwr.core.release.load_release_state`; a refused pinned cache is told to the server.
 
-    ``pinned``: the organisation chose the cache's place (node config
-    ``release-cache``), so the cache is its ledger across runs. A pinned cache
-    made under other settings, or unreadable, is then refused rather than
-    replaced: another run would release the same records again, and only the
-    organisation may allow that (by moving the cache). Unpinned, the run's
-    settings decide and a fresh state starts.
+    ``pinned``: the organisation set node config ``release-cache``, so the
+    cache is its ledger and the operator's run config cannot replace it.
 
     Raises
     ------
-    RuntimeError
-        For a pinned cache that is unreadable or made under other settings.
+    ReasonForServer
+        For a pinned cache that is unreadable or made under other settings
+        (the path and the problem stay in this org's log).
     """
     try:
-        state = ReleaseState.model_validate_json(path.read_bytes())
-    except FileNotFoundError:
-        return ReleaseState(fingerprint=fingerprint_)
-    except ValueError as exc:
-        problem = f"release cache {path} is unreadable ({exc})"
-    else:
-        if state.fingerprint == fingerprint_:
-            return state
-        problem = f"release cache {path} was made under other settings (another run)"
-    if pinned:
-        log.error("%s; releasing this organisation's records again would spend their budget again: move the "
-                  "cache away to allow it", problem)
+        return load_release_state(path, fingerprint_, pinned)
+    except ReleaseCacheError as exc:
+        log.error("%s", exc)
         raise ReasonForServer("this organisation's pinned release cache holds releases made under other settings "
-                           "or is unreadable: it does not release its records again (see its log)")
-    log.warning("%s; starting a new one", problem)
-    return ReleaseState(fingerprint=fingerprint_)
+                              "or is unreadable: it does not release its records again (see its log)") from None
 
 
 def noise_seed(cfg: RunConfig) -> int:
@@ -216,12 +203,10 @@ def org_release(
 
     before = state
     artifact, state, released = release_round(keyed, state, build, server_round)
-    if released and cfg.private and not config.vote_share:
-        fresh = set(state.released) - set(before.released)
-        state = state.model_copy(update={"no_vote": sorted(set(state.no_vote) | fresh)})
+    if cfg.private and not config.vote_share:
+        state = without_votes(before, state)
     if cfg.votes and embedder is not None and isinstance(incoming, Compendium) and incoming.embedding:
-        done, skip = set(before.released), set(before.voted) | set(before.no_vote)
-        voters = [(k, e) for k, e in zip(keys, data.events) if k in done and k not in skip]
+        voters = [(k, e) for k, e, ok in zip(keys, data.events, may_vote(before, keys)) if ok]
         if voters:
             sd, epsilon = vote_noise(cfg.epsilon, cfg.delta, rounds, releases, config, embedder)
             votes = cast_votes([e for _, e in voters], data.catalog, incoming, embedder, sd,
