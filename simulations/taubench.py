@@ -101,8 +101,8 @@ class TauConfig:
     train_sequences : bool
         Whether the train tasks' gold lists count as call sequences (they list
         the write calls only) or only as calls.
-    lift_first, lift_later, route, smoothing, backoff, docs : float
-        :class:`~synapse_flwr.eval.taubench.StepWeights`.
+    lift_first, lift_later, route, smoothing, backoff, docs, prior_floor_sds : float
+        :class:`~synapse_flwr.eval.taubench.StepWeights` (``prior_floor_sds`` is its ``floor_sds``).
     grid : dict
         Values searched by ``--tune`` (key -> list), on ``dev_seed`` only.
     """
@@ -121,6 +121,7 @@ class TauConfig:
     smoothing: float = 0.1
     backoff: float = 1.0
     docs: float = 0.0
+    prior_floor_sds: float = 0.0
     grid: dict = field(default_factory=dict)
 
     @classmethod
@@ -138,7 +139,8 @@ class TauConfig:
 
     @property
     def weights(self) -> StepWeights:
-        return StepWeights(self.lift_first, self.lift_later, self.route, self.smoothing, self.backoff, self.docs)
+        return StepWeights(self.lift_first, self.lift_later, self.route, self.smoothing, self.backoff, self.docs,
+                           self.prior_floor_sds)
 
     @property
     def build(self) -> BuildConfig:
@@ -341,8 +343,21 @@ def run_protocol(runner: Runner, train: list[Task], test: list[Task], protocol: 
 
 
 # ---------------------------------------------------------------- targets and reports
-def targets(cv: dict[str, Any]) -> list[dict[str, Any]]:
-    """Issue 12's targets on the cross-validated protocol, each with its value and whether it is met."""
+def worst_gap(block: dict[str, Any], arm: str) -> float:
+    """The arm's smallest margin over ``docs_only``: overall and on every step kind."""
+    mine, docs = block["arms"][arm], block["arms"]["docs_only"]
+    return min([mine["acc"] - docs["acc"],
+                *(mine["by_kind"][k]["acc"] - docs["by_kind"][k]["acc"] for k in STEP_KINDS)])
+
+
+def targets(cv: dict[str, Any], train_only: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Issue 12's targets on the cross-validated protocol, each with its value and whether it is met.
+
+    Then the no-harm rule on the arms and protocol the issue does not name
+    (the private arm; the train-only protocol, whose experience holds the
+    write tools only, so that most steps go to tools without experience):
+    each arm's worst margin over ``docs_only``, overall and per step kind.
+    """
     arms = cv["arms"]
     out = []
 
@@ -357,6 +372,12 @@ def targets(cv: dict[str, Any]) -> list[dict[str, Any]]:
     for kind in STEP_KINDS:
         gap = arms["federated"]["by_kind"][kind]["acc"] - arms["docs_only"]["by_kind"][kind]["acc"]
         add(f"no harm: federated - docs_only ({kind} steps)", gap, ">= 0", gap >= 0)
+    worst = [("federated_private", "cross-validated", cv)]
+    if train_only is not None:
+        worst += [(arm, "train-only", train_only) for arm in ("federated", "federated_private")]
+    for arm, protocol, block in worst:
+        gap = worst_gap(block, arm)
+        add(f"no harm, {protocol}: {arm} - docs_only (worst of overall and each step kind)", gap, ">= 0", gap >= 0)
     return out
 
 
@@ -402,7 +423,8 @@ def tables(results: dict[str, Any]) -> str:
              f"Privacy (`federated_private`): epsilon {results['epsilon']} per record (one task), delta "
              f"{results['delta']}, one release per organisation; clip (L2 sensitivity of one record) "
              f"{p.get('clip', 0):.2f}, sigma {p.get('sigma', 0):.2f}; bounds: {results['bounds']}.", "",
-             "## Targets (cross-validated protocol)", "", "| target | measured | goal | met |", "|---|---|---|---|"]
+             "## Targets (cross-validated protocol; the last no-harm rows: the private arm, and the train-only "
+             "protocol)", "", "| target | measured | goal | met |", "|---|---|---|---|"]
     lines += [f"| {t['target']} | {t['value']:+.3f} | {t['goal']} | {'yes' if t['met'] else 'NO'} |"
               for t in results["targets"]]
     return "\n".join(lines) + "\n"
@@ -444,7 +466,7 @@ def run_taubench(config: Path, exp: Any, output: Path | None = None,
         results[protocol] = run_protocol(runner, train, test, protocol, tau, exp.seeds, arms, exp.k,
                                          progress or (lambda label: None))
     results["privacy"] = results["cv"]["privacy"]
-    results["targets"] = targets(results["cv"])
+    results["targets"] = targets(results["cv"], results["train_only"])
     results["wall_s"] = round(time.perf_counter() - t0, 1)
     out_dir = Path(output or exp.output)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -462,9 +484,10 @@ def tune(config: Path) -> Path:
 
     Step weights and ``train_sequences`` maximise ``federated`` (no noise)
     subject to no harm against ``docs_only`` on every step kind; then the
-    budget split and release floor (``sequence_weight``, ``prototype_weight``,
-    ``floor_sds``: they only matter with noise) maximise ``federated_private``
-    at those weights. Builds are shared by every weight point.
+    budget split, release floor and prior's noise floor (``sequence_weight``,
+    ``prototype_weight``, ``floor_sds``, ``prior_floor_sds``: they only matter
+    with noise) maximise ``federated_private`` at those weights. Builds are
+    shared by every weight point.
     """
     from synapse_flwr.simulations.experiment_config import ExperimentConfig
 
@@ -503,7 +526,7 @@ def tune(config: Path) -> Path:
     best = max([t for t in trials if t["no_harm"]] or trials, key=lambda t: t["federated"]["acc"])
     chosen = replace(base, **best["point"])
     log.info("step constants on seed %d: %s -> %s", seed, best["point"], best["federated"])
-    budget_keys = [k for k in ("sequence_weight", "prototype_weight", "floor_sds") if k in base.grid]
+    budget_keys = [k for k in ("sequence_weight", "prototype_weight", "floor_sds", "prior_floor_sds") if k in base.grid]
     budget = []
     for values in itertools.product(*(base.grid[k] for k in budget_keys)):
         point = dict(zip(budget_keys, values))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -32,6 +33,7 @@ from synapse_flwr.eval.taubench import (
     StepWeights,
     TransitionPrior,
     bigram_rankings,
+    prior_noise_floor,
     rankings,
     step_metrics,
     step_scores,
@@ -110,6 +112,33 @@ def test_prior_uses_starts_own_row_and_backs_off_to_the_marginal():
     assert (TransitionPrior(_entries(comp), 1.0, backoff=5.0).counts("get_order") == marginal).all()
     with pytest.raises(ValueError, match="smoothing"):
         StepWeights(smoothing=0)
+
+
+def test_counts_that_noise_alone_could_make_leave_the_prior_flat():
+    # organisations whose records are sequences release every start and transition count with noise, also
+    # when they hold no sequence: the merged counts are then sums of clamped noise, which the floor predicts
+    from synapse_flwr.core.merge import merge_typed
+
+    config = BuildConfig(sequences=replace(BOUNDS, floor_sds=0.0))  # an org that drops no positive count
+    flat, raw, cells = 0, 0, []
+    for seed in range(10):
+        merged = merge_typed([build_compendium([], CATALOG, f"org{o}", epsilon=4.0, seed=seed + 100 * o,
+                                               config=config, sequences=[]) for o in range(3)])
+        entries = _entries(merged)
+        cells += [e.stats.starts for e in entries.values()]
+        cells += [c for e in entries.values() for c in [*(x.count for x in e.next_tools),
+                                                         *[0.0] * (len(entries) - len(e.next_tools))]]
+        floored = TransitionPrior(entries, 0.1, 1.0, prior_noise_floor(merged, 3.0))
+        flat += all(np.ptp(floored.log_prior(p)) < 1e-9 for p in (None, *CATALOG.ids))
+        raw += all(np.ptp(TransitionPrior(entries, 0.1, 1.0).log_prior(p)) < 1e-9 for p in (None, *CATALOG.ids))
+    s = merged.privacy.sigma / merged.privacy.sequence_weight
+    mean, sd_of_mean = prior_noise_floor(merged, 0.0), s * math.sqrt(3 * (0.5 - 1 / (2 * math.pi)) / len(cells))
+    assert abs(np.mean(cells) - mean) < 4 * sd_of_mean, (np.mean(cells), mean)
+    assert mean == pytest.approx(3 * s / math.sqrt(2 * math.pi))
+    assert flat >= 8 and raw == 0  # at 3 SDs the prior of noise is flat; read as released it never is
+    assert prior_noise_floor(_learned(), 3.0) == 0.0 and prior_noise_floor(None, 3.0) == 0.0  # no noise, no floor
+    with pytest.raises(ValueError, match="non-negative"):
+        StepWeights(floor_sds=-1.0)
 
 
 def test_docs_only_is_the_router_alone():
@@ -206,6 +235,13 @@ def test_targets_and_summary_read_the_cross_validated_block():
     met = {t["target"]: t["met"] for t in targets(cv)}
     assert met["federated per-step top-1"] and not met["federated_private per-step top-1 (epsilon 4)"]
     assert not met["no harm: federated - docs_only (write steps)"] and met["no harm: federated - docs_only (read steps)"]
+    shifted = {"arms": {"federated": arm(0.13, (0.2, 0.04, 0.36)), "federated_private": arm(0.14, (0.1, 0.1, 0.4)),
+                        "docs_only": arm(0.12, (0.2, 0.03, 0.35))}}
+    worst = {t["target"]: t["value"] for t in targets(cv, shifted) if "worst" in t["target"]}
+    assert worst == {  # the smallest margin over docs_only, overall or on one step kind
+        "no harm, cross-validated: federated_private - docs_only (worst of overall and each step kind)": -0.35,
+        "no harm, train-only: federated - docs_only (worst of overall and each step kind)": 0.0,
+        "no harm, train-only: federated_private - docs_only (worst of overall and each step kind)": -0.1}
     assert summary(cv) == {"steps": 582, "federated_step_cv": 0.61, "federated_private_step_cv_eps4": 0.5,
                            "docs_only_step_cv": 0.12, "bigram_start_step_cv": 0.55}
 

@@ -12,7 +12,10 @@ A step's score for tool ``t`` (:func:`step_scores`) is
   (:class:`TransitionPrior`): at the first step the start counts
   (``stats.starts``), later the ``next_tools`` counts of ``prev``, backed off
   to the next-tool marginal (the column sums of every ``next_tools``) when
-  ``prev`` has fewer than ``backoff`` released transitions; smoothed;
+  ``prev`` has fewer than ``backoff`` released transitions; under privacy
+  every count is raised to the noise floor (:func:`prior_noise_floor`), so
+  that counts noise alone could have made say nothing (a sum of noise
+  only, as when no record is a sequence, gives a flat prior); smoothed;
 * ``lift(q, t)``: how much more the instruction resembles the instructions of
   the tasks that called ``t`` than those of all tasks, from the prototypes
   (:class:`InstructionLift`), with its own weight at the first step;
@@ -38,7 +41,7 @@ import numpy as np
 
 from synapse_flwr.core.prototypes import decode_prototype
 from synapse_flwr.core.router import Router
-from synapse_flwr.core.schema import ToolEntry
+from synapse_flwr.core.schema import Compendium, FlatCompendium, ToolEntry
 
 STEP_KINDS = ("first", "read", "write")
 # A prototype is evidence only when the noise of its mean, as a vector
@@ -86,6 +89,9 @@ class StepWeights:
         Pseudo-count added to every tool's transition count (> 0).
     backoff : float
         A previous tool with fewer released transitions backs off to the marginal.
+    floor_sds : float
+        Noise SDs above a noise-only count that the prior's noise floor sits
+        (:func:`prior_noise_floor`; it is 0 without privacy).
     """
 
     lift_first: float = 30.0
@@ -94,15 +100,39 @@ class StepWeights:
     smoothing: float = 0.1
     backoff: float = 1.0
     docs: float = 0.0
+    floor_sds: float = 0.0
 
     def __post_init__(self) -> None:
         if self.smoothing <= 0:
             raise ValueError(f"smoothing must be positive, not {self.smoothing}")
-        if min(self.lift_first, self.lift_later, self.route, self.backoff, self.docs) < 0:
+        if min(self.lift_first, self.lift_later, self.route, self.backoff, self.docs, self.floor_sds) < 0:
             raise ValueError(f"weights must be non-negative: {self}")
 
 
 DEFAULT_WEIGHTS = StepWeights()
+
+
+# E[max(Z, 0)] and Var[max(Z, 0)] of a standard normal Z: one org's released noise-only count, in noise SDs
+_CLAMPED_MEAN, _CLAMPED_VAR = 1.0 / math.sqrt(2.0 * math.pi), 0.5 - 1.0 / (2.0 * math.pi)
+
+
+def prior_noise_floor(compendium: Compendium | FlatCompendium | None, sds: float) -> float:
+    """The count a start or transition cell of ``compendium`` reaches from noise alone, plus ``sds`` SDs.
+
+    Each of the ``K`` merged releases (the global's ``inputs``; 1 for an
+    organisation's artifact) adds ``max(c + N(0, s^2), 0)`` to a cell, with
+    ``s = sigma / sequence_weight`` (:mod:`synapse_flwr.core.sequences`; an
+    organisation may drop more, which only lowers the noise). A cell whose
+    true count is 0 then sums to ``K s E[max(Z, 0)]`` on average with SD
+    ``s sqrt(K Var[max(Z, 0)])``. 0 without privacy or sequence counters.
+    """
+    if not isinstance(compendium, Compendium):
+        return 0.0
+    p = compendium.privacy
+    if p.mechanism != "gaussian" or p.sequence_weight <= 0 or p.sigma <= 0:
+        return 0.0
+    s, k = p.sigma / p.sequence_weight, max(len(compendium.inputs), 1)
+    return s * (k * _CLAMPED_MEAN + sds * math.sqrt(k * _CLAMPED_VAR))
 
 
 class TransitionPrior:
@@ -116,9 +146,12 @@ class TransitionPrior:
         Pseudo-count per tool.
     backoff : float
         Minimum released transitions of ``prev`` before its own row is used.
+    floor : float
+        Every count below it counts as ``floor`` (:func:`prior_noise_floor`; 0: the counts as released).
     """
 
-    def __init__(self, entries: Mapping[str, ToolEntry], smoothing: float, backoff: float) -> None:
+    def __init__(self, entries: Mapping[str, ToolEntry], smoothing: float, backoff: float,
+                 floor: float = 0.0) -> None:
         self.ids = list(entries)
         pos = {t: i for i, t in enumerate(self.ids)}
         n = len(self.ids)
@@ -129,14 +162,14 @@ class TransitionPrior:
                     self.rows[i, pos[c.tool]] = max(c.count, 0.0)
         self.starts = np.array([max(e.stats.starts, 0.0) for e in entries.values()])
         self.marginal = self.rows.sum(axis=0)
-        self.pos, self.smoothing, self.backoff = pos, smoothing, backoff
+        self.pos, self.smoothing, self.backoff, self.floor = pos, smoothing, backoff, floor
 
     def counts(self, prev: str | None) -> np.ndarray:
-        """The counts the prior of a step is estimated from (start, own row or marginal)."""
+        """The counts the prior of a step is estimated from (start, own row or marginal), raised to the floor."""
         if prev is None:
-            return self.starts
+            return np.maximum(self.starts, self.floor)
         row = self.rows[self.pos[prev]] if prev in self.pos else self.marginal
-        return row if row.sum() >= max(self.backoff, 1e-12) else self.marginal
+        return np.maximum(row if row.sum() >= max(self.backoff, 1e-12) else self.marginal, self.floor)
 
     def log_prior(self, prev: str | None) -> np.ndarray:
         """Smoothed ``log P(t | prev)`` for every tool."""
@@ -204,7 +237,8 @@ def step_scores(router: Router, items: Sequence[Step], weights: StepWeights = DE
     if docs_only:
         return route[rows]
     docs = np.asarray(evidence["description"], np.float64)
-    prior = TransitionPrior(router.entries, weights.smoothing, weights.backoff)
+    prior = TransitionPrior(router.entries, weights.smoothing, weights.backoff,
+                            prior_noise_floor(router.compendium, weights.floor_sds))
     lift = InstructionLift(router.entries, qv.shape[1]).scores(qv)
     first = np.array([i.prev_tool is None for i in items])
     w_lift = np.where(first, weights.lift_first, weights.lift_later)[:, None]
