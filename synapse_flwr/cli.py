@@ -52,12 +52,15 @@ def check_output(output: Path, inputs: list[Path]) -> None:
         raise SynapseError(f"--output {output} is one of the inputs; writing it would destroy that input")
 
 
-def check_org(org: str, what: str = "--org") -> None:
-    """Refuse, before any work, an organisation id the artifact's schema would refuse (``schema.OrgId``)."""
-    from synapse_flwr.core.schema import ORG_ID_RULE, is_org_id
+def check_org(org: str, what: str = "--org", reserved: bool = False) -> None:
+    """Refuse, before any work, an organisation id the artifact's schema would refuse (``schema.OrgId``).
 
-    if not is_org_id(org):
-        raise SynapseError(f"{what} {org!r}: use {ORG_ID_RULE}")
+    ``reserved``: the server's and the global's own ids pass too (a key's owner may be the server).
+    """
+    from synapse_flwr.core.schema import RESERVED_ORGS, org_id_problem
+
+    if (problem := org_id_problem(org)) and not (reserved and org in RESERVED_ORGS):
+        raise SynapseError(f"{what} {org!r}: {problem}")
 
 
 def _noise_seed(seed: int | None, epsilon: float) -> int:
@@ -411,7 +414,7 @@ def keygen(
     """
     from synapse_flwr.core.signing import add_to_registry, new_signer, save_private_key
 
-    check_org(owner, "owner")
+    check_org(owner, "owner", reserved=True)
     if key_dir.exists() and not key_dir.is_dir():
         raise SynapseError(f"--dir {key_dir} is a file; name a folder for the keys")
     key_path = key_dir / f"{owner}.key"

@@ -301,6 +301,9 @@ def test_an_org_log_whose_name_is_no_org_id_is_named_with_the_rule(folder):
     (problem,) = _problems(folder)
     assert "org_acme corp.jsonl: organisation id 'acme corp'" in problem and ORG_ID_RULE in problem
     assert check_folder(folder, orgs=["a"]).ok  # a client reading its own file is not failed by another's name
+    (folder / "org_acme corp.jsonl").rename(folder / "org_server.jsonl")
+    (problem,) = _problems(folder)
+    assert "org_server.jsonl: organisation id 'server'" in problem and "'server' is reserved" in problem
 
 
 def test_an_org_the_leak_filter_empties_is_named_with_the_count(folder, caplog):

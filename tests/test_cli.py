@@ -594,6 +594,12 @@ def test_an_org_id_or_key_owner_the_schema_would_refuse_is_refused_first(data, t
         refused(invoke("keygen", org, "--dir", tmp_path / "keys"), "owner")
     assert not (tmp_path / "evil.key").exists() and not (tmp_path / "x.json").exists()
     refused(invoke("keygen", "bob", "--dir", data["catalog"]), "is a file")
+    # the global's and the server's issuer ids: validate would refuse the artifact, so build refuses the id
+    for org in ("server", "global"):
+        refused(invoke("build", "--experience", data["acme"], "--catalog", data["catalog"], "--org", org,
+                       "-o", tmp_path / "x.json"), f"--org {org!r}: {org!r} is reserved")
+    ok(invoke("keygen", "server", "--dir", tmp_path / "keys"))  # the server's own key is issued as "server"
+    assert not (tmp_path / "x.json").exists()
 
 
 def test_build_refuses_an_unshared_space_first_and_an_out_of_range_epsilon_in_one_line(data, tmp_path):

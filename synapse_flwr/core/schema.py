@@ -58,29 +58,31 @@ OrgId = Annotated[
 ]
 #: :data:`OrgId` in words, for the messages refusing one.
 ORG_ID_RULE = f"1-{MAX_ORG_ID} of A-Z a-z 0-9 _ . -, starting with a letter or digit"
+#: Issuer ids of the merged global and of the server's key: no organisation may claim them.
+RESERVED_ORGS = ("global", "server")
 Text = Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT)]
 Count = Annotated[float, Field(ge=0.0, le=MAX_COUNT, allow_inf_nan=False)]
 Rate = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 _ORG_ID = TypeAdapter(OrgId)
 
 
-def is_org_id(org: str) -> bool:
-    """Whether ``org`` is an organisation id the schema accepts (:data:`ORG_ID_RULE`).
+def org_id_problem(org: str) -> str | None:
+    """Why ``org`` cannot be an organisation's id, or None when it can (never raises).
+
+    It must match :data:`ORG_ID_RULE` and not be one of :data:`RESERVED_ORGS`.
 
     Parameters
     ----------
     org : str
         The candidate id.
-
-    Returns
-    -------
-    bool
     """
     try:
         _ORG_ID.validate_python(org)
     except ValidationError:
-        return False
-    return True
+        return f"use {ORG_ID_RULE}"
+    if org in RESERVED_ORGS:
+        return f"{org!r} is reserved (the merged global and the server's key use {' and '.join(RESERVED_ORGS)})"
+    return None
 
 
 def _sorted_unique(values: list[str]) -> list[str]:

@@ -32,6 +32,7 @@ from synapse_flwr.core.schema import (
     MAX_ITEMS,
     MAX_SCENARIOS,
     MAX_TOOLS,
+    RESERVED_ORGS,
     Compendium,
     ConflictField,
     FlatCompendium,
@@ -50,8 +51,6 @@ HEADER_BYTES = 1024 * 1024
 HEADER_VALUES = 10_000
 MAX_WIRE_BYTES = HEADER_BYTES + MAX_TOOLS * MAX_TOOL_BYTES
 MAX_JSON_VALUES = HEADER_VALUES + MAX_TOOLS * MAX_TOOL_VALUES
-# Issuer ids of the merged global and of the server's key: no organisation may claim them.
-RESERVED_ORGS = ("global", "server")
 REQUIRED_BLOCKS = {Compendium: ("schema_version", "kind", "issuer", "privacy", "tools"),
                    FlatCompendium: ("schema_version", "kind", "issuer", "privacy", "texts")}
 _GZIP_MAGIC = b"\x1f\x8b"

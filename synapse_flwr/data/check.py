@@ -44,7 +44,7 @@ from synapse_flwr.core.experience import (
     warn_ignored,
 )
 from synapse_flwr.core.files import document_items, json_kind, read_problem, read_text
-from synapse_flwr.core.schema import ORG_ID_RULE, is_org_id
+from synapse_flwr.core.schema import org_id_problem
 
 log = logging.getLogger(__name__)
 
@@ -201,9 +201,9 @@ def _warn_misnamed(folder: Path) -> None:
 
 def _bad_org_ids(logs: Mapping[str, Path], orgs: Sequence[str] | None) -> list[Problem]:
     """A problem for every log whose name (``org_<id>.jsonl``) is not an organisation id the schema accepts."""
-    return [Problem(str(p), f"organisation id {o!r} (the file name after org_) is not valid: use {ORG_ID_RULE}",
+    return [Problem(str(p), f"organisation id {o!r} (the file name after org_) is not valid: {problem}",
                     hint="rename the file")
-            for o, p in logs.items() if (orgs is None or o in orgs) and not is_org_id(o)]
+            for o, p in logs.items() if (orgs is None or o in orgs) and (problem := org_id_problem(o))]
 
 
 def _scan(path: Path) -> Iterator[tuple[int | None, dict | None, Problem | None]]:

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,6 +152,35 @@ def load_state(path: Path, fingerprint_: str, pinned: bool = False) -> ReleaseSt
         log.error("%s", exc)
         raise ReasonForServer("this organisation's pinned release cache holds releases made under other settings "
                               "or is unreadable: it does not release its records again (see its log)") from None
+
+
+def node_refusal(cfg: RunConfig, node_config: Mapping[str, object]) -> str | None:
+    """Why this organisation refuses the run's privacy settings, or None when it takes part (never raises).
+
+    The run config is the operator's, so on its own the server could weaken
+    an organisation's privacy. The node config is the organisation's:
+
+    * ``max-epsilon``: a run whose ``epsilon`` exceeds it (``inf`` included:
+      privacy off) is refused;
+    * on a node with its own ``data-path``, seeded noise (run config
+      ``noise = "seeded"``, which the server can regenerate and remove) is
+      refused unless the node config says ``noise = "seeded"`` too.
+    """
+    cap = node_config.get("max-epsilon")
+    if cap is not None:
+        try:
+            limit = float(cap)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            limit = math.nan
+        if not limit > 0:
+            return f"node config max-epsilon must be a positive number, got {cap!r}"
+        if cfg.epsilon > limit:
+            return (f"the run asks for epsilon {cfg.epsilon:g}, above this organisation's node config max-epsilon "
+                    f"{limit:g}")
+    if "data-path" in node_config and cfg.noise == "seeded" and node_config.get("noise") != "seeded":
+        return ("the run asks for seeded noise, which the server could regenerate and remove; this organisation's "
+                "node config does not allow it (node config noise=\"seeded\")")
+    return None
 
 
 def noise_seed(cfg: RunConfig) -> int:
@@ -329,6 +359,9 @@ def server_safe(handler: Callable[[Message, Context], Message]) -> Callable[[Mes
 def train(msg: Message, context: Context) -> Message:
     """Validate the global, release this org's new experience, reply with its compendium (or a delta)."""
     cfg = RunConfig.from_mapping(context.run_config)
+    if refusal := node_refusal(cfg, context.node_config):
+        log.error("refusing the run: %s", refusal)
+        raise ReasonForServer(refusal)
     server_round = int(msg.content["config"]["server-round"])
     # signing: a global whose server signature does not verify is never used
     if problem := signature_problem(msg.content, registry_for(cfg, context.node_config), GLOBAL, server_round,

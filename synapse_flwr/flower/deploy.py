@@ -15,7 +15,7 @@ import logging
 import re
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +42,15 @@ class NodeSpec:
     catalog_path : Path or None
         Its tool catalog (``catalog-path``); without it the ClientApp loads
         the catalog of the run config's ``dataset``.
+    noise : str or None
+        The node config's ``noise``: ``"seeded"`` lets the run seed this
+        organisation's noise (``client_app.node_refusal``); None: only secret noise.
     """
 
     org: str
     data_path: Path
     catalog_path: Path | None = None
+    noise: str | None = None
 
     def node_config(self) -> str:
         """The ``--node-config`` value of this node (absolute paths).
@@ -61,7 +65,7 @@ class NodeSpec:
         SynapseError
             If a value holds a quote or a newline.
         """
-        items = {"data-path": self.data_path, "org": self.org, "catalog-path": self.catalog_path}
+        items = {"data-path": self.data_path, "org": self.org, "catalog-path": self.catalog_path, "noise": self.noise}
         parts = []
         for key, value in items.items():
             if value is None:
@@ -431,6 +435,10 @@ def run_local_deployment(cfg: DeploymentConfig) -> DeploymentResult:
     """
     launch = Launch("deployment", cfg.app_dir, cfg.run_config, cfg.flwr_home, "synapse-flwr-deploy-")
     specs = _node_specs(cfg.nodes, launch.run_config, launch.home / "data")
+    if launch.run_config.get("noise") == "seeded":
+        # one person runs every node here, and asks for reproducible noise: each node consents
+        log.info("deployment: seeded noise (run config); every local SuperNode allows it (node config noise)")
+        specs = [replace(s, noise="seeded") for s in specs]
     link_port, node_ports = _deployment_ports(cfg, specs)
     group = launch.stage("deploy", f"{HOST}:{link_port}", insecure=True)
     log.info("deployment: %d SuperNodes, %d rounds, SuperLink %s:%d, outputs in %s, FLWR_HOME %s",
