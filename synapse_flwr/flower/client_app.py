@@ -335,7 +335,8 @@ def server_safe(handler: Callable[[Message, Context], Message]) -> Callable[[Mes
 
     Flower sends a failed ClientApp's exception message to the server. A
     :class:`ReasonForServer`, a run-config error (the operator's own values)
-    and an invalid global (the server's own bytes) pass unchanged; any other
+    and an :class:`ArtifactError` (an invalid global, the server's own bytes,
+    or the size or encoding of this org's own artifact) pass unchanged; any other
     exception may quote private data (a query in a ``KeyError``, a value in a
     validation error), so the server gets its type and the organisation's
     log keeps the rest.

@@ -269,8 +269,8 @@ def flower_env(flwr_home: Path, tag: str, extra: Mapping[str, str] | None = None
         PYTHONUNBUFFERED="1",
         **{TAG_ENV: tag},
     )
-    # Apps run from an installed copy under FLWR_HOME, where "../shared/data" means
-    # nothing: resolve the data folder here, from the caller's point of view.
+    # Apps run in Flower's own processes, whose working folder is not the caller's, so a
+    # relative "../shared/data" would mean something else there: resolve it here.
     try:
         env.setdefault(ENV_VAR, str(data_dir().resolve()))
     except SynapseError:
