@@ -219,8 +219,8 @@ def _release_once(cache: Path, events: list, catalog, org: str, settings: list, 
         without_votes,
     )
 
-    state = load_release_state(cache, settings_fingerprint(org, ["cli", *settings], catalog), pinned=True)
-    comp, new, released = release_round(list(zip(record_keys(events), events)), state, make, round_)
+    state = load_release_state(cache, settings_fingerprint(org, ["cli", *settings]), pinned=True)
+    comp, new, released = release_round(list(zip(record_keys(events), events)), state, make, round_, catalog)
     if drop_votes:
         new = without_votes(state, new)
     save_release_state(cache, new.model_copy(update={"artifact": comp}))

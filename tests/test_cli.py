@@ -775,6 +775,17 @@ def test_a_release_cache_releases_each_record_once_across_builds_and_counts_each
     v4 = load_artifact(tmp_path / "v4.json")
     assert abs(v4.votes.records - v1.votes.records - 5) < 6 * v4.votes.sd  # the five new records only
     assert v4.privacy.epsilon == pytest.approx(4.0, abs=1e-5)
+    # the catalog documents a tool anew: the cache is kept, nothing is released again, the new text is sent
+    renewed = json.dumps(CATALOG).replace("Current weather for a city.", "Weather now and ahead for a city.")
+    (tmp_path / "catalog.json").write_text(renewed)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="synapse_flwr"):
+        ok(invoke("build", "--experience", more, "--catalog", tmp_path / "catalog.json", "--org", "acme",
+                  "--embedder", "static", "--epsilon", "4", "--release-cache", cache, "-o", tmp_path / "a5.json"))
+    assert "0 records released now; 35 released before" in caplog.text
+    a5 = load_artifact(tmp_path / "a5.json")
+    assert a5.tool("get_weather").description == "Weather now and ahead for a city."
+    assert [t.prototype for t in a5.tools] == [t.prototype for t in v4.tools]
     assert not (tmp_path / "x.json").exists()
 
 

@@ -47,9 +47,9 @@ def test_record_keys_tell_duplicates_apart_and_are_stable():
 
 def test_an_unchanged_org_releases_nothing_after_round_one():
     keyed = list(zip(record_keys(_events(30)), _events(30)))
-    first, state, n1 = release_round(keyed, ReleaseState(fingerprint="f"), _build, 1)
+    first, state, n1 = release_round(keyed, ReleaseState(fingerprint="f"), _build, 1, CATALOG)
     calls = []
-    second, state2, n2 = release_round(keyed, state, lambda evs: calls.append(evs) or _build(evs), 2)
+    second, state2, n2 = release_round(keyed, state, lambda evs: calls.append(evs) or _build(evs), 2, CATALOG)
     assert n1 == 60 and n2 == 0 and not calls  # no new window, no new noise
     assert state2 == state and state2.windows == 1
     assert second.issuer.round == 2 and second.privacy == first.privacy  # epsilon unchanged
@@ -59,7 +59,7 @@ def test_an_unchanged_org_releases_nothing_after_round_one():
 def test_new_events_are_what_gets_released():
     old, new = _events(30), _events(10, start=100)
     state = ReleaseState(fingerprint="f")
-    _, state, _ = release_round(list(zip(record_keys(old), old)), state, _build, 1)
+    _, state, _ = release_round(list(zip(record_keys(old), old)), state, _build, 1, CATALOG)
     released_events = []
 
     def build(evs):
@@ -67,7 +67,7 @@ def test_new_events_are_what_gets_released():
         return _build(evs)
 
     both = [*old, *new]
-    artifact, state, n = release_round(list(zip(record_keys(both), both)), state, build, 2)
+    artifact, state, n = release_round(list(zip(record_keys(both), both)), state, build, 2, CATALOG)
     assert n == 20 and sorted(e.query for e in released_events) == sorted(e.query for e in new)
     assert state.windows == 2 and len(state.released) == 80
     # the combined release adds up both windows' noised calls
@@ -77,12 +77,38 @@ def test_new_events_are_what_gets_released():
     assert artifact.privacy.epsilon <= 4.0 + 1e-6  # disjoint windows: one window's epsilon
 
 
+def test_a_changed_catalog_keeps_the_cache_and_what_is_sent_carries_todays_catalog():
+    """Regression: a re-sent or combined release carried the documentation of the catalog it was made under."""
+    events = _events(20)
+    _, state, _ = release_round(list(zip(record_keys(events), events)), ReleaseState(fingerprint="f"), _build, 1,
+                                CATALOG)
+    renewed = make_catalog([  # book_hotel removed, book_flight added, get_weather documented anew
+        ToolDoc("get_weather", "get_weather", "Today's forecast and the week ahead for any city."),
+        ToolDoc("book_flight", "book_flight", "Book a flight."),
+    ])
+    kept = [e for e in events if e.tool == "get_weather"]  # the log as the renewed catalog still loads it
+    resent, state2, n = release_round(list(zip(record_keys(kept), kept)), state, _build, 2, renewed)
+    assert n == 0 and state2.released == state.released and state2.windows == 1  # nothing released again
+    assert [t.tool_id for t in resent.tools] == ["get_weather"]  # a gained tool waits for a window
+    assert resent.tool("get_weather").description == "Today's forecast and the week ahead for any city."
+    assert resent.tool("get_weather").stats == state.artifact.tool("get_weather").stats
+    assert state2.artifact == resent.model_copy(update={"issuer": state.artifact.issuer})  # the cache holds it
+    more = [*kept, Event(query="fly me to Oslo", tool="book_flight", success=True)]
+    built = []
+    combined, _, n = release_round(list(zip(record_keys(more), more)), state2, lambda evs: built.extend(evs) or
+                                   build_compendium(evs, renewed, "acme", round_=3, epsilon=4.0, rounds=1, seed=3),
+                                   3, renewed)
+    assert n == 1 and [e.query for e in built] == ["fly me to Oslo"]
+    assert sorted(t.tool_id for t in combined.tools) == ["book_flight", "get_weather"]
+    assert combined.tool("get_weather").description == "Today's forecast and the week ahead for any city."
+
+
 def test_a_restarted_client_reads_its_cache_and_does_not_re_release(tmp_path):
     cfg = RunConfig.from_mapping({"epsilon": 4.0, "embedder": "none", "output-dir": str(tmp_path)})
     context = SimpleNamespace(node_config={})
     data = OrgData("acme", CATALOG, _events(20))
     path = cache_path(cfg, context, "acme")
-    fp = fingerprint(cfg, "acme", CATALOG)
+    fp = fingerprint(cfg, "acme")
     art1, state, n1 = org_release(data, cfg, load_state(path, fp), 1, [], None)
     path.parent.mkdir(parents=True)
     path.write_text(state.model_dump_json())
@@ -91,7 +117,7 @@ def test_a_restarted_client_reads_its_cache_and_does_not_re_release(tmp_path):
     assert canonical_json(art2.model_copy(update={"issuer": art1.issuer})) == canonical_json(art1)
     # other settings: another run, a fresh state
     other = RunConfig.from_mapping({"epsilon": 2.0, "embedder": "none", "output-dir": str(tmp_path)})
-    assert load_state(path, fingerprint(other, "acme", CATALOG)).windows == 0
+    assert load_state(path, fingerprint(other, "acme")).windows == 0
 
 
 def test_replayed_outcomes_are_new_windows_accounted_as_their_record():
@@ -116,9 +142,9 @@ def test_windows_with_prototypes_combine_in_their_space():
         return build_compendium(evs, CATALOG, "acme", round_=1, epsilon=4.0, rounds=2, seed=3, embedder=emb)
 
     old, new = _events(5), _events(5, start=100)
-    _, state, _ = release_round(list(zip(record_keys(old), old)), ReleaseState(fingerprint="f"), build, 1)
+    _, state, _ = release_round(list(zip(record_keys(old), old)), ReleaseState(fingerprint="f"), build, 1, CATALOG)
     both = [*old, *new]
-    artifact, _, n = release_round(list(zip(record_keys(both), both)), state, build, 2)
+    artifact, _, n = release_round(list(zip(record_keys(both), both)), state, build, 2, CATALOG)
     assert n == 10 and artifact.embedding == state.artifact.embedding is not None
     assert all(t.prototype is not None for t in artifact.tools)
 
@@ -131,14 +157,14 @@ def test_a_run_resumed_with_more_rounds_keeps_its_cache(tmp_path):
     resumed = RunConfig.from_mapping({**base, "num-rounds": 5})
     data = OrgData("acme", CATALOG, _events(20))
     path = cache_path(planned, SimpleNamespace(node_config={}), "acme")
-    _, state, n1 = org_release(data, planned, load_state(path, fingerprint(planned, "acme", CATALOG)), 3, [], None)
+    _, state, n1 = org_release(data, planned, load_state(path, fingerprint(planned, "acme")), 3, [], None)
     path.parent.mkdir(parents=True)
     path.write_text(state.model_dump_json())
-    art, _, n4 = org_release(data, resumed, load_state(path, fingerprint(resumed, "acme", CATALOG)), 4, [], None)
+    art, _, n4 = org_release(data, resumed, load_state(path, fingerprint(resumed, "acme")), 4, [], None)
     assert n1 == 40 and n4 == 0 and art.privacy == state.artifact.privacy
     # with replay the rounds set the calibration (one release per round): another run
     replay = [RunConfig.from_mapping({**base, "replay": True, "num-rounds": r}) for r in (3, 5)]
-    assert len({fingerprint(c, "acme", CATALOG) for c in replay}) == 2
+    assert len({fingerprint(c, "acme") for c in replay}) == 2
 
 
 def test_an_org_s_noise_is_secret_unless_the_run_asks_for_seeded_noise():
@@ -159,15 +185,15 @@ def test_a_cache_the_organisation_pinned_is_its_ledger_and_another_run_cannot_re
     data = OrgData("acme", CATALOG, _events(20))
     path = tmp_path / "acme.json"
     first = RunConfig.from_mapping({"epsilon": 4.0, "embedder": "none"})
-    _, state, _ = org_release(data, first, load_state(path, fingerprint(first, "acme", CATALOG), pinned=True), 1,
+    _, state, _ = org_release(data, first, load_state(path, fingerprint(first, "acme"), pinned=True), 1,
                               [], None)
     path.write_text(state.model_dump_json())
-    other = fingerprint(RunConfig.from_mapping({"epsilon": 2.0, "embedder": "none"}), "acme", CATALOG)
+    other = fingerprint(RunConfig.from_mapping({"epsilon": 2.0, "embedder": "none"}), "acme")
     with pytest.raises(RuntimeError, match="does not release its records again"):
         load_state(path, other, pinned=True)
     assert "move the cache away to allow it" in caplog.text
     assert load_state(path, other).windows == 0  # unpinned, the run's settings decide
-    assert load_state(path, fingerprint(first, "acme", CATALOG), pinned=True) == state
+    assert load_state(path, fingerprint(first, "acme"), pinned=True) == state
     path.write_text("{not json")
     with pytest.raises(RuntimeError, match="pinned release cache"):
         load_state(path, other, pinned=True)
@@ -176,7 +202,7 @@ def test_a_cache_the_organisation_pinned_is_its_ledger_and_another_run_cannot_re
 def test_on_its_own_data_an_org_s_cache_ignores_the_split_settings_the_operator_may_change():
     def fp(own_data: bool, **changes) -> str:
         cfg = RunConfig.from_mapping({"epsilon": 4.0, "seed": 1, "alpha": 0.5, "dataset": "demo", **changes})
-        return fingerprint(cfg, "acme", CATALOG, own_data=own_data)
+        return fingerprint(cfg, "acme", own_data=own_data)
 
     split = ({"seed": 2}, {"alpha": 0.1}, {"dataset": "metatool"}, {"inject": 0.2})
     assert all(fp(True, **c) == fp(True) for c in split)  # they shape no record of a node's own log

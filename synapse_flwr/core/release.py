@@ -12,6 +12,11 @@ A record is identified by the content of its event and its occurrence among
 identical events (:func:`record_keys`); an outcome derived from a record later
 (a replayed event) is released under a key of its own but counts as that
 record, which the caller accounts for by calibrating for that many releases.
+
+The catalog may change between releases (a tool added, removed or documented
+anew): it shapes no record's calibration, so it is not part of the settings a
+cache belongs to; what is sent always carries today's catalog
+(:func:`with_catalog`).
 """
 
 from __future__ import annotations
@@ -34,7 +39,14 @@ from synapse_flwr.core.experience import Event, event_label
 from synapse_flwr.core.files import write_atomic
 from synapse_flwr.core.merge import merge_typed
 from synapse_flwr.core.router import Router
-from synapse_flwr.core.schema import SCHEMA_VERSION, Compendium, FusionVotes, Issuer
+from synapse_flwr.core.sanitize import instruction_like
+from synapse_flwr.core.schema import (
+    SCHEMA_VERSION,
+    Compendium,
+    FusionVotes,
+    Issuer,
+    ToolEntry,
+)
 from synapse_flwr.core.votes import loo_correct, release_votes, sum_votes
 from synapse_flwr.core.wire import Artifact, content_hash
 
@@ -47,8 +59,8 @@ class ReleaseState(BaseModel):
     Parameters
     ----------
     fingerprint : str
-        The settings the releases were made under (dataset, budget, builder,
-        catalog); a cache with another fingerprint belongs to another run.
+        The settings the releases were made under (dataset, budget, builder);
+        a cache with another fingerprint belongs to another run.
     released : list of str
         Keys of the records already released, sorted.
     windows : int
@@ -78,13 +90,15 @@ class ReleaseCacheError(SynapseError):
     """A release cache that cannot be the organisation's ledger: unreadable, or made under other settings."""
 
 
-def settings_fingerprint(org: str, settings: Sequence[object], catalog: Catalog) -> str:
-    """The settings a release cache belongs to: ``org``, ``settings``, the builder, the schema and the catalog.
+def settings_fingerprint(org: str, settings: Sequence[object]) -> str:
+    """The settings a release cache belongs to: ``org``, ``settings``, the builder and the schema.
 
     A cache made under other settings belongs to another run (its records
-    were released under another calibration, or into another space).
+    were released under another calibration, or into another space). The
+    catalog is not one of them: one record adds to one tool whatever the
+    catalog holds, and :func:`with_catalog` brings a cached release up to date.
     """
-    parts = [org, *settings, repr(BuildConfig()), SCHEMA_VERSION, *catalog.ids]
+    parts = [org, *settings, repr(BuildConfig()), SCHEMA_VERSION]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
 
 
@@ -165,11 +179,38 @@ def combine(previous: Compendium, window: Compendium) -> Compendium:
                       embedding=window.embedding, votes=merged.votes)
 
 
+def with_catalog(artifact: Compendium, catalog: Catalog) -> Compendium:
+    """``artifact`` as today's catalog documents it: public text renewed, removed tools left out.
+
+    A cached release was made under the catalog of its day. Documentation is
+    public, so renewing it from the catalog, and leaving out what concerns a
+    tool the catalog no longer lists, is post-processing: no record is
+    released again. A tool the catalog gained has no entry until a window
+    releases one; routers read its documentation from the catalog meanwhile.
+    """
+    known, docs = set(catalog.ids), catalog.descriptions()
+    tools = [_documented(e, known, docs[e.tool_id]) for e in artifact.tools if e.tool_id in known]
+    return artifact if tools == artifact.tools else artifact.model_copy(update={"tools": tools})
+
+
+def _documented(entry: ToolEntry, known: set[str], description: str) -> ToolEntry:
+    # as the builder writes it: a description that reads as an instruction is left out
+    when_not = [w if w.prefer is None or w.prefer in known else w.model_copy(update={"prefer": None})
+                for w in entry.when_not]
+    return entry.model_copy(update={
+        "description": "" if instruction_like(description) else description,
+        "when_not": when_not,
+        "confusions": [c for c in entry.confusions if c.tool in known],
+        "next_tools": [c for c in entry.next_tools if c.tool in known],
+    })
+
+
 def release_round(
     keyed: Sequence[tuple[str, Event]],
     state: ReleaseState,
     build: Callable[[list[Event]], Compendium],
     round_: int,
+    catalog: Catalog,
 ) -> tuple[Compendium, ReleaseState, int]:
     """This round's artifact: the cached release, plus a new window for unreleased records.
 
@@ -183,6 +224,8 @@ def release_round(
         Builds and privatises the artifact of a list of events (one window).
     round_ : int
         Server round, written into the re-sent artifact's issuer block.
+    catalog : Catalog
+        Today's catalog (:func:`with_catalog`; the window is built with it).
 
     Returns
     -------
@@ -193,10 +236,12 @@ def release_round(
     released = set(state.released)
     fresh = [(k, e) for k, e in keyed if k not in released]
     if not fresh and state.artifact is not None:
-        artifact = state.artifact.model_copy(update={"issuer": Issuer(org=state.artifact.issuer.org, round=round_)})
-        return artifact, state, 0
+        current = with_catalog(state.artifact, catalog)
+        artifact = current.model_copy(update={"issuer": Issuer(org=current.issuer.org, round=round_)})
+        # the cache holds what was sent: a record votes against the global its release went into
+        return artifact, state if current is state.artifact else state.model_copy(update={"artifact": current}), 0
     window = build([e for _, e in fresh])
-    artifact = window if state.artifact is None else combine(state.artifact, window)
+    artifact = window if state.artifact is None else combine(with_catalog(state.artifact, catalog), window)
     new_state = ReleaseState(
         fingerprint=state.fingerprint,
         released=sorted(released | {k for k, _ in fresh}),

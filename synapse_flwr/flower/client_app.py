@@ -110,7 +110,7 @@ def org_data(context: Context, cfg: RunConfig) -> OrgData:
     return OrgData(org, ds.catalog, ds.orgs[org])
 
 
-def fingerprint(cfg: RunConfig, org: str, catalog: Catalog, own_data: bool = False) -> str:
+def fingerprint(cfg: RunConfig, org: str, own_data: bool = False) -> str:
     """The settings a release cache belongs to: a cache made under others is not reused.
 
     ``num-rounds`` is one of them only with replay on, the one case where it sets
@@ -122,10 +122,11 @@ def fingerprint(cfg: RunConfig, org: str, catalog: Catalog, own_data: bool = Fal
     (the node's own ``data-path``, a deployment) the split's settings
     (``dataset``, ``seed``, ``alpha``, ``inject``) shape no record, so they are
     left out too: an operator who changes them does not make another run.
+    Nor is the catalog (:func:`~synapse_flwr.core.release.with_catalog`).
     """
     rounds = cfg.num_rounds if cfg.replay else None
     split = [] if own_data else [cfg.dataset, cfg.seed, cfg.alpha, cfg.inject]
-    return settings_fingerprint(org, [*split, cfg.epsilon, cfg.delta, rounds, cfg.replay, cfg.embedder], catalog)
+    return settings_fingerprint(org, [*split, cfg.epsilon, cfg.delta, rounds, cfg.replay, cfg.embedder])
 
 
 def cache_path(cfg: RunConfig, context: Context, org: str) -> Path:
@@ -232,7 +233,7 @@ def org_release(
         )
 
     before = state
-    artifact, state, released = release_round(keyed, state, build, server_round)
+    artifact, state, released = release_round(keyed, state, build, server_round, data.catalog)
     if cfg.private and not config.vote_share:
         state = without_votes(before, state)
     if cfg.votes and embedder is not None and isinstance(incoming, Compendium) and incoming.embedding:
@@ -377,7 +378,7 @@ def train(msg: Message, context: Context) -> Message:
     embedder = federation_embedder(cfg)
     path = cache_path(cfg, context, data.org)
     nc = context.node_config
-    state = load_state(path, fingerprint(cfg, data.org, data.catalog, own_data="data-path" in nc),
+    state = load_state(path, fingerprint(cfg, data.org, own_data="data-path" in nc),
                        pinned=bool(nc.get("release-cache")))
     replayed: list[Event] = []
     # a typed global has tools, a flat-majority one texts; round 1's global has neither
