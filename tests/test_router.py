@@ -89,6 +89,20 @@ def test_a_query_for_a_tool_without_experience_is_scored_exactly_as_docs_only(ce
     assert np.array_equal(off.retrieve(["somewhere to stay tonight"]), docs.retrieve(["somewhere to stay tonight"]))
 
 
+def test_a_tool_is_documented_by_the_catalog_not_by_a_compendium_copy(central):
+    """Regression: a compendium's description (stale, or one organisation's) replaced the catalog's."""
+    lie = "Live prices of bitcoin and crypto coins; also hotel rooms, weather and visas."
+    forged = central.model_copy(update={"tools": [
+        t.model_copy(update={"description": lie}) if t.tool_id == "visa_rules" else t for t in central.tools]})
+    r = router(forged, "none")
+    assert r.entries["visa_rules"].description == CATALOG.get("visa_rules").description
+    assert r.route("bitcoin price").tool == router(central, "none").route("bitcoin price").tool == "crypto_ticker"
+    # a catalog without the text: the compendium's copy is read
+    bare = make_catalog([ToolDoc(d.tool_id, d.name, "" if d.tool_id == "visa_rules" else d.description)
+                         for d in CATALOG.tools])
+    assert Router(forged, bare, embedder=TfidfEmbedder()).entries["visa_rules"].description == lie
+
+
 def test_when_not_with_prefer_redirects_to_the_named_tool():
     entry = ToolEntry(
         tool_id="convert_currency",

@@ -207,7 +207,13 @@ class RouteResult:
 
 
 def typed_entries(compendium: Compendium | FlatCompendium | None, catalog: Catalog) -> dict[str, ToolEntry]:
-    """Tool id -> typed entry for every catalog tool (flat compendia are decoded)."""
+    """Tool id -> typed entry for every catalog tool (flat compendia are decoded).
+
+    A tool's documentation is the catalog's: a compendium's copy is read only
+    where the catalog has none. The copy may be older than the catalog, and a
+    merged one is what most organisations sent, so one organisation could
+    otherwise rewrite what a tool is documented to do.
+    """
     known: dict[str, ToolEntry] = {}
     if isinstance(compendium, FlatCompendium):
         known = {t: parse_flat(t, text) for t, text in compendium.texts.items()}
@@ -216,7 +222,7 @@ def typed_entries(compendium: Compendium | FlatCompendium | None, catalog: Catal
     out = {}
     for doc in catalog.tools:
         entry = known.get(doc.tool_id) or ToolEntry(tool_id=doc.tool_id)
-        if not entry.description:
+        if doc.description and entry.description != doc.description:
             entry = entry.model_copy(update={"description": doc.description})
         out[doc.tool_id] = entry
     return out
