@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -173,7 +174,10 @@ def test_rejected_artifact(tmp_path):
     bad_file.write_text('{"query": "weather in rome", "tool": "get_weather", "success": true}\n{not json\n')
     bad = NodeSpec("broken", bad_file, good[0].catalog_path)
     rc = {"dataset": ds, "num-rounds": 1, "min-nodes": 2, "epsilon": INF, "output-dir": str(out)}
-    cfg = DeploymentConfig(APP_DIR, [*good, bad], rc, flwr_home=home, timeout=300)
+    with pytest.raises(SynapseError, match=r"bad\.jsonl:2: invalid JSON.*org 'broken'"):  # the launcher's own check
+        run_local_deployment(DeploymentConfig(APP_DIR, [*good, bad], rc, flwr_home=home, timeout=300))
+    # unchecked, as on separate hosts: the server rejects the broken organisation and merges the others
+    cfg = DeploymentConfig(APP_DIR, [*good, bad], rc, flwr_home=home, timeout=300, check_data=False)
     try:
         res = run_local_deployment(cfg)
     finally:
@@ -184,7 +188,7 @@ def test_rejected_artifact(tmp_path):
     assert rejection["node_id"] == res.node_ids["broken"]
     assert rejection["round"] == 1
     assert rejection["reason"].startswith("client error")
-    assert "rejected reply from node %d" % res.node_ids["broken"] in res.log_path.read_text()
+    assert f"rejected reply from node {res.node_ids['broken']}" in res.log_path.read_text()
     assert "organisations cast their fusion votes from round 2 on" in res.log_path.read_text()  # one round
     assert record["merged"]
     load_artifact(out / "global_round_1.json")
@@ -238,18 +242,31 @@ def test_resume(tmp_path):
 
 
 @pytest.mark.slow
-def test_failed_run_reports_the_log(tmp_path):
-    """A ServerApp that fails ends the run as failed: the error quotes `flwr log`."""
-    home = tmp_path / "flwr"
-    (tmp_path / "a-file").write_text("not a folder")
-    # valid run config, but the ServerApp cannot create its output folder
-    rc = {"dataset": dataset(tmp_path), "num-rounds": 1, "min-nodes": 1, "output-dir": str(tmp_path / "a-file" / "out")}
+def test_failed_run_reports_the_log(tmp_path, monkeypatch):
+    """A ServerApp that fails ends the run as failed: the error quotes `flwr log`, kept beside the outputs,
+    and the temporary FLWR_HOME is gone."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    homes = []
+    make_home = launch._home
+    monkeypatch.setattr(launch, "_home", lambda *a: homes.append(make_home(*a)) or homes[-1])
+    out = tmp_path / "out"
+    out.mkdir()
+    # valid run config, but the ServerApp cannot read the rounds it would resume
+    (out / "metrics.json").write_text("{not json")
+    rc = {"dataset": dataset(tmp_path), "num-rounds": 1, "min-nodes": 1, "output-dir": str(out)}
     try:
         with pytest.raises(SynapseError, match="finished:failed") as err:
-            run_local_deployment(DeploymentConfig(APP_DIR, 1, rc, flwr_home=home, timeout=120))
+            run_local_deployment(DeploymentConfig(APP_DIR, 1, rc, timeout=120))
     finally:
-        assert_nothing_left(home)
-    assert "a-file" in str(err.value)
+        for home in homes:
+            assert_nothing_left(home)
+    assert "JSONDecodeError" in str(err.value)
+    (home,) = homes
+    assert home.parent == tmp_path / "tmp" and list(home.parent.iterdir()) == []
+    (run_log,) = out.glob("logs/deployment-*/run.log")
+    assert str(run_log) in str(err.value)
+    assert "JSONDecodeError" in run_log.read_text()
 
 
 def test_a_bad_run_config_fails_before_any_process_starts(tmp_path):

@@ -89,14 +89,16 @@ class DeploymentConfig:
         Explicit SuperNodes, or a number: that many organisations of the run
         config's ``dataset`` (its own org logs when it has exactly that many,
         otherwise a non-IID re-partition written under ``flwr_home``).
+        Explicit nodes are checked before anything starts (:func:`check_nodes`).
     run_config : mapping
         Overrides of ``[tool.flwr.app.config]`` (``num-rounds``, ``policy``,
         ``epsilon``, ``output-dir``...). Relative ``output-dir`` and dataset
         folders are made absolute (the app runs from a copy under
         ``flwr_home``).
     flwr_home : Path or None
-        Private ``FLWR_HOME`` (CLI config, installed app, logs); a new
-        temporary folder when None.
+        Private ``FLWR_HOME`` (CLI config, installed app, SuperLink state),
+        kept after the run; a new temporary folder, removed after the run,
+        when None. Logs go to ``<output-dir>/logs/``.
     superlink_port : int or None
         SuperLink port (Fleet, Control and ServerAppIo APIs); a free one when
         None.
@@ -106,6 +108,12 @@ class DeploymentConfig:
         Seconds the run may take once submitted.
     online_timeout : float
         Seconds for the SuperLink to start and every SuperNode to come online.
+    check_data : bool
+        Load every explicit node's catalog and experience log before anything
+        starts and refuse the run if one fails (:func:`check_nodes`). False
+        hands the files over unchecked, as to separate hosts: a node whose log
+        does not load is then rejected by the server in every round (how the
+        federation treats a broken organisation).
     """
 
     app_dir: Path
@@ -116,6 +124,7 @@ class DeploymentConfig:
     node_ports: Sequence[int] | None = None
     timeout: float = 900.0
     online_timeout: float = 60.0
+    check_data: bool = True
 
 
 @dataclass(frozen=True)
@@ -297,54 +306,97 @@ def _wait_online(group: ProcessGroup, specs: Sequence[NodeSpec], cwd: Path, time
         time.sleep(0.5)
 
 
-def _node_specs(nodes: int | Sequence[NodeSpec], run_config: Mapping[str, Any], data_dir: Path) -> list[NodeSpec]:
-    """The SuperNodes of a deployment, checked: existing files, distinct organisations.
+def check_nodes(nodes: int | Sequence[NodeSpec], run_config: Mapping[str, Any],
+                check_data: bool = True) -> list[NodeSpec] | None:
+    """Check a deployment's SuperNodes before anything starts; the explicit ones, or None for a count.
+
+    A count must be at least 1 (its nodes come from the dataset, checked with
+    it). Explicit nodes need a valid, distinct organisation id (the
+    artifact's rule: :func:`~synapse_flwr.core.schema.org_id_problem`) and an
+    existing experience file; with ``check_data`` each node's catalog
+    (``catalog_path``, else the run config's ``dataset`` catalog, as the
+    ClientApp does) must load and its log load against it.
 
     Parameters
     ----------
     nodes : int or sequence of NodeSpec
-        Explicit nodes, or a number of organisations of the run config's
-        ``dataset`` (see :func:`nodes_from_dataset`).
+        Explicit nodes, or a number of organisations of the run config's ``dataset``.
     run_config : mapping
-        The absolute run config (``dataset``, ``seed``, ``alpha``).
-    data_dir : Path
-        Where re-partitioned organisation logs are written.
+        The absolute run config (``dataset``, ``seed``).
+    check_data : bool
+        Whether to load the catalogs and logs.
 
     Returns
     -------
-    list of NodeSpec
-        One per SuperNode.
+    list of NodeSpec or None
+        The explicit nodes; None when ``nodes`` is a count.
 
     Raises
     ------
     SynapseError
-        If there are no nodes, an experience file is missing or two
-        organisations share a name.
+        If there are no nodes, an organisation id is invalid or repeated, or
+        an experience file is missing.
+    InputError
+        If a catalog or a log does not load (naming the file, line and organisation).
     """
+    from synapse_flwr.core.schema import org_id_problem
+
     if isinstance(nodes, int):
         if nodes < 1:
-            raise SynapseError("a deployment needs at least one SuperNode")
-        cfg = RunConfig.from_mapping(run_config)
-        specs = nodes_from_dataset(cfg.dataset, nodes, data_dir, cfg.seed, cfg.alpha)
-    else:
-        specs = list(nodes)
+            raise SynapseError(f"a deployment needs at least one SuperNode, got --nodes {nodes}")
+        return None
+    specs = list(nodes)
+    if not specs:
+        raise SynapseError("a deployment needs at least one SuperNode (--node ORG=DATA_PATH)")
     for spec in specs:
+        if problem := org_id_problem(spec.org):
+            raise SynapseError(f"node {spec.org!r} (--node ORG=DATA_PATH): organisation id {problem}")
         if not Path(spec.data_path).is_file():
             raise SynapseError(f"experience file of org {spec.org!r} not found: {spec.data_path}")
     if len({s.org for s in specs}) != len(specs):
         raise SynapseError(f"organisation names must be distinct: {[s.org for s in specs]}")
+    if check_data:
+        _check_node_data(specs, run_config)
     return specs
 
 
-def _deployment_ports(cfg: DeploymentConfig, specs: Sequence[NodeSpec]) -> tuple[int, list[int]]:
+def _check_node_data(specs: Sequence[NodeSpec], run_config: Mapping[str, Any]) -> None:
+    """Load each node's catalog and its log against it, as its ClientApp will.
+
+    Raises
+    ------
+    InputError
+        For the first catalog or log that does not load: its file and line, the
+        organisation, and which catalog the log was checked against.
+    """
+    from synapse_flwr.core.catalog import load_catalog
+    from synapse_flwr.core.errors import InputError
+    from synapse_flwr.core.experience import load_experience
+    from synapse_flwr.data.federation import load_dataset
+
+    cfg = RunConfig.from_mapping(run_config)
+    catalogs: dict[str, Any] = {}
+    for spec in specs:
+        source = str(Path(spec.catalog_path).resolve()) if spec.catalog_path else ""
+        where = f"the catalog {source}" if source else f"the catalog of dataset {cfg.dataset!r} (no --catalog)"
+        try:
+            if source not in catalogs:  # a catalog shared by every node is loaded once
+                catalogs[source] = load_catalog(source) if source else load_dataset(cfg.dataset, cfg.seed).catalog
+            load_experience(spec.data_path, catalogs[source], warn=False)
+        except InputError as exc:
+            raise InputError(exc.path, f"{exc.message} (org {spec.org!r}: its log checked against {where})",
+                             exc.line, exc.field) from None
+
+
+def _deployment_ports(cfg: DeploymentConfig, specs: Sequence[NodeSpec] | None) -> tuple[int, list[int]]:
     """SuperLink port and one SuperNode port per node: the configured ones checked, the rest free.
 
     Parameters
     ----------
     cfg : DeploymentConfig
-        Its ``superlink_port`` and ``node_ports``.
-    specs : sequence of NodeSpec
-        The nodes.
+        Its ``superlink_port``, ``node_ports`` and ``nodes``.
+    specs : sequence of NodeSpec or None
+        The explicit nodes; None: ``cfg.nodes`` nodes of the dataset, not known yet.
 
     Returns
     -------
@@ -356,11 +408,12 @@ def _deployment_ports(cfg: DeploymentConfig, specs: Sequence[NodeSpec]) -> tuple
     SynapseError
         If the number of node ports is wrong, or a port is busy or repeated.
     """
-    node_ports = list(cfg.node_ports) if cfg.node_ports is not None else [None] * len(specs)
-    if len(node_ports) != len(specs):
-        raise SynapseError(f"{len(node_ports)} node ports given for {len(specs)} SuperNodes")
-    ports = pick_ports([cfg.superlink_port, *node_ports],
-                       ["SuperLink", *(f"SuperNode of org {s.org!r}" for s in specs)])
+    names = ([f"SuperNode {i + 1} of {cfg.nodes}" for i in range(int(cfg.nodes))] if specs is None
+             else [f"SuperNode of org {s.org!r}" for s in specs])
+    node_ports = list(cfg.node_ports) if cfg.node_ports is not None else [None] * len(names)
+    if len(node_ports) != len(names):
+        raise SynapseError(f"{len(node_ports)} node ports given for {len(names)} SuperNodes")
+    ports = pick_ports([cfg.superlink_port, *node_ports], ["SuperLink", *names])
     return ports[0], ports[1:]
 
 
@@ -409,12 +462,14 @@ def _start_federation(
 def run_local_deployment(cfg: DeploymentConfig) -> DeploymentResult:
     """Deploy the app for real on 127.0.0.1: SuperLink, SuperNodes, one run, teardown.
 
-    Steps: start ``flower-superlink`` and one ``flower-supernode`` per
-    organisation (``--node-config 'data-path="..." org="..."'``, plus
-    ``catalog-path`` when given), wait until all are online, submit the run
-    with ``flwr run <app> deploy``, log progress per round until the run
-    finishes, save its log (``flwr log``), and stop every process started
-    (also on error or Ctrl-C).
+    Steps: check everything a user can get wrong (:class:`~synapse_flwr.flower.launch.Launch`,
+    :func:`check_nodes`, the ports) and only then create ``FLWR_HOME``; start
+    ``flower-superlink`` and one ``flower-supernode`` per organisation
+    (``--node-config 'data-path="..." org="..."'``, plus ``catalog-path`` when
+    given), wait until all are online, submit the run with ``flwr run <app>
+    deploy``, log progress per round until the run finishes, save its log
+    (``flwr log``, in ``<output-dir>/logs/``), stop every process started
+    (also on error or Ctrl-C) and remove a temporary ``FLWR_HOME``.
 
     Parameters
     ----------
@@ -429,29 +484,39 @@ def run_local_deployment(cfg: DeploymentConfig) -> DeploymentResult:
     Raises
     ------
     SynapseError
-        If Flower is missing, a port is busy, a SuperNode does not come
-        online in time (with its log tail), or the run fails or times out
-        (with the tail of ``flwr log``).
+        Before any process starts: if the app, the run config (dataset,
+        output folder, keys) or a node (organisation id, experience file,
+        catalog, log: :class:`~synapse_flwr.core.errors.InputError`) is
+        unusable, Flower is missing or a port is busy. Later: if a SuperNode
+        does not come online in time (with its log tail), or the run fails or
+        times out (with the tail of ``flwr log``).
     """
     launch = Launch("deployment", cfg.app_dir, cfg.run_config, cfg.flwr_home, "synapse-flwr-deploy-")
-    specs = _node_specs(cfg.nodes, launch.run_config, launch.home / "data")
-    if launch.run_config.get("noise") == "seeded":
-        # one person runs every node here, and asks for reproducible noise: each node consents
-        log.info("deployment: seeded noise (run config); every local SuperNode allows it (node config noise)")
-        specs = [replace(s, noise="seeded") for s in specs]
-    link_port, node_ports = _deployment_ports(cfg, specs)
-    group = launch.stage("deploy", f"{HOST}:{link_port}", insecure=True)
-    log.info("deployment: %d SuperNodes, %d rounds, SuperLink %s:%d, outputs in %s, FLWR_HOME %s",
-             len(specs), launch.num_rounds, HOST, link_port, launch.output_dir, launch.home)
-    log_path = group.log_path("run")
-    with launch.running():
-        node_ids = _start_federation(launch, specs, link_port, node_ports, cfg.online_timeout)
-        run_id, status, run_s = _submit_and_wait(launch, cfg.timeout)
-        _save_run_log(group, run_id, log_path, launch.home)
+    explicit = check_nodes(cfg.nodes, launch.run_config, cfg.check_data)
+    link_port, node_ports = _deployment_ports(cfg, explicit)
+    with launch.opened():  # every check passed
+        specs = explicit or _dataset_nodes(int(cfg.nodes), launch.run_config, launch.home / "data")
+        if launch.run_config.get("noise") == "seeded":
+            # one person runs every node here, and asks for reproducible noise: each node consents
+            log.info("deployment: seeded noise (run config); every local SuperNode allows it (node config noise)")
+            specs = [replace(s, noise="seeded") for s in specs]
+        group = launch.stage("deploy", f"{HOST}:{link_port}", insecure=True)
+        launch.log_start(f"{len(specs)} SuperNodes, SuperLink {HOST}:{link_port}")
+        log_path = group.log_path("run")
+        with launch.running():
+            node_ids = _start_federation(launch, specs, link_port, node_ports, cfg.online_timeout)
+            run_id, status, run_s = _submit_and_wait(launch, cfg.timeout)
+            _save_run_log(group, run_id, log_path, launch.home)
     launch.check(run_id, status, log_path, "`flwr log`")
     log.info("deployment run %s %s in %.1fs (total %.1fs)", run_id, status, run_s, launch.wall_s)
     return DeploymentResult(run_id, status, launch.output_dir, round(launch.wall_s, 3), round(run_s, 3),
                             log_path, node_ids, launch.peak_rss_bytes)
+
+
+def _dataset_nodes(n: int, run_config: Mapping[str, Any], data_dir: Path) -> list[NodeSpec]:
+    """``n`` SuperNodes of the run config's dataset (:func:`nodes_from_dataset`), re-partitioned logs in ``data_dir``."""
+    cfg = RunConfig.from_mapping(run_config)
+    return nodes_from_dataset(cfg.dataset, n, data_dir, cfg.seed, cfg.alpha)
 
 
 def _save_run_log(group: ProcessGroup, run_id: str, log_path: Path, cwd: Path) -> None:

@@ -43,7 +43,12 @@ from typing import Any
 import synapse_flwr
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.data.pins import ENV_VAR, data_dir
-from synapse_flwr.flower.config import RunConfig, check_overrides, resume_conflict
+from synapse_flwr.flower.config import (
+    RunConfig,
+    RunConfigError,
+    check_overrides,
+    resume_conflict,
+)
 from synapse_flwr.flower.processes import (
     TAG_ENV,
     MemorySampler,
@@ -57,6 +62,8 @@ log = logging.getLogger(__name__)
 
 FLOWER_BINARIES = ("flwr", "flower-superlink", "flower-supernode", "flower-superexec")
 FINISHED_OK = "finished:completed"
+#: Dataset names :func:`~synapse_flwr.data.federation.load_dataset` knows; any other ``dataset`` is a folder.
+KNOWN_DATASETS = ("demo", "metatool", "taubench")
 
 
 # ------------------------------------------------------------------ config and results
@@ -77,7 +84,7 @@ class SimulationResult:
     wall_s : float
         Seconds from ``flwr run`` to the managed SuperLink stopped.
     log_path : Path
-        The streamed run log.
+        The streamed run log (in ``<output_dir>/logs/``, with the SuperLink's).
     peak_rss_bytes : int or None
         Peak of the summed resident memory of all started processes (sampled).
     """
@@ -161,7 +168,7 @@ def toml_value(value: Any) -> str:
 
 
 def absolute_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
-    """Run config with ``output-dir`` (default ``runs/latest``) and folder datasets absolute.
+    """Run config with ``output-dir`` (default ``runs/latest``), other paths and folder datasets absolute.
 
     The app runs from a staged copy under ``FLWR_HOME``, so relative paths
     are resolved here, from the caller's working folder.
@@ -174,8 +181,8 @@ def absolute_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
     Returns
     -------
     dict
-        A validated copy with absolute ``output-dir``, ``release-cache``, ``capture-dir`` and,
-        when a folder, ``dataset``.
+        A validated copy with absolute ``output-dir``, ``release-cache``, ``capture-dir``,
+        ``keys-file`` and, when a folder, ``dataset``.
 
     Raises
     ------
@@ -184,13 +191,13 @@ def absolute_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
     """
     rc = check_overrides(run_config)  # a bad key or value fails here, before any process starts
     rc["output-dir"] = str(Path(RunConfig.from_mapping(rc).output_dir).expanduser().resolve())
-    for key in ("release-cache", "capture-dir"):
+    for key in ("release-cache", "capture-dir", "keys-file"):
         if rc.get(key):
             rc[key] = str(Path(str(rc[key])).expanduser().resolve())
     dataset = rc.get("dataset")
-    if isinstance(dataset, (str, Path)) and str(dataset) not in ("demo", "metatool"):
-        if Path(dataset).expanduser().is_dir():
-            rc["dataset"] = str(Path(dataset).expanduser().resolve())
+    if (isinstance(dataset, (str, Path)) and str(dataset) not in KNOWN_DATASETS
+            and Path(dataset).expanduser().is_dir()):
+        rc["dataset"] = str(Path(dataset).expanduser().resolve())
     return rc
 
 
@@ -374,6 +381,45 @@ def stage_app(app_dir: Path, dest: Path) -> Path:
     return dest
 
 
+def run_log_dir(output_dir: Path, what: str) -> Path:
+    """Create and return a new log folder for one run, ``<output_dir>/logs/<what>-<YYYYmmdd-HHMMSS>``.
+
+    Beside the run's outputs rather than in its ``FLWR_HOME``, which may be
+    temporary; one folder per run, so a resumed run keeps the logs of the one
+    it resumes.
+
+    Parameters
+    ----------
+    output_dir : Path
+        The run's ``output-dir`` (created if needed).
+    what : str
+        ``"simulation"`` or ``"deployment"``.
+
+    Returns
+    -------
+    Path
+        The new, empty folder.
+
+    Raises
+    ------
+    SynapseError
+        If it cannot be created (naming ``output-dir``).
+    """
+    stem = f"{what}-{time.strftime('%Y%m%d-%H%M%S')}"
+    logs = output_dir / "logs"
+    for n in range(1, 1000):
+        folder = logs / (stem if n == 1 else f"{stem}-{n}")
+        try:
+            folder.mkdir(parents=True)
+            return folder
+        except FileExistsError:
+            continue  # two runs started in the same second
+        except OSError as exc:
+            raise SynapseError(f"run config 'output-dir' {str(output_dir)!r}: cannot create its log folder "
+                               f"{folder} ({exc.strerror or exc})") from None
+    raise SynapseError(f"{logs} holds too many runs started at {stem}: remove some")
+
+
 def _home(flwr_home: Path | None, prefix: str) -> Path:
     """``flwr_home`` absolute and created, or a new temporary folder named ``<prefix>...``."""
     home = Path(flwr_home).expanduser().resolve() if flwr_home else Path(tempfile.mkdtemp(prefix=prefix))
@@ -404,18 +450,91 @@ def read_metrics(output_dir: Path) -> list[dict]:
 
 
 def check_dataset(run_config: Mapping[str, Any]) -> None:
-    """Check the dataset folder a run config names before any process starts (other datasets: nothing).
+    """Check the dataset a run config names before any process starts.
+
+    A known name (:data:`KNOWN_DATASETS`) passes as is; anything else must be
+    a dataset folder, checked file by file.
+
+    Parameters
+    ----------
+    run_config : mapping
+        The absolute run config (its ``dataset``; none: the app's default).
 
     Raises
     ------
+    RunConfigError
+        If ``dataset`` is neither a known name nor a folder.
     DataError
         Listing every problem of the folder, by file and line.
     """
     from synapse_flwr.data.check import require_valid
 
     dataset = str(run_config.get("dataset", ""))
-    if dataset and Path(dataset).is_dir():
-        require_valid(Path(dataset))
+    if not dataset or dataset in KNOWN_DATASETS:
+        return
+    if not Path(dataset).is_dir():
+        what = "a file, not a folder" if Path(dataset).exists() else "no such folder"
+        raise RunConfigError(f"run config 'dataset' {dataset!r}: not a known dataset ({', '.join(KNOWN_DATASETS)}) "
+                             f"and {what}; name one of those or a dataset folder (--set dataset=FOLDER)")
+    require_valid(Path(dataset))
+
+
+def check_output_dir(output_dir: str | Path) -> None:
+    """Refuse, before any process starts, an ``output-dir`` that is a file or lies under one.
+
+    Parameters
+    ----------
+    output_dir : str or Path
+        The run config's absolute ``output-dir``.
+
+    Raises
+    ------
+    RunConfigError
+        Naming the file in the way.
+    """
+    path = Path(output_dir)
+    for folder in (path, *path.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                where = "is a file" if folder == path else f"lies under {folder}, which is a file"
+                raise RunConfigError(f"run config 'output-dir' {str(path)!r} {where}; the server writes its "
+                                     "globals and metrics.json into a folder: set another (--set output-dir=PATH)")
+            return
+
+
+def check_keys(run_config: Mapping[str, Any]) -> None:
+    """Load the keys the ServerApp will sign and verify with, before any process starts.
+
+    With ``sign`` on and a ``keys-file``, the ServerApp reads that registry and
+    the server's private key beside it (``server.key``) as its first work, with
+    the same loaders as here (:mod:`synapse_flwr.flower.keys`); a run that
+    would fail there is refused now. An empty ``keys-file`` (the demo key set)
+    needs no file.
+
+    Parameters
+    ----------
+    run_config : mapping
+        The whole, absolute run config (``sign``, ``keys-file``).
+
+    Raises
+    ------
+    RunConfigError
+        Naming ``keys-file``, its value and what is wrong.
+    """
+    from synapse_flwr.core.signing import SERVER, KeyFileError
+    from synapse_flwr.flower.keys import registry_for, signer_for
+
+    cfg = RunConfig.from_mapping(run_config)
+    if not cfg.sign or not cfg.keys_file:
+        return
+    if not Path(cfg.keys_file).is_file():
+        raise RunConfigError(f"run config 'keys-file' {cfg.keys_file!r}: no such file; name the keys.json "
+                             "written by `synapse keygen`, or --set keys-file='' for the demo key set")
+    try:
+        registry_for(cfg)
+        signer_for(cfg, SERVER)
+    except KeyFileError as exc:
+        raise RunConfigError(f"run config 'keys-file' {cfg.keys_file!r}: {exc}") from None
 
 
 def nothing_merged(output_dir: Path) -> str | None:
@@ -471,13 +590,17 @@ def check_outputs(output_dir: Path, num_rounds: int) -> str | None:
 class Launch:
     """The setup and teardown both launchers share: one private Flower world per run.
 
-    Creating it resolves the app and the run config (absolute ``output-dir``
-    and dataset folders, the number of rounds) and creates the private
-    ``FLWR_HOME``; :meth:`stage` writes the tagged environment, the Flower CLI
-    config naming the SuperLink, the run-config overrides and a copy of the
-    app; :meth:`running` samples memory while the processes run and stops all
-    of them on the way out; :meth:`check` judges the run by its status and
-    outputs.
+    Creating it checks everything a user can get wrong before any process
+    starts and creates nothing: the app, the run config (absolute
+    ``output-dir``, key and dataset paths), the dataset, the output folder,
+    the keys and the rounds already on disk. :meth:`opened` creates the
+    private ``FLWR_HOME`` (a temporary one is removed when the run ends);
+    :meth:`stage` writes the tagged environment, the Flower CLI config naming
+    the SuperLink, the run-config overrides and a copy of the app;
+    :meth:`running` samples memory while the processes run and stops all of
+    them on the way out; :meth:`check` judges the run by its status and
+    outputs. The processes' logs go to ``<output-dir>/logs/<what>-<time>``, so
+    they outlive a temporary home.
 
     Parameters
     ----------
@@ -488,14 +611,18 @@ class Launch:
     run_config : mapping
         Overrides of ``[tool.flwr.app.config]``.
     flwr_home : Path or None
-        Private ``FLWR_HOME``; a new temporary folder when None.
+        Private ``FLWR_HOME``, kept after the run; a new temporary folder,
+        removed after the run, when None.
     home_prefix : str
         Name prefix of that temporary folder.
 
     Raises
     ------
     SynapseError
-        If ``app_dir`` is not a Flower app or its number of rounds is unreadable.
+        If ``app_dir`` is not a Flower app, its number of rounds is
+        unreadable, or the run config names a dataset, output folder or keys
+        file the run would fail on (:class:`~synapse_flwr.flower.config.RunConfigError`,
+        or the dataset folder's ``DataError``).
     """
 
     def __init__(
@@ -508,14 +635,60 @@ class Launch:
         effective = effective_run_config(self.source, self.run_config)
         self.num_rounds = int(effective["num-rounds"])
         self.output_dir = Path(self.run_config["output-dir"])
+        check_output_dir(self.output_dir)
+        check_keys(effective)
         check_resume(self.output_dir, effective)
-        self.home = _home(flwr_home, home_prefix)
+        self.flwr_home = Path(flwr_home).expanduser().resolve() if flwr_home else None
+        if self.flwr_home and self.flwr_home.exists() and not self.flwr_home.is_dir():
+            raise SynapseError(f"--flwr-home {self.flwr_home} is a file; name a folder (or leave it out)")
+        self.home_prefix = home_prefix
+        self._home: Path | None = None
         self.app_dir = self.source  # the staged copy once staged
-        self.overrides = self.home / "run_config.toml"
+        self.log_dir = self.output_dir / "logs"  # the run's own subfolder once staged
         self._group: ProcessGroup | None = None
         self.t0 = 0.0
         self.wall_s = 0.0
         self.peak_rss_bytes: int | None = None
+
+    @property
+    def home(self) -> Path:
+        """The run's ``FLWR_HOME``.
+
+        Raises
+        ------
+        RuntimeError
+            Outside :meth:`opened`.
+        """
+        if self._home is None:
+            raise RuntimeError("Launch.opened() must come first: it creates FLWR_HOME")
+        return self._home
+
+    @property
+    def overrides(self) -> Path:
+        """The run-config file ``flwr run`` gets (in the home)."""
+        return self.home / "run_config.toml"
+
+    @contextmanager
+    def opened(self) -> Iterator[Path]:
+        """Context of the private ``FLWR_HOME``: created on entry, removed on exit when temporary.
+
+        Enter it only once every check passed, so that a refused run leaves
+        nothing behind; a temporary home (app copies, SuperLink state, tens of
+        MB) is removed once the run ended, whichever way. A home given as
+        ``flwr_home`` is kept.
+
+        Yields
+        ------
+        Path
+            The home.
+        """
+        self._home = _home(self.flwr_home, self.home_prefix)
+        try:
+            yield self._home
+        finally:
+            if self.flwr_home is None:
+                shutil.rmtree(self._home, ignore_errors=True)
+                log.debug("removed the temporary FLWR_HOME %s", self._home)
 
     def stage(self, superlink: str, address: str, insecure: bool = False,
               extra_env: Mapping[str, str] | None = None) -> ProcessGroup:
@@ -541,7 +714,9 @@ class Launch:
         Raises
         ------
         SynapseError
-            If a Flower binary is missing.
+            If a Flower binary is missing, or the log folder cannot be created.
+        RuntimeError
+            Outside :meth:`opened`.
         """
         tag = uuid.uuid4().hex
         env = flower_env(self.home, tag, extra_env)
@@ -549,7 +724,8 @@ class Launch:
             f'[superlink]\ndefault = "{superlink}"\n\n[superlink.{superlink}]\naddress = "{address}"\n'
             + ("insecure = true\n" if insecure else ""), encoding="utf-8")
         write_run_config(self.overrides, self.run_config)
-        self._group = ProcessGroup(tag, env, self.home / "logs")
+        self.log_dir = run_log_dir(self.output_dir, self.what)
+        self._group = ProcessGroup(tag, env, self.log_dir)
         self.app_dir = stage_app(self.source, self.home / "app")
         return self._group
 
@@ -587,6 +763,18 @@ class Launch:
             self.peak_rss_bytes = sampler.peak
         finally:
             self.wall_s = time.monotonic() - self.t0
+
+    def log_start(self, what: str) -> None:
+        """Log what the run is about to start, where its outputs and logs go, and which home it uses.
+
+        Parameters
+        ----------
+        what : str
+            The launcher's own part (``K=3``, the SuperLink's address...).
+        """
+        home = f"{self.home} (kept)" if self.flwr_home else f"{self.home} (temporary: removed after the run)"
+        log.info("%s: %s, %d rounds, outputs in %s, logs in %s, FLWR_HOME %s", self.what, what, self.num_rounds,
+                 self.output_dir, self.log_dir, home)
 
     def progress(self, seen: int) -> int:
         """Log the rounds recorded since ``seen``; return the new count.
@@ -660,36 +848,42 @@ def run_simulation(
         Overrides of ``[tool.flwr.app.config]``; relative ``output-dir`` and
         dataset folders are made absolute.
     flwr_home : Path or None
-        Private ``FLWR_HOME``; a new temporary folder when None.
+        Private ``FLWR_HOME``, kept after the run; a new temporary folder,
+        removed after the run, when None.
     timeout : float
         Seconds the whole run may take.
 
     Raises
     ------
     SynapseError
-        If Flower is missing, the ports are busy, the run times out, fails or
-        leaves incomplete outputs (with the tail of its log).
+        Before any process starts: if ``num_supernodes`` is below 1, the app,
+        the run config, its dataset, output folder or keys are unusable (see
+        :class:`Launch`), Flower is missing or the ports are busy. Later: if
+        the run times out, fails or leaves incomplete outputs (with the tail
+        of its log).
 
     Returns
     -------
     SimulationResult
         Run id, final status, outputs, wall time, log and peak memory.
     """
+    if int(num_supernodes) < 1:
+        raise SynapseError(f"a simulation needs at least one SuperNode, got {num_supernodes}")
     launch = Launch("simulation", app_dir, run_config or {}, flwr_home, "synapse-flwr-sim-")
     http_port, control_port = pick_ports([None, None], ["managed SuperLink", "Control API"])
-    group = launch.stage("local", ":local:", extra_env={
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
-        "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
-    })
-    cmd = ["flwr", "run", str(launch.app_dir), "local", "--federation-config",
-           f"num-supernodes={int(num_supernodes)}", "--run-config", str(launch.overrides), "--stream"]
-    log.info("simulation: K=%d, %d rounds, outputs in %s, FLWR_HOME %s", num_supernodes, launch.num_rounds,
-             launch.output_dir, launch.home)
-    log_path = group.log_path("simulation")
-    with launch.running():
-        _start_managed_superlink(launch, group, http_port, control_port)
-        _follow(launch, group.start("simulation", cmd, cwd=launch.app_dir), log_path, timeout)
-        run_id, status = _last_run(group, launch.app_dir)
+    with launch.opened():
+        group = launch.stage("local", ":local:", extra_env={
+            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
+            "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
+        })
+        cmd = ["flwr", "run", str(launch.app_dir), "local", "--federation-config",
+               f"num-supernodes={int(num_supernodes)}", "--run-config", str(launch.overrides), "--stream"]
+        launch.log_start(f"K={num_supernodes}")
+        log_path = group.log_path("simulation")
+        with launch.running():
+            _start_managed_superlink(launch, group, http_port, control_port)
+            _follow(launch, group.start("simulation", cmd, cwd=launch.app_dir), log_path, timeout)
+            run_id, status = _last_run(group, launch.app_dir)
     launch.check(run_id, status, log_path, "log")
     log.info("simulation run %s %s in %.1fs", run_id, status, launch.wall_s)
     return SimulationResult(run_id, status, launch.output_dir, round(launch.wall_s, 3), log_path,

@@ -1,0 +1,262 @@
+"""The Flower launchers refuse a user's mistake before any process starts, and leave no temporary home behind.
+
+Fast: no test here starts a Flower process. Where a run must get as far as
+starting one, the first start is replaced by an error ("stop here").
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from synapse_flwr import cli
+from synapse_flwr.core.errors import InputError, SynapseError
+from synapse_flwr.core.signing import (
+    SERVER,
+    add_to_registry,
+    new_signer,
+    save_private_key,
+)
+from synapse_flwr.flower import deploy, launch
+from synapse_flwr.flower.config import RunConfigError
+from synapse_flwr.flower.deploy import (
+    DeploymentConfig,
+    NodeSpec,
+    check_nodes,
+    run_local_deployment,
+)
+from synapse_flwr.flower.launch import (
+    absolute_run_config,
+    check_dataset,
+    check_keys,
+    check_output_dir,
+    run_log_dir,
+    run_simulation,
+)
+
+APP_DIR = Path(__file__).resolve().parent.parent
+ENV = {"COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}
+CATALOG = [{"name": "city_weather_v2", "description": "Weather forecast for a city."},
+           {"name": "hotel_room_booker", "description": "Book a hotel room."}]
+
+
+def invoke(*args: object):
+    """The CLI in this process (its exception, not a log line, is what a test looks at)."""
+    return CliRunner().invoke(cli.app, [str(a) for a in args], env=ENV)
+
+
+@pytest.fixture
+def tmp_root(tmp_path, monkeypatch) -> Path:
+    """``tempfile``'s folder for this test only: where a launcher's temporary FLWR_HOME would go."""
+    root = tmp_path / "tmp"
+    root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    return root
+
+
+@pytest.fixture
+def org_data(tmp_path) -> dict[str, Path]:
+    """A catalog of two tools, a log valid against it, one naming an unknown tool on line 2."""
+    folder = tmp_path / "orgs"
+    folder.mkdir()
+    (folder / "catalog.json").write_text(json.dumps(CATALOG))
+    good = [{"query": "weather in rome", "tool": "city_weather_v2", "success": True},
+            {"query": "a room in paris", "tool": "hotel_room_booker", "success": True}]
+    (folder / "org_a.jsonl").write_text("".join(json.dumps(e) + "\n" for e in good))
+    bad = [good[0], {"query": "pay my rent", "tool": "internal_payroll", "success": True}]
+    (tmp_path / "org_bad.jsonl").write_text("".join(json.dumps(e) + "\n" for e in bad))  # the folder stays valid
+    return {"catalog": folder / "catalog.json", "good": folder / "org_a.jsonl", "bad": tmp_path / "org_bad.jsonl"}
+
+
+def started_nothing(tmp_root: Path, *paths: Path) -> None:
+    """No temporary home was created (so nothing was staged or started), nor any of ``paths``."""
+    assert list(tmp_root.iterdir()) == []
+    for path in paths:
+        assert not path.exists(), path
+
+
+# ------------------------------------------------------------------ 1. keys-file
+
+
+def keys(folder: Path, server_key: bool = True) -> Path:
+    """A registry written as `synapse keygen` writes it; the server's private key beside it unless not asked."""
+    for owner in ("a", SERVER):
+        signer = new_signer(owner)
+        add_to_registry(folder / "keys.json", signer)
+        if owner != SERVER or server_key:
+            save_private_key(folder / f"{owner}.key", signer)
+    return folder / "keys.json"
+
+
+def test_a_relative_keys_file_is_read_from_the_callers_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert absolute_run_config({"keys-file": "keys/keys.json"})["keys-file"] == str(tmp_path / "keys" / "keys.json")
+    assert absolute_run_config({"keys-file": ""})["keys-file"] == ""  # the demo key set stays the demo key set
+
+
+def test_the_keys_the_server_loads_are_checked_first(tmp_path):
+    good = keys(tmp_path / "good")
+    check_keys({"keys-file": str(good)})
+    check_keys({"keys-file": ""})  # demo keys: no file
+    check_keys({"keys-file": str(tmp_path / "nope.json"), "sign": False})  # signing off: never read
+    with pytest.raises(RunConfigError, match=r"'keys-file' '.*nope\.json': no such file"):
+        check_keys({"keys-file": str(tmp_path / "nope.json")})
+    (tmp_path / "garbage.json").write_text("{not json")
+    with pytest.raises(RunConfigError, match="'keys-file' .*garbage.json: cannot read it as JSON"):
+        check_keys({"keys-file": str(tmp_path / "garbage.json")})
+    (tmp_path / "other.json").write_text(json.dumps({"keys": []}))
+    with pytest.raises(RunConfigError, match="'keys-file' .*other.json: expected"):
+        check_keys({"keys-file": str(tmp_path / "other.json")})
+    no_server_key = keys(tmp_path / "no-server-key", server_key=False)
+    with pytest.raises(RunConfigError, match=r"'keys-file' .*private key .*server\.key: cannot load it"):
+        check_keys({"keys-file": str(no_server_key)})
+
+
+@pytest.mark.parametrize("command", ["simulate", "deploy-local"])
+def test_the_cli_refuses_a_missing_keys_file_before_starting_anything(tmp_path, tmp_root, monkeypatch, command):
+    """Regression: deploy-local started a SuperLink and 3 SuperNodes, then the ServerApp failed with a traceback."""
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    res = invoke(command, "--set", "keys-file=nope.json", "--set", f"output-dir={json.dumps(str(out))}")
+    assert isinstance(res.exception, RunConfigError), res.exception
+    assert f"'keys-file' {str(tmp_path / 'nope.json')!r}: no such file" in str(res.exception)
+    started_nothing(tmp_root, out)
+
+
+# ------------------------------------------------------------------ 2. dataset and output-dir
+
+
+def test_a_dataset_that_is_neither_known_nor_a_folder_is_refused(tmp_path):
+    check_dataset({"dataset": "demo"})
+    check_dataset({})
+    with pytest.raises(RunConfigError, match=r"'dataset' 'nope': not a known dataset \(demo, metatool, taubench\) "
+                                             "and no such folder"):
+        check_dataset({"dataset": "nope"})
+    (tmp_path / "data.jsonl").write_text("")
+    with pytest.raises(RunConfigError, match="a file, not a folder"):
+        check_dataset({"dataset": str(tmp_path / "data.jsonl")})
+
+
+def test_an_output_dir_that_is_a_file_is_refused(tmp_path):
+    check_output_dir(tmp_path / "new" / "out")  # created later, by the run
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(RunConfigError, match=r"'output-dir' '.*a-file' is a file"):
+        check_output_dir(tmp_path / "a-file")
+    with pytest.raises(RunConfigError, match=r"lies under .*a-file, which is a file"):
+        check_output_dir(tmp_path / "a-file" / "out")
+
+
+@pytest.mark.parametrize("command", ["simulate", "deploy-local"])
+def test_the_cli_refuses_a_bad_dataset_or_output_dir_before_starting_anything(tmp_path, tmp_root, command):
+    out = tmp_path / "out"
+    res = invoke(command, "--set", "dataset=nope", "--set", f"output-dir={json.dumps(str(out))}")
+    assert isinstance(res.exception, RunConfigError) and "not a known dataset" in str(res.exception)
+    (tmp_path / "a-file").write_text("")
+    res = invoke(command, "--set", f"output-dir={json.dumps(str(tmp_path / 'a-file'))}")
+    assert isinstance(res.exception, RunConfigError) and "'output-dir'" in str(res.exception)
+    started_nothing(tmp_root, out)
+
+
+def test_the_python_launchers_check_the_same(tmp_path):
+    rc = {"dataset": "nope", "output-dir": str(tmp_path / "out")}
+    with pytest.raises(RunConfigError, match="not a known dataset"):
+        run_simulation(APP_DIR, 2, rc, flwr_home=tmp_path / "h1")
+    with pytest.raises(RunConfigError, match="not a known dataset"):
+        run_local_deployment(DeploymentConfig(APP_DIR, 2, rc, flwr_home=tmp_path / "h2"))
+    assert not (tmp_path / "h1").exists() and not (tmp_path / "h2").exists()
+    (tmp_path / "h3").write_text("")
+    with pytest.raises(SynapseError, match="--flwr-home .*h3 is a file"):
+        run_simulation(APP_DIR, 2, {"output-dir": str(tmp_path / "out")}, flwr_home=tmp_path / "h3")
+
+
+# ------------------------------------------------------------------ 3. --node
+
+
+def test_node_org_ids_follow_the_artifacts_rule(org_data):
+    check_nodes([NodeSpec("a", org_data["good"], org_data["catalog"])], {})
+    for org, words in (("bad org", "use 1-"), ("server", "is reserved"), ("global", "is reserved")):
+        with pytest.raises(SynapseError, match=f"node {org!r} .*organisation id .*{words}"):
+            check_nodes([NodeSpec(org, org_data["good"], org_data["catalog"])], {})
+
+
+def test_a_nodes_catalog_and_log_must_load(tmp_path, org_data):
+    with pytest.raises(InputError, match=r"nope\.json: file not found \(org 'a'"):
+        check_nodes([NodeSpec("a", org_data["good"], tmp_path / "nope.json")], {})
+    with pytest.raises(InputError) as err:
+        check_nodes([NodeSpec("a", org_data["good"], org_data["catalog"]),
+                     NodeSpec("b", org_data["bad"], org_data["catalog"])], {})
+    assert str(err.value).startswith(f"{org_data['bad']}:2: field 'tool': tool 'internal_payroll'")
+    assert f"org 'b': its log checked against the catalog {org_data['catalog']}" in str(err.value)
+    # as on separate hosts: handed over unchecked (the server rejects the org), names and files still checked
+    check_nodes([NodeSpec("b", org_data["bad"], tmp_path / "nope.json")], {}, check_data=False)
+    with pytest.raises(SynapseError, match="experience file of org 'b' not found"):
+        check_nodes([NodeSpec("b", tmp_path / "absent.jsonl")], {}, check_data=False)
+
+
+def test_without_a_catalog_a_nodes_log_must_load_against_the_datasets(org_data):
+    """The ClientApp then loads the run config dataset's catalog: the demo's knows no city_weather_v2."""
+    with pytest.raises(InputError, match=r"org_a\.jsonl:1: .*the catalog of dataset 'demo' \(no --catalog\)"):
+        check_nodes([NodeSpec("a", org_data["good"])], {"dataset": "demo"})
+    check_nodes([NodeSpec("a", org_data["good"])], {"dataset": str(org_data["catalog"].parent)})
+
+
+def test_the_cli_checks_its_nodes_before_starting_anything(tmp_path, tmp_root, org_data):
+    out = f"output-dir={json.dumps(str(tmp_path / 'out'))}"
+    res = invoke("deploy-local", "--node", f"server={org_data['good']}", "--catalog", org_data["catalog"], "--set", out)
+    assert isinstance(res.exception, SynapseError) and "is reserved" in str(res.exception)
+    res = invoke("deploy-local", "--node", f"a={org_data['good']}", "--catalog", tmp_path / "nope.json", "--set", out)
+    assert isinstance(res.exception, InputError) and "nope.json: file not found" in str(res.exception)
+    res = invoke("deploy-local", "--node", f"a={org_data['good']}", "--node", f"b={org_data['bad']}",
+                 "--catalog", org_data["catalog"], "--set", out)
+    assert isinstance(res.exception, InputError) and f"{org_data['bad']}:2:" in str(res.exception)
+    res = invoke("deploy-local", "--node", f"a={org_data['good']}", "--set", out)  # the demo's catalog
+    assert isinstance(res.exception, InputError) and "dataset 'demo'" in str(res.exception)
+    res = invoke("deploy-local", "--nodes", "0", "--set", out)
+    assert res.exit_code != 0 and "--nodes" in (str(res.exception) + res.output)  # here or by typer's min=1
+    started_nothing(tmp_root, tmp_path / "out")
+
+
+# ------------------------------------------------------------------ 4. the temporary home
+
+
+def stop_at_first_start(*args, **kwargs):
+    raise SynapseError("stop here")
+
+
+def test_a_deployment_removes_its_temporary_home_and_keeps_its_logs(tmp_path, tmp_root, org_data, monkeypatch):
+    monkeypatch.setattr(deploy, "_start_federation", stop_at_first_start)
+    out = tmp_path / "out"
+    nodes = [NodeSpec(o, org_data["good"], org_data["catalog"]) for o in ("a", "b")]
+    with pytest.raises(SynapseError, match="stop here"):  # every check passed: it got as far as starting
+        run_local_deployment(DeploymentConfig(APP_DIR, nodes, {"output-dir": str(out)}))
+    assert list(tmp_root.iterdir()) == []
+    with pytest.raises(SynapseError, match="a deployment needs at least one SuperNode, got --nodes 0"):
+        run_local_deployment(DeploymentConfig(APP_DIR, 0, {"output-dir": str(out)}))
+    assert list(tmp_root.iterdir()) == []
+    (logs,) = out.glob("logs/deployment-*")
+    assert logs.is_dir()
+
+
+def test_a_simulation_removes_its_temporary_home_but_keeps_a_given_one(tmp_path, tmp_root, monkeypatch):
+    monkeypatch.setattr(launch, "_start_managed_superlink", stop_at_first_start)
+    out = tmp_path / "out"
+    for _ in range(2):  # the second run's logs do not replace the first's
+        with pytest.raises(SynapseError, match="stop here"):
+            run_simulation(APP_DIR, 2, {"output-dir": str(out)})
+    assert list(tmp_root.iterdir()) == []
+    assert len(list(out.glob("logs/simulation-*"))) == 2
+    with pytest.raises(SynapseError, match="stop here"):
+        run_simulation(APP_DIR, 2, {"output-dir": str(out)}, flwr_home=tmp_path / "home")
+    assert (tmp_path / "home" / "config.toml").is_file()  # asked for: kept
+
+
+def test_run_log_dirs_are_distinct(tmp_path):
+    first, second = run_log_dir(tmp_path, "simulation"), run_log_dir(tmp_path, "simulation")
+    assert first != second and first.is_dir() and second.is_dir() and first.parent == tmp_path / "logs"
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SynapseError, match="'output-dir' .*file.*: cannot create its log folder"):
+        run_log_dir(tmp_path / "file", "simulation")
