@@ -47,7 +47,7 @@ from synapse_flwr.simulations.experiment_report import (
 
 from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.errors import SynapseError
-from synapse_flwr.core.files import write_atomic
+from synapse_flwr.core.files import write_atomic, write_problem
 from synapse_flwr.core.merge import TYPED
 from synapse_flwr.core.metrics import evaluate_routes
 from synapse_flwr.core.release import ReleaseState
@@ -634,6 +634,9 @@ def run_experiment(config: Path, fresh: bool = False, output: Path | None = None
         never stands above a refusal).
     """
     cfg = ExperimentConfig.from_toml(config)
+    out_dir = Path(output or cfg.output)
+    if problem := write_problem(out_dir, folder=True):  # before any unit: the results must have a place
+        raise SynapseError(f"results folder {out_dir} {problem}")
     if cfg.dataset == "taubench":  # its own per-step protocols (cross-validated and train-only)
         from synapse_flwr.simulations.taubench import run_taubench
 
@@ -642,7 +645,6 @@ def run_experiment(config: Path, fresh: bool = False, output: Path | None = None
         return run_taubench(config, cfg, output, progress)
     if Path(cfg.dataset).is_dir():
         require_valid(Path(cfg.dataset))  # every file, line and tool id, before any Flower run
-    out_dir = Path(output or cfg.output)
     exp = Experiment(cfg, fresh, progress)
     first = exp.dataset(cfg.seeds[0])
     if not exp.splits(first):  # before any Flower run: nothing could be scored

@@ -44,12 +44,37 @@ ReleaseCacheOption = Annotated[Path | None, typer.Option(
          "under other settings (org, epsilon, delta, rounds, embedder, catalog) is refused, not replaced.")]
 
 
-def check_output(output: Path, inputs: list[Path]) -> None:
-    """Refuse, before any work, an output that is a folder or one of the command's inputs."""
+def check_output(output: Path, inputs: list[Path], option: str = "--output") -> None:
+    """Refuse, before any work, an output that is a folder, one of the command's inputs, or cannot be written.
+
+    Parameters
+    ----------
+    output : Path
+        The file the command will write.
+    inputs : list of Path
+        The files it reads.
+    option : str
+        The option that named ``output``, for the message.
+    """
+    from synapse_flwr.core.files import write_problem
+
     if output.is_dir():
-        raise SynapseError(f"--output {output} is a folder; name a file to write")
+        raise SynapseError(f"{option} {output} is a folder; name a file to write")
     if output.exists() and any(p.exists() and p.resolve() == output.resolve() for p in inputs):
-        raise SynapseError(f"--output {output} is one of the inputs; writing it would destroy that input")
+        raise SynapseError(f"{option} {output} is one of the inputs; writing it would destroy that input")
+    if problem := write_problem(output):  # a parent that is a file, a read-only folder: said now, not after the work
+        raise SynapseError(f"{option} {output} {problem}")
+
+
+def check_folder(folder: Path, what: str) -> None:
+    """Refuse, before any work, a folder to write into that is a file or cannot be created or written.
+
+    ``what`` names it in the message (``--dir keys``, ``the log's folder data``).
+    """
+    from synapse_flwr.core.files import write_problem
+
+    if problem := write_problem(folder, folder=True):
+        raise SynapseError(f"{what} {problem}")
 
 
 def check_org(org: str, what: str = "--org", reserved: bool = False) -> None:
@@ -82,6 +107,22 @@ def check_space(embedder: str) -> None:
                            "corpus, so organisations' prototypes could not share its space)")
 
 
+def check_model(model: str, option: str = "--model") -> None:
+    """Refuse, before any model loads, a ``local/`` model that is not one of the embedded ones.
+
+    Any other string names a hosted litellm model, which only its provider can check.
+    """
+    if not model.startswith("local/"):
+        return
+    # imported here: it imports litellm, for a local model only
+    from synapse_flwr.core.llm import LOCAL_MODELS
+
+    if model.removeprefix("local/") not in LOCAL_MODELS:
+        raise SynapseError(f"{option} {model!r}: unknown local model; valid: "
+                           + ", ".join(f"local/{n}" for n in sorted(LOCAL_MODELS)) + ", or a hosted litellm model "
+                           "such as gpt-4o")
+
+
 def _own_or_warning(record: logging.LogRecord) -> bool:
     """Keep libraries' records below WARNING (faiss' optional AVX-512 import at INFO, ...) out of the log."""
     return record.levelno >= logging.WARNING or record.name.startswith("synapse_flwr")
@@ -89,7 +130,8 @@ def _own_or_warning(record: logging.LogRecord) -> bool:
 
 @app.callback()
 def _root(
-    verbose: Annotated[int, typer.Option("--verbose", "-v", count=True, help="Debug logging.")] = 0,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging, libraries' records included "
+                                          "(a flag: -v, it takes no value).")] = False,
 ) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if not verbose:
@@ -173,7 +215,8 @@ def build(
                                     releases=releases, seed=noise, config=config, embedder=space)
 
         comp = make(events) if release_cache is None else _release_once(
-            release_cache, events, cat, org, [epsilon, delta, rounds, embedder], make, round_,
+            release_cache, events, cat, org, {"epsilon": epsilon, "delta": delta, "rounds": rounds, "embedder": embedder},
+            make, round_,
             math.isfinite(epsilon) and not config.vote_share)
     except ValueError as exc:
         raise SynapseError(str(exc)) from None
@@ -195,14 +238,18 @@ def build(
 
 
 def _check_cache(cache: Path, files: list[Path]) -> None:
-    """Refuse, before any work, a release cache that is a folder or one of the command's other files."""
+    """Refuse, before any work, a release cache that is a folder, one of the command's other files, or unwritable."""
+    from synapse_flwr.core.files import write_problem
+
     if cache.is_dir():
         raise SynapseError(f"--release-cache {cache} is a folder; name the organisation's cache file")
     if any(p.resolve() == cache.resolve() for p in files):
         raise SynapseError(f"--release-cache {cache} is one of the command's other files; give the cache its own")
+    if problem := write_problem(cache):
+        raise SynapseError(f"--release-cache {cache} {problem}")
 
 
-def _release_once(cache: Path, events: list, catalog, org: str, settings: list, make, round_: int,
+def _release_once(cache: Path, events: list, catalog, org: str, settings: dict, make, round_: int,
                   drop_votes: bool):
     """The artifact to write: the cache's release plus a window of the records it has not released.
 
@@ -214,12 +261,12 @@ def _release_once(cache: Path, events: list, catalog, org: str, settings: list, 
         load_release_state,
         record_keys,
         release_round,
+        release_settings,
         save_release_state,
-        settings_fingerprint,
         without_votes,
     )
 
-    state = load_release_state(cache, settings_fingerprint(org, ["cli", *settings]), pinned=True)
+    state = load_release_state(cache, release_settings(org, {"command": "build", **settings}), pinned=True)
     comp, new, released = release_round(list(zip(record_keys(events), events)), state, make, round_, catalog)
     if drop_votes:
         new = without_votes(state, new)
@@ -325,15 +372,13 @@ def vote(
 
 def _cached_release(cache: Path, own, artifact: Path):
     """The release cache ``--artifact`` came from; refused when missing, unreadable, or holding another release."""
-    from synapse_flwr.core.release import ReleaseState
+    from synapse_flwr.core.release import read_release_state
     from synapse_flwr.core.wire import content_hash
 
     try:
-        state = ReleaseState.model_validate_json(cache.read_bytes())
+        state = read_release_state(cache)
     except FileNotFoundError:
         raise SynapseError(f"--release-cache {cache} does not exist: name the cache `build` wrote") from None
-    except ValueError as exc:
-        raise SynapseError(f"--release-cache {cache} is unreadable ({exc})") from None
     if state.artifact is None or content_hash(state.artifact) != content_hash(own):
         raise SynapseError(f"{artifact} is not the release {cache} holds: vote with the artifact the last build "
                            "with this cache wrote")
@@ -370,6 +415,8 @@ def _load_artifact(path: Path):
     """The artifact at ``path``; an invalid one is named with the reason."""
     from synapse_flwr.core.wire import load_artifact
 
+    if path.is_file() and path.stat().st_size == 0:  # else "Expecting value: line 1 column 1", which hides it
+        raise SynapseError(f"{path} is empty (0 bytes): not an artifact")
     try:
         return load_artifact(path)
     except ArtifactError as exc:
@@ -415,16 +462,46 @@ def keygen(
     from synapse_flwr.core.signing import add_to_registry, new_signer, save_private_key
 
     check_org(owner, "owner", reserved=True)
-    if key_dir.exists() and not key_dir.is_dir():
-        raise SynapseError(f"--dir {key_dir} is a file; name a folder for the keys")
-    key_path = key_dir / f"{owner}.key"
+    check_folder(key_dir, f"--dir {key_dir}")
+    key_path, reg_path = key_dir / f"{owner}.key", registry or key_dir / "keys.json"
     if key_path.exists() and not replace:
         raise SynapseError(f"{key_path} exists; pass --replace to rotate the key of {owner!r}")
+    check_output(reg_path, [key_path], "--registry")
+    _check_registry(reg_path)  # before the key is written: a bad registry must not leave a key behind
     signer = new_signer(owner)
     save_private_key(key_path, signer)
-    reg = add_to_registry(registry or key_dir / "keys.json", signer, replace=replace)
-    typer.echo(f"{owner}: key {signer.key_id} -> {key_path} (private), {registry or key_dir / 'keys.json'} "
+    try:
+        reg = add_to_registry(reg_path, signer, replace=replace)
+    except SynapseError:
+        if not replace:  # a key no registry knows would only make the rerun ask for --replace
+            key_path.unlink(missing_ok=True)
+        raise
+    typer.echo(f"{owner}: key {signer.key_id} -> {key_path} (private), {reg_path} "
                f"({sum(o == owner for o, _ in reg.keys.values())} registered for {owner})")
+
+
+def _check_registry(path: Path) -> None:
+    """Refuse, before any key is made, a registry file that is not one ``keygen`` could add to.
+
+    A missing file is fine (keygen creates it); a JSON error names its line
+    and column, a wrong shape the entry (:func:`~synapse_flwr.core.signing.load_registry`).
+    """
+    from synapse_flwr.core.errors import InputError
+    from synapse_flwr.core.files import read_problem
+    from synapse_flwr.core.signing import load_registry
+
+    if not path.exists():
+        return
+    try:
+        text = path.read_text("utf-8")
+        json.loads(text)
+    except json.JSONDecodeError as exc:
+        problem = "is empty" if not text.strip() else f"not valid JSON: {exc.msg} (column {exc.colno})"
+        raise InputError(path, f"{problem}; --registry takes a keys file `synapse keygen` wrote",
+                         line=None if not text.strip() else exc.lineno) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(path, read_problem(exc)) from None
+    load_registry(path)
 
 
 @app.command("check-data")
@@ -465,6 +542,7 @@ def split_orgs(
     if alpha is not None and not (math.isfinite(alpha) and alpha > 0):
         raise SynapseError(f"--alpha must be a finite number > 0 (smaller: more skewed), got {alpha}; omit it "
                            "for an IID split")
+    check_folder(out or log_file.parent, f"--out {out}" if out else f"the log's folder {log_file.parent}")
     for org, path in split(log_file, orgs, alpha, seed, out, overwrite).items():
         typer.echo(f"{org}: {path}")
 
@@ -485,8 +563,9 @@ def examples(
 
     The requests are public text (nothing private is read) that every router
     reading the catalog adds to a tool's documentation vector, docs_only
-    included; examples.json beside a catalog is read with it. About 5 s a
-    tool with local/smollm2 on 2 CPU cores.
+    included; examples.json beside a catalog is read with it. With
+    local/smollm2 on 2 CPU cores the model takes 30-50 s to load, then about
+    25 s a tool.
     """
     from rich.progress import (
         BarColumn,
@@ -508,15 +587,14 @@ def examples(
         if not Path(dataset).is_dir():
             raise SynapseError(f"{dataset!r} is not a folder: name the table to write with --out")
         out = Path(dataset) / EXAMPLES_FILE
+    path = catalog_file(Path(dataset)) if Path(dataset).is_dir() else None
+    if Path(dataset).is_dir() and path is None:
+        raise SynapseError(f"{dataset} holds no catalog.json or catalog.jsonl")
+    check_output(out, [path] if path else [], "--out")  # before the model loads, which takes a minute
     if out.exists() and not overwrite:
         raise SynapseError(f"{out} exists; pass --overwrite to replace it")
-    if Path(dataset).is_dir():
-        path = catalog_file(Path(dataset))
-        if path is None:
-            raise SynapseError(f"{dataset} holds no catalog.json or catalog.jsonl")
-        catalog = load_catalog(path)
-    else:
-        catalog = load_dataset(dataset).catalog
+    check_model(model)
+    catalog = load_catalog(path) if path else load_dataset(dataset).catalog
     columns = (TextColumn("examples"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True)) as bar:
         task = bar.add_task("examples", total=len(catalog))
@@ -550,7 +628,7 @@ def merge(
     flat = [a for a in artifacts if isinstance(a, FlatCompendium)]
     if flat and policy != "flat-majority":
         raise SynapseError(f"{len(flat)} flat artifact(s) can only be merged with --policy flat-majority")
-    _warn_merge_inputs(files, artifacts)
+    distinct = _warn_merge_inputs(files, artifacts)
     try:
         merged = merge_artifacts(artifacts, policy)
     except ValueError as exc:  # e.g. prototypes from two embedding spaces
@@ -558,8 +636,9 @@ def merge(
     save_artifact(output, merged)
     conflicts = len(getattr(merged, "conflicts", []))
     log.info(
-        "merged %d artifacts with the %s policy into %s (%d conflicts, %.2fs)",
-        len(artifacts), policy, output, conflicts, time.perf_counter() - t0,
+        "merged %d artifact%s%s with the %s policy into %s (%d conflicts, %.2fs)",
+        distinct, "" if distinct == 1 else "s", f" from {len(files)} files" if distinct < len(files) else "", policy,
+        output, conflicts, time.perf_counter() - t0,
     )
     _log_votes_step(output, artifacts, merged)
 
@@ -579,8 +658,11 @@ def _log_votes_step(output: Path, artifacts: list, merged) -> None:
                  "which can route below the documentation alone on data unlike MetaTool", output)
 
 
-def _warn_merge_inputs(files: list[Path], artifacts: list) -> None:
-    """Say what a merge quietly does with repeated inputs and with private and non-private ones mixed."""
+def _warn_merge_inputs(files: list[Path], artifacts: list) -> int:
+    """Say what a merge quietly does with repeated inputs and with private and non-private ones mixed.
+
+    Returns the number of distinct artifacts, each merged once.
+    """
     from synapse_flwr.core.wire import content_hash
 
     seen: dict[str, Path] = {}
@@ -592,6 +674,7 @@ def _warn_merge_inputs(files: list[Path], artifacts: list) -> None:
     if "none" in mechanisms and len(mechanisms) > 1:
         log.warning("private and non-private artifacts are mixed: the global's privacy block says 'none', "
                     "and the non-private inputs carry no guarantee")
+    return len(seen)
 
 
 @app.command()
@@ -602,6 +685,8 @@ def schema(
     from synapse_flwr.core.files import write_atomic
     from synapse_flwr.core.schema import json_schema
 
+    if output:
+        check_output(output, [])
     text = json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
     if output:
         write_atomic(output, text)
@@ -653,7 +738,8 @@ def inspect(
              "-" if t.stats.success_rate is None else f"{t.stats.success_rate:.0%}", read.get(t.tool_id, "-"),
              ",".join(t.provenance.orgs), max(t.when, key=lambda s: s.support).text if t.when else ""]
             for t in ranked]
-    # the orgs and the top scenario only where some tool has them (a private global names no orgs)
+    # the orgs and the top scenario only where some tool has them (a private global names an org only where
+    # its noised release shows experience of the tool: post-processing of that release)
     optional = ("orgs", "top scenario")
     shown = [i for i, c in enumerate(columns) if c.header not in optional or any(row[i] for row in rows)]
     table = Table(*(columns[i] for i in shown))
@@ -704,6 +790,18 @@ LLMWeightOption = Annotated[
                  "dev split."),
 ]
 
+ModelOption = Annotated[
+    str | None,
+    typer.Option(help="litellm model for --reranker llm: local/smollm2 (the default) or a hosted one, e.g. gpt-4o."),
+]
+
+EmbedderOption = Annotated[
+    str | None,
+    typer.Option(help="Embedder of queries and documentation: minilm, mpnet, static or tfidf. Default: the "
+                 "compendium's embedding space (its query prototypes are read only in it), else minilm; another "
+                 "space than a compendium's prototypes is refused."),
+]
+
 CountPriorOption = Annotated[
     float | None,
     typer.Option(help="Weight of log(1 + calls) of each tool in the compendium, a prior that your traffic follows "
@@ -721,12 +819,10 @@ def route(
         Path | None, typer.Option(help="Global (or org) compendium; omit to route on docs alone.")
     ] = None,
     reranker: Annotated[str, typer.Option(help="fields (typed scorer), llm or none (retrieval top-1).")] = "fields",
-    model: Annotated[
-        str, typer.Option(help="litellm model for --reranker llm: local/smollm2 or e.g. gpt-4o.")
-    ] = "local/smollm2",
-    embedder: Annotated[str, typer.Option(help="minilm, mpnet, static or tfidf.")] = "minilm",
+    model: ModelOption = None,
+    embedder: EmbedderOption = None,
     render: Annotated[str, typer.Option(help="Show candidates to the reranker as typed fields or flat.")] = "typed",
-    k: Annotated[int, typer.Option(help="Candidates retrieved per query.")] = 5,
+    k: Annotated[int, typer.Option(min=1, help="Candidates retrieved per query.")] = 5,
     explain: Annotated[bool, typer.Option(help="Print which field decided and each candidate's evidence.")] = False,
     llm_weight: LLMWeightOption = None,
     count_prior: CountPriorOption = None,
@@ -743,6 +839,8 @@ def route(
     if bool(query) == (test is not None):
         raise SynapseError("give the requests to route as arguments, or a test set with --test (not both)")
     items = load_testset(test, load_catalog(catalog)) if test is not None else []  # before the models load
+    if test is not None and not items:
+        raise SynapseError(f"--test {test} holds no test items (a query and its gold tool a line): nothing to score")
     queries = query or [item.query for item in items]
     if blank := [i for i, q in enumerate(queries, start=1) if not q.strip()]:
         raise SynapseError(f"query {blank[0]} of {len(queries)} is empty: nothing to route")
@@ -763,6 +861,18 @@ def route(
 TRANSPORTS = ("stdio", "sse", "streamable-http")
 
 
+def _loopback(host: str) -> bool:
+    """Whether ``host`` is this machine only (localhost, 127.0.0.0/8, ::1)."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
+
+
 @app.command()
 def serve(
     catalog: Annotated[Path, typer.Option(help="Tool catalog (JSON list or JSONL).")],
@@ -770,8 +880,8 @@ def serve(
         Path | None, typer.Option(help="Global compendium; omit to route on docs alone.")
     ] = None,
     reranker: Annotated[str, typer.Option(help="fields, llm or none.")] = "fields",
-    model: Annotated[str, typer.Option(help="litellm model for --reranker llm.")] = "local/smollm2",
-    embedder: Annotated[str, typer.Option(help="minilm, mpnet, static or tfidf.")] = "minilm",
+    model: ModelOption = None,
+    embedder: EmbedderOption = None,
     transport: Annotated[str, typer.Option(help="MCP transport: stdio, sse or streamable-http.")] = "stdio",
     host: Annotated[str | None, typer.Option(help="Address an HTTP transport listens on (default 127.0.0.1: "
                                              "this machine only).")] = None,
@@ -789,6 +899,10 @@ def serve(
     if transport != "stdio":
         listen = {"host": host or "127.0.0.1", "port": port or 8000}
         check_listen(**listen)
+        if not _loopback(listen["host"]):
+            log.warning("--host %s: the MCP endpoint has no authentication and is reachable from the network; "
+                        "serve on 127.0.0.1 behind an authenticating proxy unless every host that reaches it may "
+                        "use it", listen["host"])
     elif host is not None or port is not None:
         raise SynapseError("--host and --port apply to --transport sse or streamable-http, not stdio")
     router = _load_router(catalog, compendium, reranker, model, embedder, "typed", 5, llm_weight, count_prior)
@@ -809,6 +923,12 @@ SetOption = Annotated[
 ]
 
 
+def check_timeout(timeout: float) -> None:
+    """Refuse, before anything starts, a --timeout that is not a finite number of seconds > 0."""
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise SynapseError(f"--timeout must be a finite number of seconds > 0, got {timeout}")
+
+
 def _log_run_table(output_dir: Path) -> None:
     """Log the server's per-round table from ``metrics.json`` (the ServerApp prints it only to its own log)."""
     from synapse_flwr.flower.launch import read_metrics
@@ -825,7 +945,7 @@ def simulate(
     nodes: Annotated[int, typer.Option(min=1, help="Simulated organisations (SuperNodes).")] = 3,
     set_: SetOption = [],
     flwr_home: Annotated[Path | None, typer.Option(help="Flower home (default: a new temp folder).")] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds before the run is abandoned.")] = 900.0,
+    timeout: Annotated[float, typer.Option(help="Seconds (> 0) before the run is abandoned.")] = 900.0,
 ) -> None:
     """Run the federation under Flower's Ray simulation engine, isolated, and clean up after."""
     from synapse_flwr.flower.launch import (
@@ -834,6 +954,7 @@ def simulate(
         run_simulation,
     )
 
+    check_timeout(timeout)
     res = run_simulation(app_dir or default_app_dir(), nodes, parse_overrides(set_), flwr_home, timeout)
     _log_run_table(res.output_dir)
     log.info("run %s %s in %.1fs; outputs in %s (log: %s)", res.run_id, res.status, res.wall_s,
@@ -843,14 +964,14 @@ def simulate(
 @app.command("deploy-local")
 def deploy_local(
     app_dir: AppDirOption = None,
-    nodes: Annotated[int, typer.Option(help="SuperNodes, one per organisation of the dataset.")] = 3,
+    nodes: Annotated[int, typer.Option(min=1, help="SuperNodes, one per organisation of the dataset.")] = 3,
     node: Annotated[
         list[str], typer.Option(help="ORG=DATA_PATH of one SuperNode, repeatable (overrides --nodes).")
     ] = [],
     catalog: Annotated[Path | None, typer.Option(help="Catalog for --node experience files.")] = None,
     set_: SetOption = [],
     flwr_home: Annotated[Path | None, typer.Option(help="Flower home (default: a new temp folder).")] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds before the run is abandoned.")] = 900.0,
+    timeout: Annotated[float, typer.Option(help="Seconds (> 0) before the run is abandoned.")] = 900.0,
 ) -> None:
     """Start a real SuperLink and SuperNodes on 127.0.0.1, run the federation, shut all down."""
     from synapse_flwr.flower.deploy import (
@@ -860,6 +981,10 @@ def deploy_local(
     )
     from synapse_flwr.flower.launch import default_app_dir, parse_overrides
 
+    check_timeout(timeout)
+    if catalog is not None and not node:
+        raise SynapseError(f"--catalog {catalog} is the catalog of --node experience files; without --node the "
+                           "nodes read the run config's dataset (--set dataset=...)")
     specs = [parse_node(n, catalog) for n in node] or nodes
     cfg = DeploymentConfig(app_dir=app_dir or default_app_dir(), nodes=specs, run_config=parse_overrides(set_),
                            flwr_home=flwr_home, timeout=timeout)
@@ -921,11 +1046,54 @@ def experiment(
     log.info("wrote %s", out.resolve())
 
 
+def _check_router_options(reranker: str, model: str | None, llm_weight: float | None,
+                           count_prior: float | None) -> None:
+    """Refuse, before anything loads, the router's weights out of range and a misspelt local model, by option.
+
+    Options that only the LLM reranker reads are named when another reranker would silently ignore them.
+    """
+    if llm_weight is not None and not llm_weight >= 0:
+        raise SynapseError(f"--llm-weight must be >= 0, got {llm_weight}")
+    if count_prior is not None and not (math.isfinite(count_prior) and count_prior >= 0):
+        raise SynapseError(f"--count-prior must be a finite number >= 0, got {count_prior}")
+    if reranker == "llm":
+        check_model(model or "local/smollm2")
+        return
+    ignored = [name for name, value in (("--model", model), ("--llm-weight", llm_weight)) if value is not None]
+    if ignored:
+        log.warning("%s apply only to --reranker llm: --reranker %s ignores them", " and ".join(ignored), reranker)
+
+
+def _router_embedder(comp, embedder: str | None):
+    """The router's embedder: ``--embedder``, else the compendium's space, else minilm.
+
+    A compendium's query prototypes are read only in their own space: an
+    ``--embedder`` of another space is refused, as ``vote`` refuses it,
+    rather than routing on the documentation alone with a warning.
+    """
+    from synapse_flwr.core.embed import get_embedder
+    from synapse_flwr.core.prototypes import space_mismatch
+
+    has_prototypes = any(getattr(e, "prototype", None) for e in getattr(comp, "tools", []))
+    space = getattr(comp, "embedding", None) if has_prototypes else None
+    emb = get_embedder(embedder or (space and _space_embedder(space.model)) or "minilm")
+    if embedder is not None and space is not None and (mismatch := space_mismatch(space, emb)):
+        raise SynapseError(f"--embedder {embedder}: {mismatch}; leave --embedder out to route in the "
+                           "compendium's space")
+    return emb
+
+
+def _space_embedder(model: str) -> str | None:
+    """The ``--embedder`` that embeds in a compendium's space (named by its model id), or None for another space."""
+    if model.startswith("tokenlearn-static-"):  # the id ends in the width
+        return "static"
+    return {"all-MiniLM-L6-v2": "minilm", "all-mpnet-base-v2": "mpnet"}.get(model)
+
+
 def _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_weight, count_prior):
     from dataclasses import replace
 
     from synapse_flwr.core.catalog import load_catalog
-    from synapse_flwr.core.embed import get_embedder
     from synapse_flwr.core.fusion import voted_fusion
     from synapse_flwr.core.router import (
         DOCS_CANDIDATES,
@@ -935,6 +1103,8 @@ def _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_
     from synapse_flwr.core.schema import FlatCompendium
     from synapse_flwr.core.votes import chosen_setting
 
+    _check_router_options(reranker, model, llm_weight, count_prior)
+    model = model or "local/smollm2"
     try:  # before loading anything: a misspelt model or reranker is named at once
         check_router_args(reranker, k, render, model, "auto", llm_weight, DOCS_CANDIDATES)
     except ValueError as exc:
@@ -949,6 +1119,10 @@ def _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_
             log.warning("%d of the compendium's %d tools are not in %s (%s%s): nothing routes to them; is this "
                         "the catalog the federation used?", len(missing), len(held), catalog,
                         ", ".join(missing[:3]), ", ..." if len(missing) > 3 else "")
+    try:  # before the line below says experience is added: a space the prototypes are not in is refused
+        emb = _router_embedder(comp, embedder)
+    except ValueError as exc:  # an unknown embedder
+        raise SynapseError(str(exc)) from None
     if comp is not None and chosen_setting(getattr(comp, "votes", None)) is None and count_prior is None and any(
             getattr(e, "prototype", None) for e in getattr(comp, "tools", [])):
         log.info("%s carries no fusion votes (a federation casts them from round 2 on; `synapse vote` casts them "
@@ -956,7 +1130,6 @@ def _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_
                  "the default weights, chosen on MetaTool; a later round's global weighs it for its own data",
                  compendium)
     try:
-        emb = get_embedder(embedder)
         fusion = None if count_prior is None else replace(voted_fusion(comp, emb.name), prior=count_prior)
         return Router(comp, cat, embedder=emb, reranker=reranker, k=k, render=render, model=model,
                       llm_weight=llm_weight, fusion=fusion)

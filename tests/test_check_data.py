@@ -145,6 +145,14 @@ def test_example_table_is_checked_and_hashed(folder):
     assert load_folder(folder).catalog.get("get_weather").examples == ("umbrella today?",)
 
 
+def test_a_broken_alias_table_does_not_hide_the_other_files_problems(folder):
+    """Regression: an unreadable aliases.json ended the check, so examples.json's problem came a run later."""
+    (folder / "aliases.json").write_text('{"GetWeather": ')
+    (folder / "examples.json").write_text('{"pay_bill": ["pay my bill"]}')
+    problems = _problems(folder)
+    assert len(problems) == 2 and "aliases.json" in problems[0] and "examples.json" in problems[1]
+
+
 def test_mismatched_test_gold(folder):
     _jsonl(folder / "test.jsonl", [TEST[0], {"query": "pay", "gold": ["book_hotel", "pay_bill"]}])
     (problem,) = _problems(folder)
@@ -349,6 +357,16 @@ def test_logs_named_json_are_named_with_the_name_read(folder, caplog):
     assert report.ok and report.orgs == {"a": 6, "b": 6} and report.test == 0
     assert "org_c.json: not read" in caplog.text and "named org_c.jsonl" in caplog.text
     assert "test.json: not read" in caplog.text and "named test.jsonl" in caplog.text
+
+
+def test_logs_named_outside_the_pattern_are_named_as_not_read(folder, caplog):
+    shutil.copy(folder / "org_a.jsonl", folder / "orgC.jsonl")
+    shutil.copy(folder / "org_a.jsonl", folder / "org-d.jsonl")
+    with caplog.at_level("WARNING"):
+        report = check_folder(folder)
+    assert report.ok and report.orgs == {"a": 6, "b": 6}
+    assert "orgC.jsonl: not read" in caplog.text and "org-d.jsonl: not read" in caplog.text
+    assert "org_<id>.jsonl" in caplog.text and "org_a.jsonl: not read" not in caplog.text
 
 
 def test_a_record_of_another_kind_is_named_as_that_kind(folder):

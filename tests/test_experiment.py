@@ -276,6 +276,24 @@ def test_a_refused_folder_gets_its_problems_and_no_progress_bar(tmp_path):
     assert "0:00:0" not in proc.stderr and "━" not in proc.stderr and "Traceback" not in proc.stderr  # no bar
 
 
+def test_a_results_folder_that_cannot_be_written_is_refused_before_any_unit(tmp_path):
+    """Regression: `-o` naming a file ran every unit, then failed making the folder."""
+    from synapse_flwr.simulations.experiment import run_experiment
+
+    from synapse_flwr.core.errors import SynapseError
+    from synapse_flwr.data.federation import demo_dir
+
+    taken = tmp_path / "one.jsonl"
+    taken.write_text("{}\n")
+    config = tmp_path / "exp.toml"
+    config.write_text(f'[experiment]\ndataset = "{demo_dir()}"\ncache = "{tmp_path / "cache"}"\n')
+    started = []
+    for out in (taken, taken / "results"):
+        with pytest.raises(SynapseError, match=f"results folder {out} "):
+            run_experiment(config, output=out, on_start=started.append)
+    assert not started and not (tmp_path / "cache").exists() and taken.read_text() == "{}\n"
+
+
 def test_arms_the_data_cannot_train_are_refused_before_any_flower_run(tmp_path):
     import json
     import shutil

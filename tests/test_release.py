@@ -10,12 +10,17 @@ import pytest
 from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.catalog import ToolDoc, make_catalog
 from synapse_flwr.core.experience import Event
-from synapse_flwr.core.release import ReleaseState, record_keys, release_round
+from synapse_flwr.core.release import (
+    ReleaseState,
+    record_keys,
+    release_round,
+    settings_fingerprint,
+)
 from synapse_flwr.core.wire import canonical_json
 from synapse_flwr.flower.client_app import (
     OrgData,
     cache_path,
-    fingerprint,
+    cache_settings,
     load_state,
     node_refusal,
     org_release,
@@ -108,7 +113,7 @@ def test_a_restarted_client_reads_its_cache_and_does_not_re_release(tmp_path):
     context = SimpleNamespace(node_config={})
     data = OrgData("acme", CATALOG, _events(20))
     path = cache_path(cfg, context, "acme")
-    fp = fingerprint(cfg, "acme")
+    fp = cache_settings(cfg, "acme")
     art1, state, n1 = org_release(data, cfg, load_state(path, fp), 1, [], None)
     path.parent.mkdir(parents=True)
     path.write_text(state.model_dump_json())
@@ -117,7 +122,7 @@ def test_a_restarted_client_reads_its_cache_and_does_not_re_release(tmp_path):
     assert canonical_json(art2.model_copy(update={"issuer": art1.issuer})) == canonical_json(art1)
     # other settings: another run, a fresh state
     other = RunConfig.from_mapping({"epsilon": 2.0, "embedder": "none", "output-dir": str(tmp_path)})
-    assert load_state(path, fingerprint(other, "acme")).windows == 0
+    assert load_state(path, cache_settings(other, "acme")).windows == 0
 
 
 def test_replayed_outcomes_are_new_windows_accounted_as_their_record():
@@ -157,14 +162,14 @@ def test_a_run_resumed_with_more_rounds_keeps_its_cache(tmp_path):
     resumed = RunConfig.from_mapping({**base, "num-rounds": 5})
     data = OrgData("acme", CATALOG, _events(20))
     path = cache_path(planned, SimpleNamespace(node_config={}), "acme")
-    _, state, n1 = org_release(data, planned, load_state(path, fingerprint(planned, "acme")), 3, [], None)
+    _, state, n1 = org_release(data, planned, load_state(path, cache_settings(planned, "acme")), 3, [], None)
     path.parent.mkdir(parents=True)
     path.write_text(state.model_dump_json())
-    art, _, n4 = org_release(data, resumed, load_state(path, fingerprint(resumed, "acme")), 4, [], None)
+    art, _, n4 = org_release(data, resumed, load_state(path, cache_settings(resumed, "acme")), 4, [], None)
     assert n1 == 40 and n4 == 0 and art.privacy == state.artifact.privacy
     # with replay the rounds set the calibration (one release per round): another run
     replay = [RunConfig.from_mapping({**base, "replay": True, "num-rounds": r}) for r in (3, 5)]
-    assert len({fingerprint(c, "acme") for c in replay}) == 2
+    assert len({settings_fingerprint(cache_settings(c, "acme")) for c in replay}) == 2
 
 
 def test_an_org_s_noise_is_secret_unless_the_run_asks_for_seeded_noise():
@@ -185,24 +190,27 @@ def test_a_cache_the_organisation_pinned_is_its_ledger_and_another_run_cannot_re
     data = OrgData("acme", CATALOG, _events(20))
     path = tmp_path / "acme.json"
     first = RunConfig.from_mapping({"epsilon": 4.0, "embedder": "none"})
-    _, state, _ = org_release(data, first, load_state(path, fingerprint(first, "acme"), pinned=True), 1,
+    _, state, _ = org_release(data, first, load_state(path, cache_settings(first, "acme"), pinned=True), 1,
                               [], None)
     path.write_text(state.model_dump_json())
-    other = fingerprint(RunConfig.from_mapping({"epsilon": 2.0, "embedder": "none"}), "acme")
+    other = cache_settings(RunConfig.from_mapping({"epsilon": 2.0, "embedder": "none"}), "acme")
     with pytest.raises(RuntimeError, match="does not release its records again"):
         load_state(path, other, pinned=True)
     assert "move the cache away to allow it" in caplog.text
+    assert "(epsilon: 4.0 in the cache, 2.0 now)" in caplog.text  # what differs, by name
     assert load_state(path, other).windows == 0  # unpinned, the run's settings decide
-    assert load_state(path, fingerprint(first, "acme"), pinned=True) == state
+    assert load_state(path, cache_settings(first, "acme"), pinned=True) == state
     path.write_text("{not json")
+    caplog.clear()
     with pytest.raises(RuntimeError, match="pinned release cache"):
         load_state(path, other, pinned=True)
+    assert "is unreadable (Invalid JSON" in caplog.text and "errors.pydantic.dev" not in caplog.text
 
 
 def test_on_its_own_data_an_org_s_cache_ignores_the_split_settings_the_operator_may_change():
-    def fp(own_data: bool, **changes) -> str:
+    def fp(own_data: bool, **changes) -> dict[str, str]:
         cfg = RunConfig.from_mapping({"epsilon": 4.0, "seed": 1, "alpha": 0.5, "dataset": "demo", **changes})
-        return fingerprint(cfg, "acme", own_data=own_data)
+        return cache_settings(cfg, "acme", own_data=own_data)
 
     split = ({"seed": 2}, {"alpha": 0.1}, {"dataset": "metatool"}, {"inject": 0.2})
     assert all(fp(True, **c) == fp(True) for c in split)  # they shape no record of a node's own log

@@ -42,7 +42,7 @@ from synapse_flwr.core.votes import (
     release_votes,
     sum_votes,
 )
-from synapse_flwr.flower.client_app import OrgData, fingerprint, org_release
+from synapse_flwr.flower.client_app import OrgData, cache_settings, org_release
 from synapse_flwr.flower.config import RunConfig
 
 EMB = BagEmbedder()
@@ -305,7 +305,7 @@ def test_a_robust_merge_weighs_a_loud_org_s_votes_down_with_its_counts():
 def test_a_one_round_run_resumed_with_more_rounds_neither_re_releases_nor_votes_without_a_share():
     single = RunConfig.from_mapping({"epsilon": 4.0, "num-rounds": 1})
     resumed = RunConfig.from_mapping({"epsilon": 4.0, "num-rounds": 3})
-    assert fingerprint(single, "acme") == fingerprint(resumed, "acme")
+    assert cache_settings(single, "acme") == cache_settings(resumed, "acme")
     data = OrgData("acme", CATALOG, EVENTS)
     art1, state, _ = org_release(data, single, ReleaseState(fingerprint="f"), 1, [], EMB)
     assert art1.privacy.vote_share == 0 and len(state.no_vote) == len(EVENTS)

@@ -17,6 +17,10 @@ _UMASK = os.umask(0o022)  # reading the umask sets it: put it back at once
 os.umask(_UMASK)
 
 
+class WriteError(InputError, OSError):
+    """An output path that cannot be written: the user's to fix (an :class:`InputError`), and still an OSError."""
+
+
 def json_kind(value: object) -> str:
     """What a parsed JSON value is, in words ("a JSON object", "a JSON list", "a string", ...), for shape errors.
 
@@ -232,6 +236,43 @@ def read_records(path: str | Path) -> Iterator[tuple[int, dict]]:
         yield lineno, item
 
 
+def write_problem(path: str | Path, folder: bool = False) -> str | None:
+    """Why ``path`` could not be written (a file, or a folder with ``folder``), or None when it looks writable.
+
+    Checked before any slow work, so that a command that cannot save its
+    result says so at once rather than after minutes: the path itself must
+    not be a folder (a file) or a file (a folder), and its nearest existing
+    folder must be one this process may create files in.
+
+    Parameters
+    ----------
+    path : str or Path
+        The file (or folder) to write.
+    folder : bool
+        ``path`` is a folder to write files into.
+
+    Returns
+    -------
+    str or None
+    """
+    path = Path(path)
+    if path.is_dir() and not folder:
+        return "is a folder; name a file to write"
+    if folder and path.exists() and not path.is_dir():
+        return "is a file; name a folder"
+    ancestor = path if folder and path.is_dir() else path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"cannot be written: {ancestor} is a file, not a folder"
+    try:  # a nameless file made and gone at once: root ignores permission bits, not /proc or a read-only disk
+        with tempfile.TemporaryFile(dir=ancestor):
+            pass
+    except OSError as exc:
+        return f"cannot be written: folder {ancestor} takes no new files ({exc.strerror or exc})"
+    return None
+
+
 def write_atomic(path: str | Path, data: bytes | str, mode: int | None = None) -> Path:
     """Write ``data`` to ``path`` so that a failure never leaves a partial file.
 
@@ -252,14 +293,19 @@ def write_atomic(path: str | Path, data: bytes | str, mode: int | None = None) -
     Raises
     ------
     InputError
-        If ``path`` is a folder.
+        If ``path`` is a folder; :class:`WriteError` (an InputError and an
+        OSError) if it cannot be written (a parent that is a file, a
+        read-only folder, a full disk), naming the reason.
     """
     path = Path(path)
     if path.is_dir():
         raise InputError(path, "is a folder; name a file to write")
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = data.encode("utf-8") if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:  # a parent that is a file, a read-only folder, /proc: the user's path, not a bug
+        raise WriteError(path, write_problem(path) or f"cannot be written: {exc.strerror or exc}") from None
     try:
         os.fchmod(fd, 0o666 & ~_UMASK if mode is None else mode)  # mkstemp's own mode is 0o600
         with os.fdopen(fd, "wb") as fh:
@@ -267,6 +313,9 @@ def write_atomic(path: str | Path, data: bytes | str, mode: int | None = None) -
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except OSError as exc:  # a full disk, a quota: nothing partial is left behind
+        Path(tmp).unlink(missing_ok=True)
+        raise WriteError(path, f"cannot be written: {exc.strerror or exc}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

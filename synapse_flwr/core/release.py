@@ -25,11 +25,11 @@ import hashlib
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from synapse_flwr.core.builder import BuildConfig
 from synapse_flwr.core.catalog import Catalog
@@ -61,6 +61,9 @@ class ReleaseState(BaseModel):
     fingerprint : str
         The settings the releases were made under (dataset, budget, builder);
         a cache with another fingerprint belongs to another run.
+    settings : dict of str to str
+        Those settings by name (:func:`release_settings`), to tell a refused
+        run which of them differ.
     released : list of str
         Keys of the records already released, sorted.
     windows : int
@@ -79,6 +82,7 @@ class ReleaseState(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     fingerprint: str
+    settings: dict[str, str] = Field(default_factory=dict)
     released: list[str] = Field(default_factory=list)
     windows: int = Field(default=0, ge=0)
     artifact: Compendium | None = None
@@ -90,19 +94,24 @@ class ReleaseCacheError(SynapseError):
     """A release cache that cannot be the organisation's ledger: unreadable, or made under other settings."""
 
 
-def settings_fingerprint(org: str, settings: Sequence[object]) -> str:
-    """The settings a release cache belongs to: ``org``, ``settings``, the builder and the schema.
+def release_settings(org: str, named: Mapping[str, object]) -> dict[str, str]:
+    """The settings a release cache belongs to, by name: ``org``, ``named``, the builder and the schema.
 
     A cache made under other settings belongs to another run (its records
     were released under another calibration, or into another space). The
     catalog is not one of them: one record adds to one tool whatever the
     catalog holds, and :func:`with_catalog` brings a cached release up to date.
     """
-    parts = [org, *settings, repr(BuildConfig()), SCHEMA_VERSION]
-    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
+    return {"org": org, **{k: str(v) for k, v in named.items()}, "builder": repr(BuildConfig()),
+            "schema": SCHEMA_VERSION}
 
 
-def load_release_state(path: Path, fingerprint: str, pinned: bool = False) -> ReleaseState:
+def settings_fingerprint(settings: Mapping[str, str]) -> str:
+    """A short hash of :func:`release_settings`."""
+    return hashlib.sha256(json.dumps(dict(settings), sort_keys=True).encode()).hexdigest()[:32]
+
+
+def load_release_state(path: Path, settings: Mapping[str, str], pinned: bool = False) -> ReleaseState:
     """The cached releases at ``path``, or a fresh state when there is none for these settings.
 
     ``pinned``: the organisation chose the cache's place, so the cache is its
@@ -115,23 +124,59 @@ def load_release_state(path: Path, fingerprint: str, pinned: bool = False) -> Re
     Raises
     ------
     ReleaseCacheError
-        For a pinned cache that is unreadable or made under other settings.
+        For a pinned cache that is unreadable or made under other settings
+        (naming those that differ).
     """
+    fresh = ReleaseState(fingerprint=settings_fingerprint(settings), settings=dict(settings))
     try:
-        state = ReleaseState.model_validate_json(path.read_bytes())
+        state = read_release_state(path)
     except FileNotFoundError:
-        return ReleaseState(fingerprint=fingerprint)
-    except ValueError as exc:
-        problem = f"release cache {path} is unreadable ({exc})"
+        return fresh
+    except ReleaseCacheError as exc:
+        problem = str(exc)
     else:
-        if state.fingerprint == fingerprint:
+        if state.fingerprint == fresh.fingerprint:
             return state
-        problem = f"release cache {path} was made under other settings (another run)"
+        problem = f"release cache {path} was made under other settings ({_differences(state.settings, settings)})"
     if pinned:
         raise ReleaseCacheError(f"{problem}; releasing its records again would spend their budget again: move the "
                                 "cache away to allow it")
     log.warning("%s; starting a new one", problem)
-    return ReleaseState(fingerprint=fingerprint)
+    return fresh
+
+
+def read_release_state(path: Path) -> ReleaseState:
+    """The release cache at ``path``.
+
+    Raises
+    ------
+    FileNotFoundError
+        When there is none.
+    ReleaseCacheError
+        When it cannot be read as a cache (the first reason, in one line).
+    """
+    try:
+        return ReleaseState.model_validate_json(path.read_bytes())
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        reason = f"{first['msg']}{f' at {where}' if where else ''}"
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+    raise ReleaseCacheError(f"release cache {path} is unreadable ({reason})")
+
+
+def _differences(cached: Mapping[str, str], now: Mapping[str, str]) -> str:
+    # what a refused run is told: each differing setting, cached value first
+    if not cached:
+        return "another run; this cache does not record its settings"
+    names = [k for k in {**cached, **now} if cached.get(k) != now.get(k)]
+    shown = [f"{k}: {cached.get(k, '-')} in the cache, {now.get(k, '-')} now" for k in names if k != "builder"]
+    if "builder" in names:
+        shown.append("the builder's constants (another version of synapse-flwr)")
+    return "; ".join(shown) or "another run"
 
 
 def save_release_state(path: Path, state: ReleaseState) -> None:
@@ -242,14 +287,8 @@ def release_round(
         return artifact, state if current is state.artifact else state.model_copy(update={"artifact": current}), 0
     window = build([e for _, e in fresh])
     artifact = window if state.artifact is None else combine(with_catalog(state.artifact, catalog), window)
-    new_state = ReleaseState(
-        fingerprint=state.fingerprint,
-        released=sorted(released | {k for k, _ in fresh}),
-        windows=state.windows + 1,
-        artifact=artifact,
-        voted=state.voted,
-        no_vote=state.no_vote,
-    )
+    new_state = state.model_copy(update={
+        "released": sorted(released | {k for k, _ in fresh}), "windows": state.windows + 1, "artifact": artifact})
     return artifact, new_state, len(fresh)
 
 

@@ -193,10 +193,15 @@ def _other_kind(record: Mapping, kind: str) -> str | None:
 
 
 def _warn_misnamed(folder: Path) -> None:
-    """Warn about JSON files named like a folder's logs, which are not read: ``org_a.json`` for ``org_a.jsonl``."""
+    """Warn about files named almost like a folder's logs, which are not read (``org_a.json``, ``orgA.jsonl``)."""
     for path in sorted(folder.glob("*.json")):
         if path.name.startswith("org_") or path.name == "test.json":
             warn_once(log, f"{path}: not read; a dataset folder's logs are JSONL, named {path.stem}.jsonl")
+    read = {TEST_FILE, "catalog.jsonl", *(p.name for p in folder.glob(ORG_GLOB))}
+    for path in sorted(folder.glob("*.jsonl")):
+        if path.name not in read:
+            warn_once(log, f"{path}: not read; an organisation's log is named org_<id>.jsonl, the test set "
+                           f"{TEST_FILE} (a log to split into organisations: synapse split-orgs {path} --orgs 5)")
 
 
 def _bad_org_ids(logs: Mapping[str, Path], orgs: Sequence[str] | None) -> list[Problem]:
@@ -345,13 +350,18 @@ def check_folder(folder: str | Path, orgs: Sequence[str] | None = None, max_per_
     _warn_misnamed(folder)
     try:
         path = catalog_file(folder)
-        aliases = read_aliases(folder)
     except InputError as exc:
         return FolderReport(folder, (Problem(exc.path, exc.message),))
     if path is None:
         hint = f'add a JSON list of {{"name", "description"}} tools, {DATASET_OPTION}'
         return FolderReport(folder, (Problem(str(folder), "no catalog.json or catalog.jsonl", hint=hint),))
-    catalog, problems = _check_catalog(path, aliases)
+    problems: list[Problem] = []
+    try:
+        aliases = read_aliases(folder)
+    except InputError as exc:  # told, and the other files are still checked (without aliases)
+        problems, aliases = [Problem(exc.path, exc.message)], {}
+    catalog, found = _check_catalog(path, aliases)
+    problems += found
     logs = org_files(folder)
     problems += _bad_org_ids(logs, orgs)
     # a folder's logs are plain JSONL (docs/formats.md): a compressed one would be left out unsaid

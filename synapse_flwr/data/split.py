@@ -73,20 +73,28 @@ def split_orgs(
     Raises
     ------
     SynapseError
-        If org logs exist already (without ``overwrite``) or an org would be empty.
+        If the log is itself an org log of the output folder, org logs exist
+        already (without ``overwrite``), the log is empty or an org would be empty.
     """
     out_dir = out_dir or log_path.parent
     existing = org_files(out_dir)
+    if log_path.exists() and any(p.resolve() == log_path.resolve() for p in existing.values()):
+        # it would be removed by --overwrite, or join the federation beside its own split as one more org
+        raise SynapseError(f"{log_path} is named like an organisation's log (org_*.jsonl) in the folder the split "
+                           "goes to: rename it (e.g. train.jsonl) or pass --out another folder")
     if existing and not overwrite:
-        raise SynapseError(f"{out_dir} already has {len(existing)} org_*.jsonl logs; pass --overwrite "
-                           "to replace them")
+        raise SynapseError(f"{out_dir} already has {len(existing)} org_*.jsonl logs ("
+                           f"{', '.join(sorted(p.name for p in existing.values()))}); pass --overwrite to remove "
+                           "them and write this split")
     cat_path = catalog_file(log_path.parent)
     events = load_experience(log_path, load_catalog(cat_path) if cat_path else None)
+    if not events:
+        raise SynapseError(f"{log_path} holds no events: nothing to split")
     parts = partition_iid(events, k, seed) if alpha is None else partition_noniid(events, k, alpha, seed)
     empty = [i for i, part in enumerate(parts) if not part]
     if empty:
-        raise SynapseError(f"{log_path}: {len(events)} events leave {len(empty)} of {k} orgs empty; use "
-                           "fewer orgs or a larger alpha")
+        fix = f"use --orgs {len(events)} or fewer" if alpha is None else "use fewer --orgs or a larger --alpha"
+        raise SynapseError(f"{log_path}: {len(events)} events leave {len(empty)} of {k} orgs empty; {fix}")
     for path in existing.values():
         path.unlink()
     if existing:  # a log left behind would join the federation as one more organisation

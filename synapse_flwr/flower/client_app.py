@@ -46,7 +46,7 @@ from synapse_flwr.core.release import (
     may_vote,
     record_keys,
     release_round,
-    settings_fingerprint,
+    release_settings,
     with_votes,
     without_votes,
 )
@@ -110,7 +110,7 @@ def org_data(context: Context, cfg: RunConfig) -> OrgData:
     return OrgData(org, ds.catalog, ds.orgs[org])
 
 
-def fingerprint(cfg: RunConfig, org: str, own_data: bool = False) -> str:
+def cache_settings(cfg: RunConfig, org: str, own_data: bool = False) -> dict[str, str]:
     """The settings a release cache belongs to: a cache made under others is not reused.
 
     ``num-rounds`` is one of them only with replay on, the one case where it sets
@@ -124,9 +124,10 @@ def fingerprint(cfg: RunConfig, org: str, own_data: bool = False) -> str:
     left out too: an operator who changes them does not make another run.
     Nor is the catalog (:func:`~synapse_flwr.core.release.with_catalog`).
     """
-    rounds = cfg.num_rounds if cfg.replay else None
-    split = [] if own_data else [cfg.dataset, cfg.seed, cfg.alpha, cfg.inject]
-    return settings_fingerprint(org, [*split, cfg.epsilon, cfg.delta, rounds, cfg.replay, cfg.embedder])
+    split = {} if own_data else {"dataset": cfg.dataset, "seed": cfg.seed, "alpha": cfg.alpha, "inject": cfg.inject}
+    return release_settings(org, {**split, "epsilon": cfg.epsilon, "delta": cfg.delta,
+                                  "num-rounds": cfg.num_rounds if cfg.replay else None, "replay": cfg.replay,
+                                  "embedder": cfg.embedder})
 
 
 def cache_path(cfg: RunConfig, context: Context, org: str) -> Path:
@@ -135,7 +136,7 @@ def cache_path(cfg: RunConfig, context: Context, org: str) -> Path:
     return Path(folder or Path(cfg.output_dir) / "release-cache") / f"{org}.json"
 
 
-def load_state(path: Path, fingerprint_: str, pinned: bool = False) -> ReleaseState:
+def load_state(path: Path, settings: Mapping[str, str], pinned: bool = False) -> ReleaseState:
     """:func:`~synapse_flwr.core.release.load_release_state`; a refused pinned cache is told to the server.
 
     ``pinned``: the organisation set node config ``release-cache``, so the
@@ -148,7 +149,7 @@ def load_state(path: Path, fingerprint_: str, pinned: bool = False) -> ReleaseSt
         (the path and the problem stay in this org's log).
     """
     try:
-        return load_release_state(path, fingerprint_, pinned)
+        return load_release_state(path, settings, pinned)
     except ReleaseCacheError as exc:
         log.error("%s", exc)
         raise ReasonForServer("this organisation's pinned release cache holds releases made under other settings "
@@ -378,7 +379,7 @@ def train(msg: Message, context: Context) -> Message:
     embedder = federation_embedder(cfg)
     path = cache_path(cfg, context, data.org)
     nc = context.node_config
-    state = load_state(path, fingerprint(cfg, data.org, own_data="data-path" in nc),
+    state = load_state(path, cache_settings(cfg, data.org, own_data="data-path" in nc),
                        pinned=bool(nc.get("release-cache")))
     replayed: list[Event] = []
     # a typed global has tools, a flat-majority one texts; round 1's global has neither
