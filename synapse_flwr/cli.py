@@ -564,8 +564,9 @@ def examples(
     The requests are public text (nothing private is read) that every router
     reading the catalog adds to a tool's documentation vector, docs_only
     included; examples.json beside a catalog is read with it. With
-    local/smollm2 on 2 CPU cores the model takes 30-50 s to load, then about
-    25 s a tool.
+    local/smollm2 on 2 idle CPU cores the model takes about 25 s to load,
+    then about 5 s a tool (several times longer while other work shares the
+    cores).
     """
     from rich.progress import (
         BarColumn,
