@@ -146,7 +146,7 @@ def test_an_output_dir_that_is_a_file_is_refused(tmp_path):
     (tmp_path / "a-file").write_text("")
     with pytest.raises(RunConfigError, match=r"'output-dir' '.*a-file' is a file"):
         check_output_dir(tmp_path / "a-file")
-    with pytest.raises(RunConfigError, match=r"lies under .*a-file, which is a file"):
+    with pytest.raises(RunConfigError, match=r"cannot be written: .*a-file is a file, not a folder"):
         check_output_dir(tmp_path / "a-file" / "out")
 
 

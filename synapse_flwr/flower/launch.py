@@ -42,6 +42,7 @@ from typing import Any
 
 import synapse_flwr
 from synapse_flwr.core.errors import SynapseError
+from synapse_flwr.core.files import write_problem
 from synapse_flwr.data.pins import ENV_VAR, data_dir
 from synapse_flwr.flower.config import (
     RunConfig,
@@ -480,7 +481,7 @@ def check_dataset(run_config: Mapping[str, Any]) -> None:
 
 
 def check_output_dir(output_dir: str | Path) -> None:
-    """Refuse, before any process starts, an ``output-dir`` that is a file or lies under one.
+    """Refuse, before any process starts, an ``output-dir`` that is a file, lies under one, or cannot be written.
 
     Parameters
     ----------
@@ -490,16 +491,11 @@ def check_output_dir(output_dir: str | Path) -> None:
     Raises
     ------
     RunConfigError
-        Naming the file in the way.
+        Naming what is in the way.
     """
-    path = Path(output_dir)
-    for folder in (path, *path.parents):
-        if folder.exists():
-            if not folder.is_dir():
-                where = "is a file" if folder == path else f"lies under {folder}, which is a file"
-                raise RunConfigError(f"run config 'output-dir' {str(path)!r} {where}; the server writes its "
-                                     "globals and metrics.json into a folder: set another (--set output-dir=PATH)")
-            return
+    if problem := write_problem(output_dir, folder=True):
+        raise RunConfigError(f"run config 'output-dir' {str(output_dir)!r} {problem}; the server writes its "
+                             "globals and metrics.json into a folder: set another (--set output-dir=PATH)")
 
 
 def check_keys(run_config: Mapping[str, Any]) -> None:
