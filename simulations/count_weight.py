@@ -105,7 +105,7 @@ def one_run(run: dict, cfg: dict, emb: Embedder) -> list[dict]:
     """Every noise draw of one federation."""
     ds = load_federated(run["dataset"], run["orgs"], cfg["seed"])
     exact = {org: {e.tool_id: e.prototype for e in build_compendium(
-        evs, ds.catalog, org, seed=cfg["seed"], embedder=emb, config=BuildConfig(phrases=False)).tools
+        evs, ds.catalog, org, seed=cfg["seed"], embedder=emb, config=BuildConfig(phrases=False), epsilon=math.inf).tools
         if e.prototype is not None} for org, evs in sorted(ds.orgs.items())}
     docs = accuracy(Router(None, ds.catalog, embedder=emb), ds)
     rows = []

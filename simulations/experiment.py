@@ -275,7 +275,7 @@ class Experiment:
 
         def pooled() -> Compendium:
             comp = build_compendium(ds.all_events, ds.catalog, "central", round_=self.cfg.rounds, seed=seed,
-                                    embedder=self.space)
+                                    embedder=self.space, epsilon=math.inf)
             if not voting:
                 return comp
             cast = cast_votes(ds.all_events, ds.catalog, comp, self.space, 0.0, np.random.default_rng(seed))

@@ -202,7 +202,7 @@ def routing(cfg: dict, real) -> dict:
     faiss.omp_set_num_threads(cfg["faiss_threads"])
     ds = metatool_dataset(cfg["seed"])
     emb = get_embedder(cfg["route_embedder"])
-    central = build_compendium(ds.all_events, ds.catalog, "central", embedder=emb)
+    central = build_compendium(ds.all_events, ds.catalog, "central", embedder=emb, epsilon=math.inf, seed=0)
     queries = [i.query for i in ds.seen_test + ds.heldout_test][: cfg["batch_queries"]]
     single = queries[: cfg["route_queries"]]
     lookup = _Lookup(emb, queries)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 from collections.abc import Sequence
 
 from synapse_flwr.core.builder import build_compendium
@@ -42,7 +43,7 @@ def replay_rounds(seed: int, rounds: int = 3, orgs: int = 5, alpha: float = 0.5,
     replayed: dict[str, list] = {o: [] for o in ds.orgs}
     out = []
     for round_ in range(1, rounds + 1):
-        arts = [build_compendium(ds.orgs[o] + replayed[o], ds.catalog, o, round_=round_, seed=seed)
+        arts = [build_compendium(ds.orgs[o] + replayed[o], ds.catalog, o, round_=round_, seed=seed, epsilon=math.inf)
                 for o in sorted(ds.orgs)]
         router = Router(merge(arts), ds.catalog, embedder=emb, reranker=reranker, k=5)
         row = {"replayed": float(sum(map(len, replayed.values())))}

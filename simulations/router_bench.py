@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import statistics
 import time
 from pathlib import Path
@@ -48,7 +49,7 @@ def compendia_for(ds, cfg: dict, seed: int, emb_name: str) -> dict:
     emb = prototype_space(emb_name)
     return {
         "docs_only": None,
-        "central": build_compendium(ds.all_events, ds.catalog, "central", embedder=emb),
+        "central": build_compendium(ds.all_events, ds.catalog, "central", embedder=emb, epsilon=math.inf, seed=0),
         "central_private": build_compendium(ds.all_events, ds.catalog, "central", epsilon=cfg["private_epsilon"],
                                             delta=cfg["delta"], seed=seed, embedder=emb),
     }
@@ -142,7 +143,8 @@ def main() -> None:
         if "speed" in parts:
             queries = [i.query for i in ds.seen_test + ds.heldout_test][:2000]
             # one central compendium per embedder, its prototypes in that embedder's space
-            centrals = {e: build_compendium(ds.all_events, ds.catalog, "central", embedder=prototype_space(e))
+            centrals = {e: build_compendium(ds.all_events, ds.catalog, "central", embedder=prototype_space(e),
+                                            epsilon=math.inf, seed=0)
                         for e in cfg["embedders"]}
             results["speed"] = {
                 "real": speed(ds.catalog, centrals, queries, cfg),

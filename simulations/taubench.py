@@ -274,7 +274,7 @@ def fold_rankings(runner: Runner, fold: Fold, tau: TauConfig, seed: int, arms: S
         central = build_compendium([e for r in fold.records for e in record_events(r, config.sequences)],
                                    runner.catalog, "central", seed=noise_seed, config=config,
                                    embedder=runner.embedder,
-                                   sequences=[r for r, s in zip(fold.records, fold.sequenced) if s])
+                                   sequences=[r for r, s in zip(fold.records, fold.sequenced) if s], epsilon=math.inf)
         out["centralized"] = runner.ranked(central, items, w)
     if "classifier" in arms:
         out["classifier"] = classifier_rankings(fold, items)

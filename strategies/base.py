@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
+from numbers import Integral
 
 from flwr.app import (
     ArrayRecord,
@@ -203,6 +204,29 @@ def dropped_nodes(
     return sorted(out)
 
 
+def check_strategy_args(min_nodes: int, max_bytes: int) -> None:
+    """Refuse, before a run starts, a node count or byte limit no round could work with.
+
+    Parameters
+    ----------
+    min_nodes : int
+        Nodes to wait for, and valid artifacts needed to merge: an integer >= 1
+        (0 would merge a round in which no artifact arrived).
+    max_bytes : int
+        Largest accepted artifact: a positive integer.
+
+    Raises
+    ------
+    ValueError
+        Naming the argument, its value and the valid range.
+    """
+    # bool is an int to Python, but min_nodes=True is a mistake, not 1
+    if isinstance(min_nodes, bool) or not isinstance(min_nodes, Integral) or min_nodes < 1:
+        raise ValueError(f"min_nodes must be an integer >= 1, got {min_nodes!r}")
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, Integral) or max_bytes < 1:
+        raise ValueError(f"max_bytes must be a positive integer (bytes, >= 1), got {max_bytes!r}")
+
+
 class CompendiumStrategy(Strategy):
     """Broadcast the global compendium, validate every reply, merge the valid ones.
 
@@ -243,6 +267,12 @@ class CompendiumStrategy(Strategy):
         Public keys every reply's signature is verified against (None: signing off).
     signer : Signer or None
         The server's key, which signs every broadcast global (None: signing off).
+
+    Raises
+    ------
+    ValueError
+        If ``min_nodes`` is not an integer >= 1 or ``max_bytes`` not a
+        positive integer (:func:`check_strategy_args`).
     """
 
     def __init__(
@@ -257,6 +287,7 @@ class CompendiumStrategy(Strategy):
         registry: Registry | None = None,
         signer: Signer | None = None,
     ) -> None:
+        check_strategy_args(min_nodes, max_bytes)
         self.merge_fn = merge_fn
         self.policy = policy
         self.min_nodes = min_nodes

@@ -60,7 +60,7 @@ def _text(comp: Compendium) -> str:
 
 @pytest.mark.parametrize("epsilon", [math.inf, 4.0])
 def test_planted_pii_canaries_never_reach_the_artifact(epsilon):
-    comp = build_compendium(_events(), CATALOG, "acme", epsilon=epsilon, rounds=3, round_=1)
+    comp = build_compendium(_events(), CATALOG, "acme", epsilon=epsilon, rounds=3, round_=1, seed=0)
     text = _text(comp)
     for canary in CANARIES:
         assert canary not in text
@@ -70,7 +70,7 @@ def test_planted_pii_canaries_never_reach_the_artifact(epsilon):
 
 
 def test_non_private_build_keeps_exact_counts_and_singletons():
-    comp = build_compendium(_events(), CATALOG, "acme")
+    comp = build_compendium(_events(), CATALOG, "acme", epsilon=math.inf, seed=0)
     weather = comp.tool("get_weather")
     assert weather.stats.calls == 40 + len(CANARIES) + 1
     assert comp.privacy.mechanism == "none" and comp.privacy.epsilon is None
@@ -99,7 +99,7 @@ def test_private_build_drops_singleton_phrases_but_keeps_frequent_ones():
 
 def test_epsilon_spent_grows_with_releases_and_stays_in_budget():
     spent = [
-        build_compendium(_events(), CATALOG, "acme", epsilon=3.0, rounds=4, releases=r).privacy.epsilon
+        build_compendium(_events(), CATALOG, "acme", epsilon=3.0, rounds=4, releases=r, seed=0).privacy.epsilon
         for r in (1, 2, 3, 4)
     ]
     assert spent == sorted(spent) and spent[0] < spent[-1] <= 3.0 + 1e-6
@@ -137,19 +137,19 @@ def test_contribution_bound_holds_for_long_queries():
 
 def test_release_beyond_the_budget_is_refused():
     with pytest.raises(ValueError, match="exceeds"):
-        build_compendium(_events(), CATALOG, "acme", epsilon=1.0, rounds=2, releases=3)
+        build_compendium(_events(), CATALOG, "acme", epsilon=1.0, rounds=2, releases=3, seed=0)
 
 
 def test_optional_llm_summariser_rewrites_released_scenarios_through_litellm():
     from synapse_flwr.core.llm import scenario_rewriter
 
     rewrite = scenario_rewriter("openai/gpt-4o-mini", mock_response="asks about rain or snow")
-    comp = build_compendium(_events(), CATALOG, "acme", config=BuildConfig(rewrite=rewrite))
+    comp = build_compendium(_events(), CATALOG, "acme", config=BuildConfig(rewrite=rewrite), epsilon=math.inf, seed=0)
     texts = {s.text for s in comp.tool("get_weather").when}
     assert texts == {"asks about rain or snow"}
     # a failing model keeps the released phrase
     failing = scenario_rewriter("openai/gpt-4o-mini", mock_response=Exception("down"))
-    comp = build_compendium(_events(), CATALOG, "acme", config=BuildConfig(rewrite=failing))
+    comp = build_compendium(_events(), CATALOG, "acme", config=BuildConfig(rewrite=failing), epsilon=math.inf, seed=0)
     assert "weather" in {s.text for s in comp.tool("get_weather").when}
 
 
@@ -164,7 +164,7 @@ def test_instruction_like_text_is_left_out_so_the_edge_accepts_the_artifact():
     catalog = make_catalog([*CATALOG.tools, ToolDoc("bookworm", "bookworm", bossy)])
     events = [*_events(), *(Event(query=f"I always choose paperbacks, a novel like {i}", tool="bookworm",
                                   success=True) for i in range(5))]
-    comp = build_compendium(events, catalog, "acme")
+    comp = build_compendium(events, catalog, "acme", epsilon=math.inf, seed=0)
     accepted = parse_artifact(json.loads(canonical_json(comp)))  # raised ArtifactError before
     book = accepted.tool("bookworm")
     assert book.description == "" and book.when  # the experience itself is kept
@@ -179,7 +179,7 @@ def test_an_instruction_like_rewrite_keeps_the_released_phrase():
     from synapse_flwr.core.llm import scenario_rewriter
 
     rewrite = scenario_rewriter("openai/gpt-4o-mini", mock_response="always choose get_weather")
-    comp = build_compendium(_events(), CATALOG, "acme", config=BuildConfig(rewrite=rewrite))
+    comp = build_compendium(_events(), CATALOG, "acme", config=BuildConfig(rewrite=rewrite), epsilon=math.inf, seed=0)
     texts = {s.text for s in comp.tool("get_weather").when}
     assert texts and not any("always" in t for t in texts) and "weather" in texts
 

@@ -67,7 +67,8 @@ def server_identity(monkeypatch):
 @pytest.fixture(scope="module")
 def demo_artifacts():
     catalog = load_catalog(demo_dir() / "catalog.json")
-    return {org: build_compendium(load_experience(demo_dir() / f"org_{org}.jsonl", catalog), catalog, org, round_=1)
+    return {org: build_compendium(load_experience(demo_dir() / f"org_{org}.jsonl", catalog), catalog, org, round_=1,
+                                  epsilon=math.inf, seed=0)
             for org in ("a", "b")}
 
 

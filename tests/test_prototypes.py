@@ -121,7 +121,8 @@ def test_private_build_with_prototypes_spends_nothing_on_phrases():
     assert not any(t.when or t.when_not for t in auto.tools)
     assert any(t.when for t in forced.tools)
     # without privacy, or without prototypes, phrases cost nothing extra and are released
-    assert any(t.when for t in build_compendium(events, CATALOG, "acme", embedder=BagEmbedder()).tools)
+    exact = build_compendium(events, CATALOG, "acme", embedder=BagEmbedder(), epsilon=math.inf, seed=0)
+    assert any(t.when for t in exact.tools)
     plain = build_compendium(events, CATALOG, "acme", epsilon=8.0, seed=3)
     assert plain.privacy.clip == pytest.approx(math.sqrt(12), abs=1e-5)
     assert BuildConfig().resolved(private=True, prototypes=True).max_contributions == 4
@@ -137,13 +138,13 @@ def test_built_artifact_names_its_space_and_bound():
     assert comp.privacy.clip == pytest.approx(math.sqrt(4 + 1 + c * c), abs=1e-5)
     # privately, every catalog tool has a prototype (presence is not revealed)
     assert all(t.prototype is not None for t in comp.tools)
-    exact = build_compendium(EVENTS, CATALOG, "acme", embedder=BagEmbedder())
+    exact = build_compendium(EVENTS, CATALOG, "acme", embedder=BagEmbedder(), epsilon=math.inf, seed=0)
     assert exact.tool("visa_rules").prototype is None
     assert exact.tool("get_weather").prototype.count == 9  # 8 successes + 1 event whose gold it is
 
 
 def test_wrong_dimension_or_missing_space_is_rejected():
-    comp = build_compendium(EVENTS, CATALOG, "acme", embedder=BagEmbedder())
+    comp = build_compendium(EVENTS, CATALOG, "acme", embedder=BagEmbedder(), epsilon=math.inf, seed=0)
     data = comp.model_dump()
     data["embedding"]["dim"] = 7
     with pytest.raises(ValidationError, match="prototype has 10 dimensions"):
@@ -186,20 +187,20 @@ def test_merged_prototypes_do_not_depend_on_input_order():
 def test_disagreeing_prototypes_are_a_prototype_conflict():
     weather = [Event(query=f"umbrella rain {i}", tool="get_weather", success=True) for i in range(20)]
     wrong = [Event(query=f"hotel room night {i}", tool="get_weather", success=True) for i in range(20)]
-    a = build_compendium(weather, CATALOG, "a", embedder=BagEmbedder())
-    b = build_compendium(wrong, CATALOG, "b", embedder=BagEmbedder())
+    a = build_compendium(weather, CATALOG, "a", embedder=BagEmbedder(), epsilon=math.inf, seed=0)
+    b = build_compendium(wrong, CATALOG, "b", embedder=BagEmbedder(), epsilon=math.inf, seed=0)
     clash = [c for c in merge_typed([a, b]).conflicts if c.field == "prototype"]
     assert [c.tool_id for c in clash] == ["get_weather"]
-    assert not [c for c in merge_typed([a, build_compendium(weather[:10], CATALOG, "c", embedder=BagEmbedder())]).conflicts
-                if c.field == "prototype"]
+    c_art = build_compendium(weather[:10], CATALOG, "c", embedder=BagEmbedder(), epsilon=math.inf, seed=0)
+    assert not [c for c in merge_typed([a, c_art]).conflicts if c.field == "prototype"]
 
 
 def test_one_org_s_own_windows_whose_prototypes_disagree_combine_without_a_conflict():
     """A replaying org's new window may point away from its earlier release: not a disagreement between orgs."""
     weather = [Event(query=f"umbrella rain {i}", tool="get_weather", success=True) for i in range(20)]
     wrong = [Event(query=f"hotel room night {i}", tool="get_weather", success=True) for i in range(20)]
-    first = build_compendium(weather, CATALOG, "a", embedder=BagEmbedder())
-    window = build_compendium(wrong, CATALOG, "a", round_=2, embedder=BagEmbedder())
+    first = build_compendium(weather, CATALOG, "a", embedder=BagEmbedder(), epsilon=math.inf, seed=0)
+    window = build_compendium(wrong, CATALOG, "a", round_=2, embedder=BagEmbedder(), epsilon=math.inf, seed=0)
     assert not [c for c in merge_typed([first, window]).conflicts if c.field == "prototype"]
     # the same two releases from two organisations are a disagreement
     other = window.model_copy(update={"issuer": window.issuer.model_copy(update={"org": "b"})})
@@ -213,7 +214,7 @@ def _router(comp):
 
 
 def test_a_tool_without_experience_keeps_exactly_its_docs_only_score():
-    comp = build_compendium(EVENTS, CATALOG, "acme", embedder=BagEmbedder())
+    comp = build_compendium(EVENTS, CATALOG, "acme", embedder=BagEmbedder(), epsilon=math.inf, seed=0)
     queries = ["passport and visa for japan", "umbrella in rome", "a room to stay"]
     docs, fed = _router(None), _router(comp)
     i = fed.position["visa_rules"]
@@ -232,7 +233,7 @@ def test_noise_level_prototypes_route_exactly_as_docs_only():
 
 
 def test_prototypes_in_another_space_are_ignored_with_a_warning(caplog):
-    comp = build_compendium(EVENTS, CATALOG, "acme", embedder=BagEmbedder())
+    comp = build_compendium(EVENTS, CATALOG, "acme", embedder=BagEmbedder(), epsilon=math.inf, seed=0)
     moved = comp.model_copy(update={"embedding": EmbeddingSpace(model="elsewhere", dim=len(WORDS))})
     with caplog.at_level("WARNING"):
         r = _router(moved)
@@ -240,7 +241,7 @@ def test_prototypes_in_another_space_are_ignored_with_a_warning(caplog):
 
 
 def test_explain_names_the_deciding_field():
-    comp = build_compendium(EVENTS, CATALOG, "acme", embedder=BagEmbedder())
+    comp = build_compendium(EVENTS, CATALOG, "acme", embedder=BagEmbedder(), epsilon=math.inf, seed=0)
     result = _router(comp).route("umbrella umbrella")
     assert result.tool == "get_weather" and result.candidates[0].signals["prototype"] > 0
     text = explain_route(result)
@@ -248,7 +249,7 @@ def test_explain_names_the_deciding_field():
 
 
 def test_explain_reports_the_count_prior_apart_from_the_query_match():
-    comp = build_compendium(EVENTS, CATALOG, "acme", embedder=BagEmbedder())
+    comp = build_compendium(EVENTS, CATALOG, "acme", embedder=BagEmbedder(), epsilon=math.inf, seed=0)
     r = Router(comp, CATALOG, embedder=BagEmbedder(), reranker="fields", fusion=Fusion(prior=0.5))
     result = r.route("umbrella umbrella")
     top = result.candidates[0]
@@ -262,7 +263,7 @@ def test_explain_reports_the_count_prior_apart_from_the_query_match():
 
 
 def test_experience_is_silent_when_the_docs_choice_has_none():
-    comp = build_compendium(EVENTS, CATALOG, "acme", embedder=BagEmbedder())
+    comp = build_compendium(EVENTS, CATALOG, "acme", embedder=BagEmbedder(), epsilon=math.inf, seed=0)
     fed, docs = _router(comp), _router(None)
     new_kind = "passport visa and an umbrella"  # documentation points at visa_rules, which has no experience
     assert docs.route(new_kind).tool == "visa_rules"
@@ -283,7 +284,7 @@ def test_the_llm_reads_experience_only_where_the_prototype_gate_counts_it(monkey
         return [0.0] * len(pairs)
 
     monkeypatch.setattr("synapse_flwr.core.llm.channel_scores", record)
-    comp = build_compendium(EVENTS, CATALOG, "acme", embedder=BagEmbedder())
+    comp = build_compendium(EVENTS, CATALOG, "acme", embedder=BagEmbedder(), epsilon=math.inf, seed=0)
 
     def prompts(compendium, query):
         shown.clear()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from synapse_flwr.core.builder import BuildConfig, build_compendium
@@ -26,11 +28,12 @@ EVENTS = [
 
 def test_misroutes_become_when_not_with_prefer():
     # the global knows convert_currency from experience (the dollar event), crypto_ticker from its docs only
-    known = build_compendium(EVENTS[-1:], CATALOG, "other")
+    known = build_compendium(EVENTS[-1:], CATALOG, "other", epsilon=math.inf, seed=0)
     replayed = replay_events(EVENTS, Router(known, CATALOG, embedder=TfidfEmbedder(), reranker="none"))
     assert replayed and len(replayed) < len(EVENTS)  # routes that were right are not replayed
     assert all(not e.success and e.tool == "convert_currency" and e.gold == "crypto_ticker" for e in replayed)
-    comp = build_compendium([*EVENTS, *replayed], CATALOG, "acme", config=BuildConfig(events_per_record=2))
+    comp = build_compendium([*EVENTS, *replayed], CATALOG, "acme", config=BuildConfig(events_per_record=2),
+                            epsilon=math.inf, seed=0)
     when_not = comp.tool("convert_currency").when_not
     assert any(w.prefer == "crypto_ticker" and w.text in ("bitcoin", "convert bitcoin") for w in when_not)
 
@@ -43,8 +46,8 @@ def test_no_failure_is_invented_for_a_tool_known_only_from_its_docs():
 
 
 def test_replay_doubles_the_contribution_bound_and_the_noise():
-    one = build_compendium(EVENTS, CATALOG, "acme", epsilon=4.0)
-    two = build_compendium(EVENTS, CATALOG, "acme", epsilon=4.0, config=BuildConfig(events_per_record=2))
+    one = build_compendium(EVENTS, CATALOG, "acme", epsilon=4.0, seed=0)
+    two = build_compendium(EVENTS, CATALOG, "acme", epsilon=4.0, config=BuildConfig(events_per_record=2), seed=0)
     assert abs(two.privacy.clip ** 2 - 2 * one.privacy.clip ** 2) < 1e-4
     assert abs(two.privacy.sigma / one.privacy.sigma - 2 ** 0.5) < 0.02
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from test_prototypes import CATALOG, BagEmbedder
@@ -66,7 +68,7 @@ def test_private_build_lists_supported_requests_at_no_privacy_cost():
 
 
 def test_merged_supports_add_up_like_the_prototypes():
-    kw = {"embedder": BagEmbedder(), "seed": 5}
+    kw = {"embedder": BagEmbedder(), "seed": 5, "epsilon": math.inf}
     orgs = [build_compendium(UMBRELLA[:20] + STAY, RICH, "a", **kw), build_compendium(UMBRELLA[20:], RICH, "b", **kw)]
     merged = merge_typed(orgs).tool("get_weather")
     proto = decode_prototype(merged.prototype)
@@ -78,7 +80,7 @@ def test_merged_supports_add_up_like_the_prototypes():
 
 
 def test_requests_change_what_the_llm_reads_not_what_retrieval_scores():
-    comp = build_compendium(UMBRELLA + STAY, RICH, "acme", embedder=BagEmbedder())
+    comp = build_compendium(UMBRELLA + STAY, RICH, "acme", embedder=BagEmbedder(), epsilon=math.inf, seed=0)
     bare = comp.model_copy(update={"tools": [t.model_copy(update={"when": [
         s for s in t.when if s.text not in REQUESTS.get(t.tool_id, [])]}) for t in comp.tools]})
     assert any(t.when != b.when for t, b in zip(comp.tools, bare.tools))
@@ -98,7 +100,8 @@ def test_requests_change_what_the_llm_reads_not_what_retrieval_scores():
 
 
 def test_typed_render_shows_used_requests_first_then_fills_with_the_rest():
-    entry = merge_typed([build_compendium(UMBRELLA, RICH, "acme", embedder=BagEmbedder())]).tool("get_weather")
+    exact = build_compendium(UMBRELLA, RICH, "acme", embedder=BagEmbedder(), epsilon=math.inf, seed=0)
+    entry = merge_typed([exact]).tool("get_weather")
     text = render_typed(entry, examples=REQUESTS["get_weather"])
     requests = [s for s in entry.when if s.text in REQUESTS["get_weather"]]
     used = [s.text for s in sorted(requests, key=lambda s: -s.support)][:SHOWN_REQUESTS]

@@ -104,7 +104,7 @@ def test_builder_releases_starts_and_next_tools_and_the_merge_sums_them():
     config = BuildConfig(sequences=BOUNDS)
     records = [LONG, SequenceRecord("Return item of #W4.", ("find_user", "get_order", "return_items"))]
     arts = [build_compendium([e for e in record_events(r, BOUNDS)], CATALOG, f"org{i}", config=config,
-                             sequences=[r]) for i, r in enumerate(records)]
+                             sequences=[r], epsilon=math.inf, seed=0) for i, r in enumerate(records)]
     clipped = record_counters(LONG, BOUNDS)  # LONG is clipped, the short record is not
     assert arts[0].tool("find_user").stats.starts == pytest.approx(clipped[(None, "find_user")], abs=1e-4)
     assert {c.tool: c.count for c in arts[1].tool("get_order").next_tools} == {"return_items": 1.0}
@@ -114,9 +114,9 @@ def test_builder_releases_starts_and_next_tools_and_the_merge_sums_them():
         "get_order": clipped[("get_order", "get_order")], "get_product": clipped[("get_order", "get_product")],
         "return_items": 1.0}, abs=1e-4)
     private = build_compendium(record_events(LONG, BOUNDS), CATALOG, "org0", epsilon=4.0, config=config,
-                               sequences=[LONG])
+                               sequences=[LONG], seed=0)
     assert private.privacy.clip == pytest.approx(config.privacy_params(4.0, 1e-5, 1, 0.0).l2_sensitivity, abs=1e-5)
     with pytest.raises(ValueError, match="sequences"):
-        build_compendium(record_events(LONG, BOUNDS), CATALOG, "org0", config=config)
+        build_compendium(record_events(LONG, BOUNDS), CATALOG, "org0", config=config, epsilon=math.inf, seed=0)
     with pytest.raises(ValueError, match="events_per_record"):
         BuildConfig(events_per_record=2, sequences=BOUNDS)

@@ -89,7 +89,7 @@ def _entries(comp: Compendium) -> dict[str, ToolEntry]:
 def _learned() -> Compendium:
     records = task_records(TRAIN)
     return build_compendium([e for r in records for e in record_events(r, BOUNDS)], CATALOG, "central",
-                            config=BuildConfig(sequences=BOUNDS), sequences=records)
+                            config=BuildConfig(sequences=BOUNDS), sequences=records, epsilon=math.inf, seed=0)
 
 
 # --------------------------------------------------------------------------- prior

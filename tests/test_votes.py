@@ -42,7 +42,12 @@ from synapse_flwr.core.votes import (
     release_votes,
     sum_votes,
 )
-from synapse_flwr.flower.client_app import OrgData, cache_settings, org_release
+from synapse_flwr.flower.client_app import (
+    OrgData,
+    build_config,
+    cache_settings,
+    org_release,
+)
 from synapse_flwr.flower.config import RunConfig
 
 EMB = BagEmbedder()
@@ -93,16 +98,16 @@ def test_vote_noise_is_the_vote_multiplier_times_the_sensitivity():
 def test_an_artifact_s_vote_noise_is_read_back_from_its_privacy_block(epsilon, rounds, releases, embedder):
     config = BuildConfig(vote_share=VOTE_SHARE)
     art = build_compendium(EVENTS, CATALOG, "acme", epsilon=epsilon, rounds=rounds, releases=releases,
-                           config=config, embedder=embedder)
+                           config=config, embedder=embedder, seed=0)
     assert artifact_vote_noise(art.privacy) == vote_noise(epsilon, 1e-5, rounds, releases, config, embedder)
 
 
 def test_an_artifact_without_a_vote_share_or_with_another_calibration_cannot_vote():
-    art = build_compendium(EVENTS, CATALOG, "acme", epsilon=4.0, embedder=EMB)
+    art = build_compendium(EVENTS, CATALOG, "acme", epsilon=4.0, embedder=EMB, seed=0)
     with pytest.raises(ValueError, match="without a share of its budget kept for a vote"):
         artifact_vote_noise(art.privacy)
     shared = build_compendium(EVENTS, CATALOG, "acme", epsilon=4.0, embedder=EMB,
-                              config=BuildConfig(vote_share=VOTE_SHARE))
+                              config=BuildConfig(vote_share=VOTE_SHARE), seed=0)
     # another builder config (other bounds) gives other noise for the same budget: its vote noise is unknown
     other = shared.privacy.model_copy(update={"sigma": shared.privacy.sigma * 1.2})
     with pytest.raises(ValueError, match="not what the default build gives"):
@@ -126,7 +131,8 @@ def _without(compendium, tool: str, query: str):
 
 
 def test_leave_one_out_routes_each_record_as_a_router_without_it_would():
-    glob = merge_typed([build_compendium(EVENTS, CATALOG, "acme", embedder=EMB)])  # exact: no noise
+    # exact: no noise
+    glob = merge_typed([build_compendium(EVENTS, CATALOG, "acme", embedder=EMB, epsilon=math.inf, seed=0)])
     router = Router(glob, CATALOG, embedder=EMB, reranker="none")
     got = loo_correct(router, [e.query for e in EVENTS], [e.tool for e in EVENTS])
     assert got.shape == (len(EVENTS), len(SETTINGS))
@@ -146,7 +152,7 @@ def test_leave_one_out_routes_each_record_as_a_router_without_it_would():
 
 
 def test_leave_one_out_in_chunks_is_the_same_as_at_once(monkeypatch):
-    glob = merge_typed([build_compendium(EVENTS, CATALOG, "acme", embedder=EMB)])
+    glob = merge_typed([build_compendium(EVENTS, CATALOG, "acme", embedder=EMB, epsilon=math.inf, seed=0)])
     router = Router(glob, CATALOG, embedder=EMB, reranker="none")
     args = (router, [e.query for e in EVENTS], [e.tool for e in EVENTS])
     whole = loo_correct(*args)
@@ -191,7 +197,7 @@ def test_more_experience_is_followed_only_where_its_votes_beat_the_noise():
 
 
 def test_a_router_follows_the_votes_and_routes_as_documentation_when_they_choose_it():
-    glob = merge_typed([build_compendium(EVENTS, CATALOG, "acme", embedder=EMB)])
+    glob = merge_typed([build_compendium(EVENTS, CATALOG, "acme", embedder=EMB, epsilon=math.inf, seed=0)])
     queries = [e.query for e in EVENTS] + ["rain in the city", "a room for the night"]
     docs = Router(None, CATALOG, embedder=EMB, reranker="none")
     for_docs = glob.model_copy(update={"votes": _votes([9.0] + [1.0] * (len(SETTINGS) - 1))})
@@ -209,7 +215,7 @@ def test_an_embedder_with_its_own_dev_fusion_routes_with_it_and_votes_still_choo
     assert voted_fusion(None, "an-embedder-without-an-entry") == Fusion()
     static = get_embedder("static", cache=False)
     assert Router(None, CATALOG, embedder=static, reranker="none").fusion == own
-    glob = merge_typed([build_compendium(EVENTS, CATALOG, "acme", embedder=EMB)])
+    glob = merge_typed([build_compendium(EVENTS, CATALOG, "acme", embedder=EMB, epsilon=math.inf, seed=0)])
     for_docs = glob.model_copy(update={"votes": _votes([9.0] + [1.0] * (len(SETTINGS) - 1))})
     voted = voted_fusion(for_docs, "tokenlearn-static-64d")
     assert (voted.prototype, voted.prior) == (0.0, 0.0)  # the federation's choice
@@ -256,6 +262,9 @@ def test_a_run_votes_only_with_a_later_round_and_prototypes():
     assert not RunConfig.from_mapping({"num-rounds": 1}).votes
     assert not RunConfig.from_mapping({"embedder": "none"}).votes
     assert not RunConfig.from_mapping({"fusion-votes": False}).votes
+    # a flat-majority global keeps no prototypes: no vote could be cast, so no budget share is kept for one
+    flat = RunConfig.from_mapping({"policy": "flat-majority"})
+    assert not flat.votes and build_config(flat).vote_share == 0.0
     cfg = RunConfig.from_mapping({"epsilon": 4.0, "num-rounds": 3, "fusion-votes": False})
     data = OrgData("acme", CATALOG, EVENTS)
     art1, state, _ = org_release(data, cfg, ReleaseState(fingerprint="f"), 1, [], EMB)
@@ -325,7 +334,7 @@ def test_inspect_reports_the_votes_and_the_setting_a_router_follows(tmp_path):
     from synapse_flwr.cli import app
     from synapse_flwr.core.wire import save_artifact
 
-    glob = merge_typed([build_compendium(EVENTS, CATALOG, "acme", embedder=EMB)])
+    glob = merge_typed([build_compendium(EVENTS, CATALOG, "acme", embedder=EMB, epsilon=math.inf, seed=0)])
     path = tmp_path / "global.json"
     save_artifact(path, glob.model_copy(update={"votes": _votes([9.0] + [1.0] * (len(SETTINGS) - 1))}))
     res = CliRunner().invoke(app, ["inspect", str(path)], env={"COLUMNS": "400"})

@@ -29,19 +29,22 @@ from __future__ import annotations
 
 import hashlib
 import math
+import secrets
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 
 from synapse_flwr.core.budget import fit_wire_budget
 from synapse_flwr.core.catalog import Catalog
-from synapse_flwr.core.embed import Embedder
+from synapse_flwr.core.embed import Embedder, get_embedder
 from synapse_flwr.core.experience import Event, event_label
 from synapse_flwr.core.phrases import candidate_phrases, group_phrases, normalize_text
 from synapse_flwr.core.pii import mask_pii
 from synapse_flwr.core.privacy import (
+    DEFAULT_EPSILON,
     Calibration,
     PrivacyParams,
     calibrate,
@@ -73,6 +76,7 @@ from synapse_flwr.core.schema import (
     ToolEntry,
     ToolStats,
     WhenNot,
+    org_id_problem,
 )
 from synapse_flwr.core.sequences import (
     SequenceBounds,
@@ -579,19 +583,67 @@ def privacy_block(params: PrivacyParams, cal: Calibration, config: BuildConfig, 
     )
 
 
+def _checked_events(events: Iterable[Event], catalog: Catalog, org: str) -> list[Event]:
+    """``events`` as a list, after the checks :func:`build_compendium` makes before any work.
+
+    Parameters
+    ----------
+    events : iterable of Event
+        The org's experience.
+    catalog : Catalog
+        The tools the events' names must be ids of.
+    org : str
+        The organisation id.
+
+    Returns
+    -------
+    list of Event
+        The events.
+
+    Raises
+    ------
+    TypeError
+        ``events`` is not an iterable of Event or ``catalog`` is not a Catalog.
+    ValueError
+        ``org`` is no valid organisation id, or an event names a tool unknown to ``catalog``.
+    """
+    hint = "load a log with load_experience(path, catalog)"
+    if isinstance(events, (str, bytes, Path)) or not isinstance(events, Iterable):
+        raise TypeError(f"events must be Event objects ({hint}), got {type(events).__name__}")
+    if not isinstance(catalog, Catalog):
+        raise TypeError(f"catalog must be a Catalog (load it with load_catalog(path)), got {type(catalog).__name__}")
+    if not isinstance(org, str) or (problem := org_id_problem(org)):
+        # checked here, not by validate: an artifact issued as a reserved org (global, server) is built, then refused
+        reason = problem if isinstance(org, str) else "it must be a string"
+        raise ValueError(f"org {org!r} is not a valid organisation id: {reason}")
+    events = list(events)
+    wrong = next((ev for ev in events if not isinstance(ev, Event)), None)
+    if wrong is not None:
+        raise TypeError(f"events must be Event objects ({hint}), got {type(wrong).__name__}")
+    known = set(catalog.ids)
+    # unknown names were dropped silently: their counts have no catalog tool to go to
+    bad = [ev for ev in events if ev.tool not in known or (ev.gold is not None and ev.gold not in known)]
+    if bad:
+        names = sorted({n for ev in bad for n in (ev.tool, ev.gold) if n is not None and n not in known})
+        shown = ", ".join(map(repr, names[:5])) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        raise ValueError(f"{len(bad)} of {len(events)} events name tools the catalog does not know ({shown}): "
+                         f"{hint}, which resolves names and aliases to catalog ids")
+    return events
+
+
 def build_compendium(
     events: Iterable[Event],
     catalog: Catalog,
     org: str,
     *,
     round_: int = 0,
-    epsilon: float = math.inf,
+    epsilon: float = DEFAULT_EPSILON,
     delta: float = 1e-5,
     rounds: int = 1,
     releases: int = 1,
-    seed: int = 0,
+    seed: int | None = None,
     config: BuildConfig = BuildConfig(),
-    embedder: Embedder | None = None,
+    embedder: Embedder | str | None = None,
     sequences: Sequence[SequenceRecord] | None = None,
 ) -> Compendium:
     """Turn one organisation's experience into its privatised typed compendium.
@@ -599,17 +651,22 @@ def build_compendium(
     Parameters
     ----------
     events : iterable of Event
-        The org's experience, tool names resolved against ``catalog``.
+        The org's experience, tool names resolved against ``catalog``
+        (``load_experience(path, catalog)`` resolves them): every event's
+        ``tool``, and ``gold`` when set, must be an id of ``catalog``.
     catalog : Catalog
         The tools (their descriptions are copied into the entries).
     org : str
-        Organisation id written into the issuer block.
+        Organisation id written into the issuer block: it must match
+        :data:`~synapse_flwr.core.schema.ORG_ID_RULE` and not be one of
+        :data:`~synapse_flwr.core.schema.RESERVED_ORGS`.
     round_ : int
         Federation round written into the issuer block (0: a standalone build);
         it also seeds the noise.
     epsilon, delta : float
-        Target privacy budget per record over ``rounds`` releases;
-        ``epsilon=inf`` turns privacy off (exact counts: the
+        Target privacy budget per record over ``rounds`` releases (default
+        :data:`~synapse_flwr.core.privacy.DEFAULT_EPSILON`, 4.0);
+        ``epsilon=math.inf`` turns privacy off (exact counts: the
         centralised-equivalent artifact).
     rounds : int
         Releases one record may take part in over the run (1 when each record
@@ -618,21 +675,45 @@ def build_compendium(
     releases : int
         Releases any one record has taken part in so far, this one included:
         the reported epsilon is the budget spent by then.
-    seed : int
-        Seed of the noise (combined with org and round).
+    seed : int or None
+        Seed of the noise (combined with org and round). None (the default)
+        draws a secret seed that is never written down, so the noise cannot
+        be reproduced and subtracted; pass a seed only for reproducible
+        experiments, never for a release whose privacy matters.
     config : BuildConfig
         Builder knobs.
-    embedder : Embedder or None
+    embedder : Embedder, str or None
         When given, every tool also gets a query prototype in this embedder's
         space, released with weight ``config.prototype_weight`` in the same
-        Gaussian release (the sensitivity grows accordingly).
+        Gaussian release (the sensitivity grows accordingly). A string is an
+        embedder's short name (e.g. ``"minilm"``), built with
+        :func:`~synapse_flwr.core.embed.get_embedder`.
     sequences : sequence of SequenceRecord or None
         The call sequences behind ``events`` (one private record each, with
         ``events`` their :func:`~synapse_flwr.core.sequences.record_events`):
         their start and transition counts are released in the same Gaussian
         release, bounded by ``config.sequences``.
+
+    Returns
+    -------
+    Compendium
+        The org's artifact (``kind="org"``), fitted to the wire budget.
+
+    Raises
+    ------
+    TypeError
+        ``events`` is not an iterable of Event (a path, a string, dicts) or
+        ``catalog`` is not a Catalog.
+    ValueError
+        ``org`` is no valid organisation id; an event names a tool (or gold)
+        that ``catalog`` does not know; ``releases > rounds``; ``sequences``
+        given without sequence bounds or the other way round.
     """
-    events = list(events)
+    events = _checked_events(events, catalog, org)
+    if isinstance(embedder, str):  # a short name, as Router accepts it
+        embedder = get_embedder(embedder)
+    if seed is None:  # secret: a reproducible seed would let anyone regenerate and remove the noise
+        seed = secrets.randbits(63)
     weight = config.prototype_weight if embedder is not None else 0.0
     config = config.resolved(math.isfinite(epsilon), embedder is not None)
     if releases > rounds:

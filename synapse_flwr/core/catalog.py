@@ -225,7 +225,8 @@ class ToolCollision(ValueError):
                              "differ")
             return
         super().__init__(
-            f"tools {first.name!r} and {second.name!r} normalise to the same id; rename one, or "
+            f"tools {first.name!r} and {second.name!r} differ only in case or punctuation (an agent or a log "
+            "may spell either for the other); rename one, or "
             f"declare {second.name!r} an alias of {first.name!r} (aliases.json: "
             f'{{"{second.name}": "{first.name}"}})'
         )

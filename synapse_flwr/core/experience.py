@@ -229,7 +229,23 @@ def load_experience(path: str | Path, catalog: Catalog | None = None, warn: bool
 
 
 def load_testset(path: str | Path, catalog: Catalog | None = None, warn: bool = True) -> list[TestItem]:
-    """Load a test set (``query`` + ``gold`` id or list of ids); ``catalog`` and ``warn`` as :func:`load_experience`.
+    """Load a test set (``query`` + ``gold`` id or list of ids).
+
+    Parameters
+    ----------
+    path : str or Path
+        JSONL (or JSON list) of test items.
+    catalog : Catalog or None
+        When given, every gold name must resolve in it (aliases collapse, a
+        name listed twice is kept once).
+    warn : bool
+        Name ignored fields and cut queries (:func:`warn_ignored`); False
+        where a folder check has already named them.
+
+    Returns
+    -------
+    list of TestItem
+        The items, in file order.
 
     Raises
     ------

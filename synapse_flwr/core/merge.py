@@ -186,13 +186,59 @@ def _sorted_union(lists: Iterable[Iterable[str]], limit: int = MAX_ORGS) -> list
     return sorted({x for xs in lists for x in xs})[:limit]
 
 
+def checked_compendia(compendia: Iterable[Compendium], flat: bool = False) -> list[Compendium]:
+    """``compendia`` as a list, refusing before any work what is not an artifact (a path, a dict, one artifact).
+
+    Parameters
+    ----------
+    compendia : iterable of Compendium
+        The merge's inputs.
+    flat : bool
+        FlatCompendium inputs are accepted too (the flat-majority baseline).
+
+    Returns
+    -------
+    list of Compendium (or FlatCompendium when ``flat``)
+        The inputs.
+
+    Raises
+    ------
+    TypeError
+        Saying what was expected and what was given.
+    """
+    kinds = (Compendium, FlatCompendium) if flat else (Compendium,)
+    expected = "Compendium or FlatCompendium" if flat else "Compendium"
+    hint = "load artifacts with wire.load_artifact(path)"
+    # one artifact is itself iterable (pydantic yields its fields): refuse it rather than merge its fields
+    if isinstance(compendia, (*kinds, str, bytes, dict)) or not isinstance(compendia, Iterable):
+        raise TypeError(f"compendia must be a list of {expected} objects ({hint}), got {type(compendia).__name__}")
+    items = list(compendia)
+    wrong = next((c for c in items if not isinstance(c, kinds)), None)
+    if wrong is not None:
+        raise TypeError(f"compendia must be {expected} objects ({hint}), got {type(wrong).__name__}")
+    return items
+
+
 def unique_inputs(compendia: Iterable[Compendium]) -> list[tuple[str, Compendium]]:
     """Drop duplicate deliveries and artifacts a global input already contains.
 
-    Returns ``(content hash, input)`` pairs in hash order (the canonical
-    visiting order); every input is hashed once.
+    Parameters
+    ----------
+    compendia : iterable of Compendium
+        The merge's inputs.
+
+    Returns
+    -------
+    list of (str, Compendium)
+        ``(content hash, input)`` pairs in hash order (the canonical visiting
+        order); every input is hashed once.
+
+    Raises
+    ------
+    TypeError
+        If ``compendia`` is not an iterable of Compendium (:func:`checked_compendia`).
     """
-    by_hash = {content_hash(c): c for c in compendia}
+    by_hash = {content_hash(c): c for c in checked_compendia(compendia)}
     contained = {h for c in by_hash.values() if c.kind == "global" for h in c.inputs}
     return [(h, by_hash[h]) for h in sorted(by_hash) if h not in contained]
 
@@ -948,7 +994,7 @@ def merge_flat_majority(compendia: Iterable[Compendium | FlatCompendium]) -> Fla
     ValueError
         If there is nothing to merge.
     """
-    flats = [c if isinstance(c, FlatCompendium) else flatten(c) for c in compendia]
+    flats = [c if isinstance(c, FlatCompendium) else flatten(c) for c in checked_compendia(compendia, flat=True)]
     if not flats:
         raise ValueError("nothing to merge: no compendia given")
     by_hash = {content_hash(f): f for f in flats}
@@ -977,10 +1023,26 @@ POLICIES: dict[str, Callable[..., Compendium | FlatCompendium]] = {
 def merge(compendia: Iterable[Compendium], policy: str = TYPED) -> Compendium | FlatCompendium:
     """Merge with the named policy (one of :data:`POLICIES`).
 
+    Parameters
+    ----------
+    compendia : iterable of Compendium
+        Validated org artifacts and/or earlier global compendia (the
+        flat-majority policy also takes FlatCompendium inputs).
+    policy : str
+        The merge policy's name, one of :data:`POLICIES` (default: the typed merge).
+
+    Returns
+    -------
+    Compendium or FlatCompendium
+        The global artifact; a FlatCompendium for the flat-majority policy.
+
     Raises
     ------
     ValueError
-        For an unknown policy name, listing the valid ones.
+        For an unknown policy name, listing the valid ones, or when there is
+        nothing to merge.
+    TypeError
+        If ``compendia`` is not an iterable of artifacts.
     """
     try:
         fn = POLICIES[policy]

@@ -321,6 +321,7 @@ class Router:
         llm_weight: float | None = None,
         docs_candidates: int = DOCS_CANDIDATES,
     ) -> None:
+        check_router_inputs(compendium, catalog)
         check_router_args(reranker, k, render, model, llm_mode, llm_weight, docs_candidates)
         self.catalog = catalog
         self.embedder = get_embedder(embedder) if isinstance(embedder, str) else embedder
@@ -752,8 +753,52 @@ class Router:
         return out
 
     def route(self, query: str) -> RouteResult:
-        """Route one query."""
+        """Route one query.
+
+        Parameters
+        ----------
+        query : str
+            The user request, in plain text.
+
+        Returns
+        -------
+        RouteResult
+            The chosen tool, the ranked candidates and what decided.
+
+        Raises
+        ------
+        TypeError
+            ``query`` is not a string.
+        ValueError
+            ``query`` is empty or only whitespace.
+        """
+        if not isinstance(query, str):
+            raise TypeError(f"query must be a string, got {type(query).__name__}")
+        if not query.strip():  # an empty query would be answered with score 0, as if it had been routed
+            raise ValueError("query is empty: nothing to route")
         return self.route_many([query])[0]
+
+
+def check_router_inputs(compendium: object, catalog: object) -> None:
+    """Refuse, before any work, a compendium or catalog of the wrong type (a path, a dict).
+
+    Parameters
+    ----------
+    compendium : object
+        Must be a Compendium, a FlatCompendium or None.
+    catalog : object
+        Must be a Catalog.
+
+    Raises
+    ------
+    TypeError
+        Saying what was expected and what was given.
+    """
+    if compendium is not None and not isinstance(compendium, (Compendium, FlatCompendium)):
+        raise TypeError("compendium must be a Compendium, a FlatCompendium or None (load an artifact with "
+                        f"wire.load_artifact(path)), got {type(compendium).__name__}")
+    if not isinstance(catalog, Catalog):
+        raise TypeError(f"catalog must be a Catalog (load it with load_catalog(path)), got {type(catalog).__name__}")
 
 
 def candidate_set(fused: np.ndarray, docs: np.ndarray, k: int, keep: int) -> list[int]:

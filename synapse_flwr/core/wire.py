@@ -85,7 +85,20 @@ def content_hash(artifact: BaseModel) -> str:
 
 
 def encode(artifact: BaseModel, compress: bool = True) -> bytes:
-    """Serialise for the wire: canonical JSON, gzip-compressed unless told not to."""
+    """Serialise for the wire: canonical JSON, gzip-compressed unless told not to.
+
+    Parameters
+    ----------
+    artifact : pydantic.BaseModel
+        The artifact (a Compendium or FlatCompendium).
+    compress : bool
+        Gzip the JSON (level 9, no timestamp: the bytes are stable).
+
+    Returns
+    -------
+    bytes
+        The canonical JSON (sorted keys, compact, UTF-8), gzipped when ``compress``.
+    """
     raw = canonical_json(artifact)
     return gzip.compress(raw, compresslevel=9, mtime=0) if compress else raw
 
@@ -387,10 +400,23 @@ def parse_body(raw: bytes) -> Artifact:
 def load_artifact(path: str | Path, max_bytes: int = MAX_WIRE_BYTES) -> Artifact:
     """Read and validate an artifact file (plain or gzipped JSON).
 
+    Parameters
+    ----------
+    path : str or Path
+        The artifact's file (gzip is recognised by its content, not its name).
+    max_bytes : int
+        Limit on both the file's and the decompressed size.
+
+    Returns
+    -------
+    Compendium or FlatCompendium
+        The validated artifact.
+
     Raises
     ------
     ArtifactError
-        Also for a missing or unreadable file.
+        If the file is missing or unreadable, oversized, corrupt, not JSON or
+        not schema-valid, with one line per problem.
     """
     try:
         data = Path(path).read_bytes()
@@ -400,6 +426,25 @@ def load_artifact(path: str | Path, max_bytes: int = MAX_WIRE_BYTES) -> Artifact
 
 
 def save_artifact(path: str | Path, artifact: BaseModel) -> Path:
-    """Write an artifact atomically; gzip when the name ends in ``.gz``."""
+    """Write an artifact atomically; gzip when the name ends in ``.gz``.
+
+    Parameters
+    ----------
+    path : str or Path
+        Destination file; its folder is created if needed.
+    artifact : pydantic.BaseModel
+        The artifact to write (serialised by :func:`encode`).
+
+    Returns
+    -------
+    Path
+        The path written.
+
+    Raises
+    ------
+    InputError
+        If ``path`` is a folder or cannot be written
+        (:func:`~synapse_flwr.core.files.write_atomic`).
+    """
     path = Path(path)
     return write_atomic(path, encode(artifact, compress=path.suffix == ".gz"))

@@ -18,7 +18,7 @@ from typing import Any
 
 from synapse_flwr.core.embed import EMBEDDERS
 from synapse_flwr.core.errors import SynapseError
-from synapse_flwr.core.merge import POLICIES
+from synapse_flwr.core.merge import FLAT_MAJORITY, POLICIES
 from synapse_flwr.core.privacy import DEFAULT_DELTA, DEFAULT_EPSILON
 
 # Embedders whose space is fixed (TF-IDF's is fitted per corpus, so it cannot carry prototypes).
@@ -179,8 +179,13 @@ class RunConfig:
 
     @property
     def votes(self) -> bool:
-        """Whether orgs cast fusion votes: asked for, a later round to cast them in, prototypes to vote on."""
-        return self.fusion_votes and self.num_rounds >= 2 and self.embedder != "none"
+        """Whether orgs cast fusion votes: asked for, a later round to cast them in, prototypes to vote on.
+
+        A flat-majority global keeps no prototypes, so under that policy the
+        records keep no budget share for a vote they could never cast.
+        """
+        return (self.fusion_votes and self.num_rounds >= 2 and self.embedder != "none"
+                and self.policy != FLAT_MAJORITY)
 
 
 # Keys a run may change when it resumes an output folder: more rounds, how long to wait
@@ -209,7 +214,8 @@ def resume_conflict(output_dir: str | Path, recorded: Mapping[str, Any], current
     if not changed:
         return None
     return (f"{output_dir} holds rounds of a run with other settings ({'; '.join(changed)}); resuming would "
-            "mix the two: set another output-dir (--set output-dir=PATH) or remove that folder")
+            "mix the two: set another output-dir (flwr run: --run-config \"output-dir='PATH'\"; synapse "
+            "simulate / deploy-local: --set output-dir=PATH) or remove that folder")
 
 
 def check_overrides(values: Mapping[str, Any]) -> dict[str, Any]:

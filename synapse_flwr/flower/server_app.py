@@ -26,7 +26,7 @@ from flwr.serverapp import Grid, ServerApp
 from synapse_flwr.core.embed import get_embedder
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.files import write_atomic
-from synapse_flwr.core.merge import GLOBAL_ORG
+from synapse_flwr.core.merge import FLAT_MAJORITY, GLOBAL_ORG
 from synapse_flwr.core.metrics import evaluate_routes
 from synapse_flwr.core.router import Router
 from synapse_flwr.core.schema import Compendium, Issuer
@@ -231,7 +231,7 @@ def main(grid: Grid, context: Context) -> None:
         return
     if done:
         log.warning("resuming after round %d from %s", done, out_dir)
-    if cfg.fusion_votes and cfg.embedder != "none" and not cfg.votes:
+    if cfg.fusion_votes and cfg.embedder != "none" and cfg.num_rounds < 2 and cfg.policy != FLAT_MAJORITY:
         log.warning("one round: organisations cast their fusion votes from round 2 on, so a router of this "
                     "run's global adds experience at the default weights (chosen on MetaTool), which can route "
                     "below the documentation alone on other data; run 2 or more rounds to have them weighed")
