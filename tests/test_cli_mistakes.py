@@ -71,7 +71,7 @@ def test_examples_checks_its_output_and_model_before_the_model_runs(folder, tmp_
                 f"--model {model!r}: unknown local model; valid: local/")
     assert not (tmp_path / "x.json").exists()
     shown = " ".join(invoke("examples", "--help").stdout.split())
-    assert "30-50 s to load, then about 25 s a tool" in shown and "About 5 s" not in shown  # as measured
+    assert "about 25 s to load, then about 5 s a tool" in shown  # as measured on idle cores
 
 
 def test_an_output_under_a_file_is_refused_before_any_work(folder, tmp_path):
