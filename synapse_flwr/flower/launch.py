@@ -43,6 +43,7 @@ from typing import Any
 import synapse_flwr
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.files import write_problem
+from synapse_flwr.data.federation import KNOWN_DATASETS
 from synapse_flwr.data.pins import ENV_VAR, data_dir
 from synapse_flwr.flower.config import (
     RunConfig,
@@ -63,8 +64,6 @@ log = logging.getLogger(__name__)
 
 FLOWER_BINARIES = ("flwr", "flower-superlink", "flower-supernode", "flower-superexec")
 FINISHED_OK = "finished:completed"
-#: Dataset names :func:`~synapse_flwr.data.federation.load_dataset` knows; any other ``dataset`` is a folder.
-KNOWN_DATASETS = ("demo", "metatool", "taubench")
 
 
 # ------------------------------------------------------------------ config and results
