@@ -48,7 +48,7 @@ from synapse_flwr.simulations.experiment_report import (
 from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.files import write_atomic, write_problem
-from synapse_flwr.core.merge import TYPED
+from synapse_flwr.core.merge import TYPED, merge_typed
 from synapse_flwr.core.metrics import evaluate_routes
 from synapse_flwr.core.release import ReleaseState
 from synapse_flwr.core.router import Router
@@ -213,8 +213,10 @@ class Experiment:
                 raise SynapseError(f"Flower run {key} merged no organisation's artifact (see {sim.log_path} "
                                    f"and {out_dir / 'metrics.json'}); nothing was cached")
             return {"output_dir": str(out_dir), "wall_s": sim.wall_s, "peak_rss_bytes": sim.peak_rss_bytes,
-                    "rounds": [{k: r[k] for k in ("round", "bytes_per_client", "bytes_out", "conflicts",
-                                                  "epsilon", "accepted")} for r in rounds]}
+                    "rounds": [{**{k: r[k] for k in ("round", "bytes_out", "conflicts", "epsilon", "accepted")},
+                                # what a client sends in the round: its train reply and its vote-phase reply
+                                "bytes_per_client": r["bytes_per_client"] + (r.get("vote_bytes_per_client") or 0)}
+                               for r in rounds]}
 
         return self.unit(key, compute)
 
@@ -241,26 +243,33 @@ class Experiment:
             "output-dir": str(out_dir), "evaluate": False, "replay": replay, "embedder": self.space_name})
 
     def org_artifacts(self, seed: int, rate: float, epsilon: float, run: dict) -> dict[str, Compendium]:
-        """Each org's final-round artifact, rebuilt through its ClientApp's own release path.
+        """Each org's final-round artifact, rebuilt through its ClientApp's own release and vote paths.
 
         Each round starts from the global ``run`` merged the round before, as
-        the ClientApp did (its fusion votes are cast against it).
+        the ClientApp did; when the run votes, the round's artifacts are
+        merged here as the server merged them, and each org's records vote
+        against that merge (the round's vote phase).
         """
-        from synapse_flwr.flower.client_app import OrgData, org_release
+        from synapse_flwr.flower.client_app import OrgData, org_release, org_vote
 
         ds = self.dataset(seed, rate)
         cfg = self.run_config(seed, TYPED, epsilon, rate, False, self.cache_dir)
 
-        def final(org: str, events: list) -> Compendium:
-            state = ReleaseState(fingerprint="")
+        def rebuild() -> dict[str, Compendium]:
+            orgs = {org: OrgData(org, ds.catalog, events) for org, events in ds.orgs.items()}
+            states = {org: ReleaseState(fingerprint="") for org in orgs}
+            arts: dict[str, Compendium] = {}
             for round_ in range(1, cfg.num_rounds + 1):
                 incoming = self.global_of(run, round_ - 1) if round_ > 1 else None
-                artifact, state, _ = org_release(OrgData(org, ds.catalog, events), cfg, state, round_, [],
-                                                 self.space, incoming)
-            return artifact
+                for org, data in orgs.items():
+                    arts[org], states[org], _ = org_release(data, cfg, states[org], round_, [], self.space, incoming)
+                if cfg.votes:
+                    merged = merge_typed(list(arts.values()))
+                    for org, data in orgs.items():
+                        arts[org], states[org], _ = org_vote(data, cfg, states[org], round_, self.space, merged)
+            return arts
 
-        return self._memo(("orgs", seed, rate, epsilon), lambda: {
-            org: final(org, events) for org, events in ds.orgs.items()})
+        return self._memo(("orgs", seed, rate, epsilon), rebuild)
 
     def centralized(self, seed: int, rate: float = 0.0) -> Compendium:
         """All experience of the federation (same partition, same injected set) pooled in one place.

@@ -192,7 +192,7 @@ def tables(results: dict) -> str:
                       f"{results['cache']['hits']} read from an earlier run's cache."]
     lines += ["", f"Privacy: {_privacy(results)} Wire (gzip JSON): "
               f"{results.get('bytes_per_client_round_private') or 0:,.0f} bytes per client per round "
-              f"with privacy on; {results.get('bytes_per_client_round') or 0:,.0f} on average over all "
+              f"(train and vote replies) with privacy on; {results.get('bytes_per_client_round') or 0:,.0f} on average over all "
               f"clean federations (max {results.get('bytes_per_client_round_max') or 0:,})."]
     if results["ablation_2x2"]:
         lines += ["", "## Merge x render (2x2, clean)", "", "| merge / render " + head,

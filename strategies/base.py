@@ -91,6 +91,13 @@ class RoundReport:
         Size of the global's conflict log.
     merged : bool
         False when too few valid artifacts arrived and the global was kept.
+    votes_accepted : list of int
+        Node ids whose vote-phase replies (their artifacts with their records'
+        fusion votes) were merged into the round's global.
+    votes_rejected : list of Rejection
+        Vote-phase replies that were not (the node's train artifact stays merged).
+    votes_bytes_in : int
+        Wire bytes of all vote-phase replies.
     """
 
     round: int
@@ -103,6 +110,20 @@ class RoundReport:
     epsilon: float | None = None
     conflicts: int = 0
     merged: bool = False
+    votes_accepted: list[int] = field(default_factory=list)
+    votes_rejected: list[Rejection] = field(default_factory=list)
+    votes_bytes_in: int = 0
+
+
+@dataclass
+class Intake:
+    """The replies of one phase of a round: accepted node ids, rejections, bytes and deltas."""
+
+    accepted: list[int] = field(default_factory=list)
+    rejected: list[Rejection] = field(default_factory=list)
+    bytes_in: int = 0
+    artifacts_in: int = 0
+    deltas_in: int = 0
 
 
 DELTA_KEY = "delta"  # the reply's ArrayRecord when it carries a delta instead of the full artifact
@@ -204,6 +225,11 @@ def dropped_nodes(
     return sorted(out)
 
 
+def same_release(before: Compendium | None, after: Compendium) -> bool:
+    """Whether ``after`` is ``before`` re-sent: equal but for the issuer's round (never raises)."""
+    return before is not None and after.model_copy(update={"issuer": before.issuer}) == before
+
+
 def check_strategy_args(min_nodes: int, max_bytes: int) -> None:
     """Refuse, before a run starts, a node count or byte limit no round could work with.
 
@@ -245,6 +271,15 @@ class CompendiumStrategy(Strategy):
     merged into the new global (an org that misses a round keeps contributing
     its last artifact); otherwise the previous global is kept.
 
+    With ``vote_phase`` each round that merged has a second exchange (Flower's
+    evaluate messages): the nodes merged in it receive the new global, their
+    records released in it cast their fusion votes against it
+    (:mod:`synapse_flwr.core.votes`), and each replies with its artifact
+    carrying those votes, checked like a train reply; the round's global is
+    merged again from them. So the global a round ends with already says how
+    much to trust experience (before, votes came one round later and a first
+    round's global could route below the documentation alone).
+
     Parameters
     ----------
     merge_fn : callable
@@ -267,6 +302,9 @@ class CompendiumStrategy(Strategy):
         Public keys every reply's signature is verified against (None: signing off).
     signer : Signer or None
         The server's key, which signs every broadcast global (None: signing off).
+    vote_phase : bool
+        Whether each round ends with the vote exchange (the run votes: typed
+        globals with prototypes).
 
     Raises
     ------
@@ -286,6 +324,7 @@ class CompendiumStrategy(Strategy):
         wait_timeout: float = 300.0,
         registry: Registry | None = None,
         signer: Signer | None = None,
+        vote_phase: bool = False,
     ) -> None:
         check_strategy_args(min_nodes, max_bytes)
         self.merge_fn = merge_fn
@@ -297,10 +336,13 @@ class CompendiumStrategy(Strategy):
         self.wait_timeout = wait_timeout
         self.registry = registry
         self.signer = signer
+        self.vote_phase = vote_phase
+        self.current: ArrayRecord | None = None  # the latest global merged (a vote phase's, after it)
         self.latest: dict[str, tuple[int | None, Compendium]] = {}
         self.bases: dict[str, tuple[str, bytes]] = {}  # org -> (sha256, canonical JSON) of its latest artifact
         self.reports: dict[int, RoundReport] = {}
         self._sent: list[Message] = []  # this round's messages, whose ids Flower sets when it pushes them
+        self._released: list[int] = []  # nodes merged this round with a new release (the vote phase's)
 
     def restore(self, latest: dict[str, Compendium]) -> None:
         """Resume: each org's latest accepted artifact (owner unknown: new node ids after a restart)."""
@@ -331,16 +373,23 @@ class CompendiumStrategy(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Send the global compendium (signed when a signer is set) and the round's config to every node."""
+        self._sent = self._messages(server_round, self.global_record(arrays), config, self._node_ids(grid),
+                                    MessageType.TRAIN)
+        return self._sent
+
+    def global_record(self, arrays: ArrayRecord) -> ArrayRecord:
+        """The global to broadcast and record: the latest merged here (a vote phase's), else Flower's ``arrays``."""
+        return arrays if self.current is None else self.current
+
+    def _messages(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, nodes: Sequence[int],
+                  message_type: str) -> list[Message]:
         rnd = self.round_offset + server_round
         config = ConfigRecord({**dict(config), "server-round": rnd, "policy": self.policy})
         content = attach_signature(RecordDict({"arrays": arrays, "config": config}), self.signer, GLOBAL, rnd,
                                    from_record(arrays))
         held = {node: self.bases[org][0] for org, (node, _) in self.latest.items() if org in self.bases}
-        self._sent = [
-            Message(content=self._for_node(content, held.get(node)), message_type=MessageType.TRAIN, dst_node_id=node)
-            for node in self._node_ids(grid)
-        ]
-        return self._sent
+        return [Message(content=self._for_node(content, held.get(node)), message_type=message_type, dst_node_id=node)
+                for node in nodes]
 
     @staticmethod
     def _for_node(content: RecordDict, base: str | None) -> RecordDict:
@@ -355,37 +404,54 @@ class CompendiumStrategy(Strategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Validate replies, merge the valid artifacts, report accepted and rejected."""
         rnd = self.round_offset + server_round
-        report = RoundReport(round=rnd)
+        before = {org: art for org, (_, art) in self.latest.items()}
+        intake = self._intake(rnd, replies, self.latest)
+        # an org whose artifact is the one it sent before (but for the round) released nothing to vote with
+        self._released = [node for org, (node, art) in self.latest.items()
+                          if node in intake.accepted and not same_release(before.get(org), art)]
+        report = RoundReport(round=rnd, accepted=intake.accepted, rejected=intake.rejected, bytes_in=intake.bytes_in,
+                             artifacts_in=intake.artifacts_in, deltas_in=intake.deltas_in)
         self.reports[rnd] = report
-        owned = {node: org for org, (node, _) in self.latest.items()}
-        replies = list(replies)
-        for node, reason in dropped_nodes(self._sent, replies, self.latest):
-            self._reject(report, node, reason)
-        sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent}
-        for msg in replies:
-            # the SuperLink answers for an unavailable node from node 1: name the node the message went to
-            node = sent_to.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
-            base = self.bases.get(owned.get(node, ""), (None, None))[1]
-            art, body, size, reason = verify_reply(msg, self.max_bytes, self.registry, rnd, base)
-            report.bytes_in += size
-            report.artifacts_in += size > 0
-            if reason is None and art is not None:
-                owner = self.latest.get(art.issuer.org)
-                if owner is not None and owner[0] not in (None, node):
-                    reason = f"org {art.issuer.org!r} already belongs to node {owner[0]}"
-            if reason is not None:
-                self._reject(report, node, reason)
-                continue
-            self.latest[art.issuer.org] = (node, art)
-            self.bases[art.issuer.org] = (sha256_hex(body), body)
-            report.deltas_in += DELTA_KEY in msg.content.array_records
-            report.accepted.append(node)
         metrics = {"accepted": len(report.accepted), "rejected": len(report.rejected),
                    "bytes-in": report.bytes_in}
         if len(report.accepted) < self.min_nodes:
             log(WARNING, "round %d: %d valid artifacts, %d needed; global kept",
                 rnd, len(report.accepted), self.min_nodes)
             return None, MetricRecord(metrics)
+        record = self._merge(report)
+        return record, MetricRecord({**metrics, "bytes-out": report.bytes_out, "conflicts": report.conflicts})
+
+    def _intake(self, rnd: int, replies: Iterable[Message],
+                latest: dict[str, tuple[int | None, Compendium]]) -> Intake:
+        """Check every reply to :attr:`_sent`; accepted artifacts become their org's latest."""
+        intake = Intake()
+        owned = {node: org for org, (node, _) in self.latest.items()}
+        replies = list(replies)
+        for node, reason in dropped_nodes(self._sent, replies, latest):
+            self._reject(intake, rnd, node, reason)
+        sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent}
+        for msg in replies:
+            # the SuperLink answers for an unavailable node from node 1: name the node the message went to
+            node = sent_to.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
+            base = self.bases.get(owned.get(node, ""), (None, None))[1]
+            art, body, size, reason = verify_reply(msg, self.max_bytes, self.registry, rnd, base)
+            intake.bytes_in += size
+            intake.artifacts_in += size > 0
+            if reason is None and art is not None:
+                owner = self.latest.get(art.issuer.org)
+                if owner is not None and owner[0] not in (None, node):
+                    reason = f"org {art.issuer.org!r} already belongs to node {owner[0]}"
+            if reason is not None:
+                self._reject(intake, rnd, node, reason)
+                continue
+            self.latest[art.issuer.org] = (node, art)
+            self.bases[art.issuer.org] = (sha256_hex(body), body)
+            intake.deltas_in += DELTA_KEY in msg.content.array_records
+            intake.accepted.append(node)
+        return intake
+
+    def _merge(self, report: RoundReport) -> ArrayRecord:
+        """Merge every org's latest artifact into the round's global (:attr:`current`); the report gets its size."""
         merged = self.merge_fn([art for _, art in self.latest.values()])
         wire = encode(merged, compress=self.compress)
         report.merged = True
@@ -393,22 +459,45 @@ class CompendiumStrategy(Strategy):
         report.conflicts = len(getattr(merged, "conflicts", []))
         report.epsilon = merged.privacy.epsilon
         log(INFO, "round %d: merged %d artifacts (%s), %d conflicts, %d bytes out",
-            rnd, len(self.latest), self.policy, report.conflicts, report.bytes_out)
-        return to_record(wire), MetricRecord({**metrics, "bytes-out": report.bytes_out,
-                                              "conflicts": report.conflicts})
+            report.round, len(self.latest), self.policy, report.conflicts, report.bytes_out)
+        self.current = to_record(wire)
+        return self.current
 
-    def _reject(self, report: RoundReport, node: int, reason: str) -> None:
+    def _reject(self, intake: Intake, rnd: int, node: int, reason: str) -> None:
         org = self.org_of(node)
-        report.rejected.append(Rejection(report.round, node, reason, org))
-        log(WARNING, "round %d: rejected reply from node %d%s: %s", report.round, node,
-            f" (org {org!r})" if org else "", reason)
+        intake.rejected.append(Rejection(rnd, node, reason, org))
+        log(WARNING, "round %d: rejected reply from node %d%s: %s", rnd, node, f" (org {org!r})" if org else "", reason)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """No client-side evaluation: the server evaluates the global itself."""
-        return []
+        """The vote phase: the round's new global to the nodes merged in it with a new release.
+
+        None without ``vote_phase``, and none to an org whose artifact is the
+        one it sent before (its records have voted already, or vote at its
+        next train reply if its node missed a vote phase).
+
+        The server evaluates the global itself; Flower's evaluate messages
+        carry the vote exchange instead.
+        """
+        report = self.reports.get(self.round_offset + server_round)
+        if not self.vote_phase or report is None or not report.merged or not self._released:
+            self._sent = []
+            return []
+        self._sent = self._messages(server_round, self.global_record(arrays), config, self._released,
+                                    MessageType.EVALUATE)
+        return self._sent
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Nothing to aggregate (see :meth:`configure_evaluate`)."""
-        return None
+        """Check the vote-phase replies like train replies; merge the round's global again from the accepted ones."""
+        report = self.reports.get(self.round_offset + server_round)
+        if not self._sent or report is None:
+            return None
+        # only this phase's addressees: an org that missed the round is not "no longer connected"
+        intake = self._intake(report.round, replies, {})
+        report.votes_accepted, report.votes_rejected = intake.accepted, intake.rejected
+        report.votes_bytes_in = intake.bytes_in
+        if intake.accepted:
+            self._merge(report)
+        return MetricRecord({"votes-accepted": len(intake.accepted), "votes-rejected": len(intake.rejected),
+                             "votes-bytes-in": intake.bytes_in})

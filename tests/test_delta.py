@@ -6,7 +6,7 @@ import gzip
 import logging
 
 import pytest
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import ConfigRecord, MessageType, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 from hostile.corpus import base_artifact
 from hostile.signatures import ROUND, make_keys, reply
@@ -15,14 +15,15 @@ from synapse_flwr.strategies.base import (
     DELTA_KEY,
     CompendiumStrategy,
     check_reply,
+    same_release,
 )
-from synapse_flwr.strategies.records import attach_signature, to_record
+from synapse_flwr.strategies.records import attach_signature, from_record, to_record
 
 from synapse_flwr.core.delta import apply_delta, encode_delta, make_delta, sha256_hex
 from synapse_flwr.core.merge import merge_typed
 from synapse_flwr.core.schema import Issuer, ToolEntry
 from synapse_flwr.core.signing import ARTIFACT
-from synapse_flwr.core.wire import MAX_WIRE_BYTES, canonical_json, encode
+from synapse_flwr.core.wire import MAX_WIRE_BYTES, canonical_json, decode, encode
 from synapse_flwr.flower.client_app import reply_payload
 from synapse_flwr.flower.config import RunConfig
 
@@ -168,3 +169,57 @@ def test_the_global_is_decoded_once_per_process(monkeypatch):
     assert client_app.decoded_global(bytes(first)) is shared and len(calls) == 1
     assert client_app.decoded_global(other) is not shared and len(calls) == 2
     client_app.decoded_global.cache_clear()
+
+
+def test_the_vote_phase_sends_the_new_global_to_the_merged_nodes_and_merges_their_replies_again(monkeypatch):
+    """Round r's vote exchange: only nodes merged in r are asked, their voted artifacts make the round's global."""
+    for attr in ("_run_id", "_node_id", "_task_id"):
+        monkeypatch.setattr(TaskIdentity, attr, 1)
+
+    class Grid:
+        def get_node_ids(self):
+            return [1, 2]
+
+    base, target = rounds_apart()
+    b = canonical_json(base)
+    train = [reply(1, attach_signature(RecordDict({"artifact": to_record(encode(base))}), KEYS.org_a, ARTIFACT,
+                                       ROUND, encode(base)))]
+    off = CompendiumStrategy(merge_typed, "typed", min_nodes=1, registry=KEYS.registry, wait_timeout=0.0,
+                             round_offset=ROUND - 1)
+    merged, _ = off.aggregate_train(1, train)
+    assert list(off.configure_evaluate(1, merged, ConfigRecord({}), Grid())) == []
+    assert off.aggregate_evaluate(1, []) is None
+
+    strategy = CompendiumStrategy(merge_typed, "typed", min_nodes=1, registry=KEYS.registry, wait_timeout=0.0,
+                                  round_offset=ROUND - 1, vote_phase=True)
+    strategy.configure_train(1, to_record(encode(base)), ConfigRecord({}), Grid())
+    merged, _ = strategy.aggregate_train(1, train)
+    msgs = list(strategy.configure_evaluate(1, merged, ConfigRecord({}), Grid()))
+    # node 2 did not answer the train phase: it holds no release in this global, so it is not asked to vote
+    assert [(m.metadata.dst_node_id, m.metadata.message_type) for m in msgs] == [(1, MessageType.EVALUATE)]
+    assert msgs[0].content["config"]["server-round"] == ROUND and msgs[0].content["config"][DELTA_BASE] == sha256_hex(b)
+    assert from_record(msgs[0].content["arrays"]) == from_record(merged)
+    metrics = strategy.aggregate_evaluate(1, [delta_reply(b, target)])
+    report = strategy.reports[ROUND]
+    assert metrics["votes-accepted"] == 1 and report.votes_accepted == [1] and report.votes_rejected == []
+    assert report.accepted == [1] and report.rejected[0].node_id == 2  # the train phase's record stands
+    assert strategy.latest["org_a"][1] == target
+    assert decode(from_record(strategy.current)) == merge_typed([target])
+    # the next round broadcasts the voted global, whatever Flower passes as the round's arrays
+    nxt = strategy.configure_train(2, merged, ConfigRecord({}), Grid())
+    assert from_record(nxt[0].content["arrays"]) == from_record(strategy.current) != from_record(merged)
+    # a vote reply that fails the edge is rejected by name, and the train artifact stays merged
+    again = CompendiumStrategy(merge_typed, "typed", min_nodes=1, registry=KEYS.registry, wait_timeout=0.0,
+                               round_offset=ROUND - 1, vote_phase=True)
+    again.configure_train(1, to_record(encode(base)), ConfigRecord({}), Grid())
+    merged, _ = again.aggregate_train(1, train)
+    again.configure_evaluate(1, merged, ConfigRecord({}), Grid())
+    again.aggregate_evaluate(1, [reply(1, RecordDict({}))])
+    assert again.reports[ROUND].votes_rejected[0].reason.startswith("reply carries no artifact")
+    assert again.latest["org_a"][1] == base and from_record(again.current) == from_record(merged)
+
+
+def test_only_an_org_with_a_new_release_is_asked_to_vote():
+    base, target = rounds_apart()
+    resent = base.model_copy(update={"issuer": Issuer(org="org_a", round=ROUND + 4)})
+    assert same_release(base, resent) and not same_release(base, target) and not same_release(None, base)

@@ -47,6 +47,7 @@ from synapse_flwr.flower.client_app import (
     build_config,
     cache_settings,
     org_release,
+    org_vote,
 )
 from synapse_flwr.flower.config import RunConfig
 
@@ -257,9 +258,45 @@ def test_each_record_votes_once_after_its_release_and_spends_the_whole_budget():
     assert len(state5.voted) == len(EVENTS) + 1 and art5.votes.records != art4.votes.records
 
 
-def test_a_run_votes_only_with_a_later_round_and_prototypes():
+def test_records_vote_in_the_round_that_released_them_against_its_merge():
+    """The vote phase: round 1's records vote against round 1's global, so it routes as voted from round 1."""
+    cfg = RunConfig.from_mapping({"epsilon": 4.0, "num-rounds": 1})
+    data = OrgData("acme", CATALOG, EVENTS)
+    art1, state, _ = org_release(data, cfg, ReleaseState(fingerprint="f"), 1, [], EMB)
+    assert art1.votes is None and art1.privacy.vote_share == VOTE_SHARE  # one round keeps the share too
+    other = build_compendium(EVENTS[:4], CATALOG, "beta", embedder=EMB, epsilon=4.0, seed=3,
+                             config=build_config(cfg))
+    glob1 = merge_typed([art1, other])
+    voted, state1, cast = org_vote(data, cfg, state, 1, EMB, glob1)
+    assert cast == len(EVENTS) and len(state1.voted) == len(EVENTS) and state1.artifact == voted
+    assert voted.issuer == art1.issuer and voted.tools == art1.tools
+    assert voted.votes is not None and voted.privacy.epsilon == pytest.approx(4.0, abs=1e-6)
+    # without noise, the votes are those a round-2 train would have cast against the same global
+    clean = RunConfig.from_mapping({"epsilon": math.inf, "num-rounds": 2})
+    _, s1, _ = org_release(data, clean, ReleaseState(fingerprint="f"), 1, [], EMB)
+    g1 = merge_typed([s1.artifact, other])
+    assert org_vote(data, clean, s1, 1, EMB, g1)[0].votes == org_release(data, clean, s1, 2, [], EMB, g1)[0].votes
+    # the next round re-sends the voted release; nobody votes twice, in either phase
+    art2, state2, released = org_release(data, cfg, state1, 2, [], EMB, merge_typed([voted, other]))
+    assert released == 0 and art2.votes == voted.votes and state2.voted == state1.voted
+    again, _, cast = org_vote(data, cfg, state2, 2, EMB, merge_typed([art2, other]))
+    assert cast == 0 and again.votes == voted.votes
+
+
+def test_a_vote_phase_against_a_global_without_the_org_s_release_casts_nothing():
+    cfg = RunConfig.from_mapping({"epsilon": 4.0, "noise": "seeded"})
+    data = OrgData("acme", CATALOG, EVENTS)
+    art1, state, _ = org_release(data, cfg, ReleaseState(fingerprint="f"), 1, [], EMB)
+    others = merge_typed([build_compendium(EVENTS, CATALOG, "beta", embedder=EMB, epsilon=4.0, seed=3)])
+    sent, same, cast = org_vote(data, cfg, state, 1, EMB, others)  # its train reply was rejected
+    assert cast == 0 and same is state and sent.votes is None and sent == art1
+    with pytest.raises(Exception, match="holds no release of this run"):
+        org_vote(data, cfg, ReleaseState(fingerprint="f"), 1, EMB, others)
+
+
+def test_a_run_votes_with_prototypes_to_vote_on():
     assert RunConfig.from_mapping({}).votes
-    assert not RunConfig.from_mapping({"num-rounds": 1}).votes
+    assert RunConfig.from_mapping({"num-rounds": 1}).votes  # the round's vote phase
     assert not RunConfig.from_mapping({"embedder": "none"}).votes
     assert not RunConfig.from_mapping({"fusion-votes": False}).votes
     # a flat-majority global keeps no prototypes: no vote could be cast, so no budget share is kept for one
@@ -270,6 +307,7 @@ def test_a_run_votes_only_with_a_later_round_and_prototypes():
     art1, state, _ = org_release(data, cfg, ReleaseState(fingerprint="f"), 1, [], EMB)
     art2, _, _ = org_release(data, cfg, state, 2, [], EMB, merge_typed([art1]))
     assert art2.votes is None and art1.privacy.vote_share == 0 and art1.privacy.epsilon == pytest.approx(4.0, abs=1e-6)
+    assert org_vote(data, cfg, state, 1, EMB, merge_typed([art1]))[2] == 0
 
 
 def test_votes_beyond_what_the_release_allows_are_refused_at_the_edge():
@@ -311,21 +349,22 @@ def test_a_robust_merge_weighs_a_loud_org_s_votes_down_with_its_counts():
     assert merge_typed(second).votes.records == 105
 
 
-def test_a_one_round_run_resumed_with_more_rounds_neither_re_releases_nor_votes_without_a_share():
-    single = RunConfig.from_mapping({"epsilon": 4.0, "num-rounds": 1})
+def test_a_run_without_votes_resumed_with_votes_neither_re_releases_nor_votes_without_a_share():
+    unvoted = RunConfig.from_mapping({"epsilon": 4.0, "num-rounds": 1, "fusion-votes": False})
     resumed = RunConfig.from_mapping({"epsilon": 4.0, "num-rounds": 3})
-    assert cache_settings(single, "acme") == cache_settings(resumed, "acme")
+    assert cache_settings(unvoted, "acme") == cache_settings(resumed, "acme")
     data = OrgData("acme", CATALOG, EVENTS)
-    art1, state, _ = org_release(data, single, ReleaseState(fingerprint="f"), 1, [], EMB)
+    art1, state, _ = org_release(data, unvoted, ReleaseState(fingerprint="f"), 1, [], EMB)
     assert art1.privacy.vote_share == 0 and len(state.no_vote) == len(EVENTS)
     art2, state2, released = org_release(data, resumed, state, 2, [], EMB, merge_typed([art1]))
     assert released == 0 and art2.votes is None and not state2.voted  # no share kept: no vote
-    # records that arrive in the resumed run are released with the share and vote a round later
+    assert org_vote(data, resumed, state2, 2, EMB, merge_typed([art2]))[2] == 0
+    # records that arrive in the resumed run are released with the share and vote in their round's vote phase
     more = OrgData("acme", CATALOG, [*EVENTS, Event(query="rain umbrella", tool="get_weather", success=True)])
     art3, state3, released = org_release(more, resumed, state2, 3, [], EMB, merge_typed([art2]))
     assert released == 1 and len(state3.no_vote) == len(EVENTS)
-    art4, state4, _ = org_release(more, resumed, state3, 4, [], EMB, merge_typed([art3]))
-    assert len(state4.voted) == 1 and art4.votes is not None
+    art3v, state3v, cast = org_vote(more, resumed, state3, 3, EMB, merge_typed([art3]))
+    assert cast == 1 and len(state3v.voted) == 1 and art3v.votes is not None
 
 
 def test_inspect_reports_the_votes_and_the_setting_a_router_follows(tmp_path):

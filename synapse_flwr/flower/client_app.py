@@ -9,7 +9,10 @@ compendium so that the outcomes become new experience (run config
 ``replay = true``: the feedback loop), builds and privatises its compendium,
 and replies with the artifact's wire bytes plus metrics (after round 1 a
 delta against the artifact it sent before, when the server holds that one:
-run config ``wire-delta``). The raw experience never leaves it.
+run config ``wire-delta``). On the round's evaluate message (its vote phase)
+it receives the global merged from that artifact, and the records it
+released cast their fusion votes against it (:func:`org_vote`); the reply is
+the same artifact with the votes. The raw experience never leaves it.
 """
 
 from __future__ import annotations
@@ -41,18 +44,20 @@ from synapse_flwr.core.files import write_atomic
 from synapse_flwr.core.release import (
     ReleaseCacheError,
     ReleaseState,
+    add_votes,
     cast_votes,
     load_release_state,
     may_vote,
     record_keys,
     release_round,
     release_settings,
+    vote_refusal,
     with_votes,
     without_votes,
 )
 from synapse_flwr.core.replay import replay_events
 from synapse_flwr.core.router import Router
-from synapse_flwr.core.schema import Compendium
+from synapse_flwr.core.schema import Compendium, Issuer
 from synapse_flwr.core.signing import ARTIFACT, GLOBAL
 from synapse_flwr.core.votes import VOTE_SHARE
 from synapse_flwr.core.wire import Artifact, ArtifactError, decode, encode, unwrap
@@ -237,14 +242,78 @@ def org_release(
     artifact, state, released = release_round(keyed, state, build, server_round, data.catalog)
     if cfg.private and not config.vote_share:
         state = without_votes(before, state)
-    if cfg.votes and embedder is not None and isinstance(incoming, Compendium) and incoming.embedding:
-        voters = [(k, e) for k, e, ok in zip(keys, data.events, may_vote(before, keys)) if ok]
-        if voters:
-            sd, epsilon = vote_noise(cfg.epsilon, cfg.delta, rounds, releases, config, embedder)
-            votes = cast_votes([e for _, e in voters], data.catalog, incoming, embedder, sd,
-                               np.random.default_rng(derive_seed(seed, data.org, server_round, "votes")))
-            artifact, state = with_votes(artifact, state, votes, [k for k, _ in voters], epsilon)
+    # records that missed the vote phase of the round that released them (a node down then)
+    artifact, state, _ = vote_round(data, cfg, artifact, state, may_vote(before, keys), releases, seed,
+                                    server_round, embedder, incoming)
     return artifact, state, released
+
+
+def org_vote(
+    data: OrgData,
+    cfg: RunConfig,
+    state: ReleaseState,
+    server_round: int,
+    embedder: Embedder | None,
+    incoming: Artifact,
+) -> tuple[Compendium, ReleaseState, int]:
+    """The vote phase of a round: the artifact sent in its train phase, with the votes of its records.
+
+    Every released record that has not voted votes against ``incoming``, the
+    global this round merged from that artifact (each record is left out of
+    it when scored); nothing is released again. When ``incoming`` was not
+    merged from it (the train reply was rejected), the artifact goes back
+    without votes.
+
+    Raises
+    ------
+    ReasonForServer
+        When this organisation has released nothing in this run (no cache).
+    """
+    if state.artifact is None:
+        raise ReasonForServer("vote phase: this organisation holds no release of this run (its release cache is "
+                              "empty), so it has nothing to vote with")
+    sent = state.artifact.model_copy(update={"issuer": Issuer(org=state.artifact.issuer.org, round=server_round)})
+    if refusal := vote_refusal(sent, incoming, counted=True):
+        log.info("%s round %d: no votes: %s", data.org, server_round, refusal)
+        return sent, state, 0
+    rounds = cfg.num_rounds if cfg.replay else 1
+    return vote_round(data, cfg, sent, state, may_vote(state, record_keys(data.events)), min(state.windows, rounds),
+                      noise_seed(cfg), server_round, embedder, incoming)
+
+
+def vote_round(
+    data: OrgData,
+    cfg: RunConfig,
+    artifact: Compendium,
+    state: ReleaseState,
+    allowed: list[bool],
+    releases: int,
+    seed: int,
+    server_round: int,
+    embedder: Embedder | None,
+    incoming: Artifact | None,
+) -> tuple[Compendium, ReleaseState, int]:
+    """``artifact`` and ``state`` after the records ``allowed`` (per event) cast their votes against ``incoming``.
+
+    Nothing happens unless the run votes and ``incoming`` carries prototypes.
+    ``releases`` is the number of releases a record has had with this one
+    (the vote's epsilon is theirs with the vote). Returns the votes cast too.
+    """
+    if not (cfg.votes and embedder is not None and isinstance(incoming, Compendium) and incoming.embedding):
+        return artifact, state, 0
+    voters = [(k, e) for k, e, ok in zip(record_keys(data.events), data.events, allowed) if ok]
+    rounds = cfg.num_rounds if cfg.replay else 1
+    sd, epsilon = vote_noise(cfg.epsilon, cfg.delta, rounds, max(releases, 1), build_config(cfg), embedder)
+    if not voters:
+        if state.voted and epsilon is not None and epsilon > (artifact.privacy.epsilon or 0.0):
+            # records that voted in an earlier round compose their vote with this round's releases
+            artifact = add_votes(artifact, None, epsilon)
+            state = state.model_copy(update={"artifact": artifact})
+        return artifact, state, 0
+    votes = cast_votes([e for _, e in voters], data.catalog, incoming, embedder, sd,
+                       np.random.default_rng(derive_seed(seed, data.org, server_round, "votes")))
+    artifact, state = with_votes(artifact, state, votes, [k for k, _ in voters], epsilon)
+    return artifact, state, len(voters)
 
 
 def reply_metrics(payload: bytes, wire: bytes, artifact: Artifact) -> MetricRecord:
@@ -357,10 +426,21 @@ def server_safe(handler: Callable[[Message, Context], Message]) -> Callable[[Mes
     return guarded
 
 
-@app.train()
-@server_safe
-def train(msg: Message, context: Context) -> Message:
-    """Validate the global, release this org's new experience, reply with its compendium (or a delta)."""
+def replay_round(cfg: RunConfig, data: OrgData, state: ReleaseState, incoming: Artifact,
+                 embedder: Embedder | None) -> list[Event]:
+    """This round's replayed outcomes (run config ``replay``): the released records routed by ``incoming``."""
+    # a typed global has tools, a flat-majority one texts; round 1's global has neither
+    if not (cfg.replay and (getattr(incoming, "tools", None) or getattr(incoming, "texts", None))):
+        return []
+    router = Router(incoming, data.catalog, embedder=embedder or get_embedder("static"))
+    # only records released in an earlier window: an event and its replay in one window
+    # would double the record's contribution to that release (its calibration assumes one)
+    done = set(state.released)
+    return replay_events([e for k, e in zip(record_keys(data.events), data.events) if k in done], router)
+
+
+def respond(msg: Message, context: Context, vote_phase: bool) -> Message:
+    """Validate the global; reply with this org's compendium (or a delta): released (train) or voted (vote phase)."""
     cfg = RunConfig.from_mapping(context.run_config)
     if refusal := node_refusal(cfg, context.node_config):
         log.error("refusing the run: %s", refusal)
@@ -381,26 +461,37 @@ def train(msg: Message, context: Context) -> Message:
     nc = context.node_config
     state = load_state(path, cache_settings(cfg, data.org, own_data="data-path" in nc),
                        pinned=bool(nc.get("release-cache")))
-    replayed: list[Event] = []
-    # a typed global has tools, a flat-majority one texts; round 1's global has neither
-    if cfg.replay and (getattr(incoming, "tools", None) or getattr(incoming, "texts", None)):
-        router = Router(incoming, data.catalog, embedder=embedder or get_embedder("static"))
-        # only records released in an earlier window: an event and its replay in one window
-        # would double the record's contribution to that release (its calibration assumes one)
-        done = set(state.released)
-        replayed = replay_events([e for k, e in zip(record_keys(data.events), data.events) if k in done], router)
-    artifact, new_state, released = org_release(data, cfg, state, server_round, replayed, embedder, incoming)
+    if vote_phase:
+        artifact, new_state, voted = org_vote(data, cfg, state, server_round, embedder, incoming)
+        done = f"vote phase: {voted} records voted"
+    else:
+        replayed = replay_round(cfg, data, state, incoming, embedder)
+        artifact, new_state, released = org_release(data, cfg, state, server_round, replayed, embedder, incoming)
+        done = f"{len(data.events)} events, {released} released now, {len(replayed)} replayed"
     if new_state is not state:
         write_atomic(path, new_state.model_dump_json())  # before replying: a restart never re-releases
-    if cfg.fail_round == server_round and data.org in cfg.fail_orgs.split(","):
+    if not vote_phase and cfg.fail_round == server_round and data.org in cfg.fail_orgs.split(","):
         raise ReasonForServer(f"fault injection: org {data.org} fails in round {server_round} (run config fail-orgs)")
     wire = encode(artifact)
     key, payload = reply_payload(cfg, data.org, wire, msg.content["config"].get(DELTA_BASE),
                                  path.with_name(f"{data.org}.sent.json"))
     # the counts stay in this org's own log: replay keeps only misroutes, so "replayed" counts those
-    log.info("%s round %d: %d events, %d released now, %d replayed -> %d bytes as %s (global in: %d tools)",
-             data.org, server_round, len(data.events), released, len(replayed), len(payload), key,
-             len(getattr(incoming, "tools", [])))
+    log.info("%s round %d: %s -> %d bytes as %s (global in: %d tools)", data.org, server_round, done,
+             len(payload), key, len(getattr(incoming, "tools", [])))
     content = RecordDict({key: to_record(payload), "metrics": reply_metrics(payload, wire, artifact)})
     signer = signer_for(cfg, data.org, context.node_config)  # signing: over the artifact, org and round
     return Message(content=attach_signature(content, signer, ARTIFACT, server_round, wire), reply_to=msg)
+
+
+@app.train()
+@server_safe
+def train(msg: Message, context: Context) -> Message:
+    """Validate the global, release this org's new experience, reply with its compendium (or a delta)."""
+    return respond(msg, context, vote_phase=False)
+
+
+@app.evaluate()
+@server_safe
+def vote(msg: Message, context: Context) -> Message:
+    """The round's vote phase (Flower's evaluate message): this org's records vote against the new global."""
+    return respond(msg, context, vote_phase=True)

@@ -112,8 +112,8 @@ KEYS: tuple[Key, ...] = (
     Key("replay", bool, False, "feedback loop: replay own traffic with the global, outcomes become experience"),
     Key("embedder", str, "minilm", "the federation's embedding space (query prototypes, replay, evaluation): "
         + " | ".join(SPACES) + " (none: no prototypes)", _one_of(SPACES)),
-    Key("fusion-votes", bool, True, "after round 1 each org votes, under DP, for how much the router trusts "
-        "experience (5% of the budget; needs 2+ rounds and an embedder)"),
+    Key("fusion-votes", bool, True, "after each round's merge its records vote, under DP, for how much the router "
+        "trusts experience (5% of the budget; needs an embedder)"),
     Key("evaluate", bool, True, "server-side evaluation of each round's global on the dataset's test queries"),
     Key("inject", float, 0.0, "share of each org's events corrupted (robustness experiments)", _between(0.0, 1.0)),
     Key("sign", bool, True, "sign every artifact and global and verify them against keys-file (false turns it off)"),
@@ -179,13 +179,14 @@ class RunConfig:
 
     @property
     def votes(self) -> bool:
-        """Whether orgs cast fusion votes: asked for, a later round to cast them in, prototypes to vote on.
+        """Whether orgs cast fusion votes: asked for, and prototypes to vote on.
 
         A flat-majority global keeps no prototypes, so under that policy the
-        records keep no budget share for a vote they could never cast.
+        records keep no budget share for a vote they could never cast. Records
+        vote in the round that released them (the round's vote phase), so one
+        round is enough.
         """
-        return (self.fusion_votes and self.num_rounds >= 2 and self.embedder != "none"
-                and self.policy != FLAT_MAJORITY)
+        return self.fusion_votes and self.embedder != "none" and self.policy != FLAT_MAJORITY
 
 
 # Keys a run may change when it resumes an output folder: more rounds, how long to wait

@@ -1,6 +1,9 @@
-"""Flower ServerApp: R rounds of validate -> merge -> broadcast, with outputs and resume.
+"""Flower ServerApp: R rounds of validate -> merge -> (vote -> merge) -> broadcast, with outputs and resume.
 
-Every round the merged global compendium is written to
+When the run votes (``RunConfig.votes``), each round's merge is followed by
+its vote phase (:class:`~synapse_flwr.strategies.base.CompendiumStrategy`):
+the records released in the round vote against the global they went into,
+and the round's global is merged again with their votes. Every round the merged global compendium is written to
 ``<output-dir>/global_round_<r>.json``, evaluated on the dataset's held-out
 queries when it has any (routing accuracy and recall@5, seen and held-out
 tools), and the round's record (nodes accepted and rejected with reasons,
@@ -26,7 +29,7 @@ from flwr.serverapp import Grid, ServerApp
 from synapse_flwr.core.embed import get_embedder
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.files import write_atomic
-from synapse_flwr.core.merge import FLAT_MAJORITY, GLOBAL_ORG
+from synapse_flwr.core.merge import GLOBAL_ORG
 from synapse_flwr.core.metrics import evaluate_routes
 from synapse_flwr.core.router import Router
 from synapse_flwr.core.schema import Compendium, Issuer
@@ -165,6 +168,7 @@ def make_evaluator(cfg: RunConfig) -> Callable[[bytes], dict] | None:
 SUMMARY_COLUMNS = (
     ("round", "round", "{}"), ("accepted", "accepted", "{}"), ("rejected", "rejected", "{}"),
     ("epsilon", "epsilon", "{:.3f}"), ("bytes/client", "bytes_per_client", "{:,}"),
+    ("vote bytes", "vote_bytes_per_client", "{:,}"),
     ("prototypes", "prototype_share", "{:.0%}"), ("above noise", "prototype_used_share", "{:.0%}"),
     ("fusion w", "fusion_prototype", "{:g}"), ("prior", "fusion_prior", "{:g}"),
     ("seen", "seen_acc", "{:.3f}"),
@@ -204,8 +208,10 @@ def make_evaluate_fn(
         report = strategy.reports.get(rnd)
         summary = asdict(report or RoundReport(round=rnd))
         summary["bytes_per_client"] = summary["bytes_in"] // max(summary["artifacts_in"], 1)
+        voters = len(summary["votes_accepted"])  # no vote phase (nothing new released): a dash in the table
+        summary["vote_bytes_per_client"] = summary["votes_bytes_in"] // voters if voters else None
         summary["wall_s"] = round(time.perf_counter() - t0, 3)
-        global_bytes = from_record(arrays)
+        global_bytes = from_record(strategy.global_record(arrays))  # after the round's vote phase
         scores = evaluator(global_bytes) if evaluator else {}
         recorder.record(rnd, global_bytes, summary, scores, {org: art for org, (_, art) in strategy.latest.items()})
         return MetricRecord({"accepted": len(summary["accepted"]), "rejected": len(summary["rejected"]),
@@ -231,16 +237,13 @@ def main(grid: Grid, context: Context) -> None:
         return
     if done:
         log.warning("resuming after round %d from %s", done, out_dir)
-    if cfg.fusion_votes and cfg.embedder != "none" and cfg.num_rounds < 2 and cfg.policy != FLAT_MAJORITY:
-        log.warning("one round: organisations cast their fusion votes from round 2 on, so a router of this "
-                    "run's global adds experience at the default weights (chosen on MetaTool), which can route "
-                    "below the documentation alone on other data; run 2 or more rounds to have them weighed")
     strategy = make_strategy(
         cfg.policy,
         min_nodes=cfg.min_nodes,
         round_offset=done,
         registry=registry_for(cfg),  # signing: verify replies, sign the global
         signer=signer_for(cfg, SERVER),
+        vote_phase=cfg.votes,
     )
     strategy.restore(orgs)  # an org that misses the next round keeps contributing what it sent before
     strategy.start(
