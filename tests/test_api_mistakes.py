@@ -65,6 +65,10 @@ def test_events_naming_tools_the_catalog_does_not_know_are_refused():
     gold = [*EVENTS, Event(query="x", tool="get_weather", success=False, gold="missing_tool")]
     with pytest.raises(ValueError, match=r"1 of 18 events .*'missing_tool'"):
         build_compendium(gold, CATALOG, "acme", epsilon=math.inf, seed=0)
+    # a transition from a tool the catalog does not know used to leave no count, without a word
+    prev = [*EVENTS, Event(query="x", tool="get_weather", success=True, prev_tool="geocode")]
+    with pytest.raises(ValueError, match=r"1 of 18 events .*'geocode'"):
+        build_compendium(prev, CATALOG, "acme", epsilon=math.inf, seed=0)
 
 
 # ------------------------------------------------------------------ 3. an embedder by name
@@ -100,6 +104,14 @@ def test_build_refuses_an_invalid_or_reserved_org(org, why):
 def test_build_refuses_events_that_are_not_events(events):
     with pytest.raises(TypeError, match=r"events must be Event objects \(load a log with load_experience"):
         build_compendium(events, CATALOG, "acme", epsilon=math.inf, seed=0)
+
+
+@pytest.mark.parametrize(("kw", "message"), [({"epsilon": "4"}, r"epsilon must be a number .*got '4' \(str\)"),
+                                             ({"epsilon": True}, r"epsilon must be a number"),
+                                             ({"delta": None}, r"delta must be a number .*got None")])
+def test_build_refuses_a_budget_that_is_not_a_number(kw, message):
+    with pytest.raises(TypeError, match=message):  # numpy's "must be real number, not str" before
+        build_compendium(EVENTS, CATALOG, "acme", seed=0, **kw)
 
 
 def test_build_refuses_a_catalog_path():

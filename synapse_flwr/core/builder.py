@@ -33,6 +33,7 @@ import secrets
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from numbers import Real
 from pathlib import Path
 
 import numpy as np
@@ -605,7 +606,8 @@ def _checked_events(events: Iterable[Event], catalog: Catalog, org: str) -> list
     TypeError
         ``events`` is not an iterable of Event or ``catalog`` is not a Catalog.
     ValueError
-        ``org`` is no valid organisation id, or an event names a tool unknown to ``catalog``.
+        ``org`` is no valid organisation id, or an event names a tool (called,
+        gold or previous) unknown to ``catalog``.
     """
     hint = "load a log with load_experience(path, catalog)"
     if isinstance(events, (str, bytes, Path)) or not isinstance(events, Iterable):
@@ -622,9 +624,9 @@ def _checked_events(events: Iterable[Event], catalog: Catalog, org: str) -> list
         raise TypeError(f"events must be Event objects ({hint}), got {type(wrong).__name__}")
     known = set(catalog.ids)
     # unknown names were dropped silently: their counts have no catalog tool to go to
-    bad = [ev for ev in events if ev.tool not in known or (ev.gold is not None and ev.gold not in known)]
+    bad = [ev for ev in events if any(n is not None and n not in known for n in (ev.tool, ev.gold, ev.prev_tool))]
     if bad:
-        names = sorted({n for ev in bad for n in (ev.tool, ev.gold) if n is not None and n not in known})
+        names = sorted({n for ev in bad for n in (ev.tool, ev.gold, ev.prev_tool) if n is not None and n not in known})
         shown = ", ".join(map(repr, names[:5])) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
         raise ValueError(f"{len(bad)} of {len(events)} events name tools the catalog does not know ({shown}): "
                          f"{hint}, which resolves names and aliases to catalog ids")
@@ -702,14 +704,18 @@ def build_compendium(
     Raises
     ------
     TypeError
-        ``events`` is not an iterable of Event (a path, a string, dicts) or
-        ``catalog`` is not a Catalog.
+        ``events`` is not an iterable of Event (a path, a string, dicts),
+        ``catalog`` is not a Catalog, or ``epsilon`` or ``delta`` is not a
+        number (``"4"``).
     ValueError
-        ``org`` is no valid organisation id; an event names a tool (or gold)
-        that ``catalog`` does not know; ``releases > rounds``; ``sequences``
+        ``org`` is no valid organisation id; an event names a tool (called,
+        gold or previous) that ``catalog`` does not know; ``releases > rounds``; ``sequences``
         given without sequence bounds or the other way round.
     """
     events = _checked_events(events, catalog, org)
+    for name, value, hint in (("epsilon", epsilon, "math.inf: no privacy"), ("delta", delta, "e.g. 1e-5")):
+        if isinstance(value, bool) or not isinstance(value, Real):  # the ranges are PrivacyParams' to check
+            raise TypeError(f"{name} must be a number ({hint}), got {value!r} ({type(value).__name__})")
     if isinstance(embedder, str):  # a short name, as Router accepts it
         embedder = get_embedder(embedder)
     if seed is None:  # secret: a reproducible seed would let anyone regenerate and remove the noise
