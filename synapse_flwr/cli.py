@@ -315,7 +315,7 @@ def vote(
     Then merge every organisation's voted artifact again: a router of that
     global follows the setting the votes favour, and routes exactly as the
     documentation does where experience does not beat it by more than the
-    noise. (A Flower federation casts these votes itself from round 2 on.)
+    noise. (A Flower federation casts these votes itself, in each round's vote phase.)
     """
     import numpy as np
 
@@ -1119,9 +1119,9 @@ def _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_
         raise SynapseError(str(exc)) from None
     if comp is not None and chosen_setting(getattr(comp, "votes", None)) is None and count_prior is None and any(
             getattr(e, "prototype", None) for e in getattr(comp, "tools", [])):
-        log.info("%s carries no fusion votes (a federation casts them from round 2 on; `synapse vote` casts them "
-                 "for artifacts merged by hand): experience is added at "
-                 "the default weights, chosen on MetaTool; a later round's global weighs it for its own data",
+        log.info("%s carries no fusion votes (a federation casts them in each round's vote phase; `synapse vote` "
+                 "casts them for artifacts merged by hand): experience is added at the default weights, chosen "
+                 "on MetaTool; a voted global weighs it for its own data",
                  compendium)
     try:
         fusion = None if count_prior is None else replace(voted_fusion(comp, emb.name), prior=count_prior)

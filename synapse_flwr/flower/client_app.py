@@ -122,7 +122,7 @@ def cache_settings(cfg: RunConfig, org: str, own_data: bool = False) -> dict[str
     the calibration (one release per round): without replay a record is released
     once whatever the rounds, so a run resumed with more rounds keeps its cache
     and releases only what is new, instead of releasing every record again.
-    Nor is the budget share kept for fusion votes (which needs 2+ rounds):
+    Nor is the budget share kept for fusion votes (run config ``fusion-votes``):
     records released without it are marked and never vote. With ``own_data``
     (the node's own ``data-path``, a deployment) the split's settings
     (``dataset``, ``seed``, ``alpha``, ``inject``) shape no record, so they are
@@ -264,6 +264,26 @@ def org_vote(
     merged from it (the train reply was rejected), the artifact goes back
     without votes.
 
+    Parameters
+    ----------
+    data : OrgData
+        This organisation's records.
+    cfg : RunConfig
+        The run config (budget, rounds, replay, noise).
+    state : ReleaseState
+        The release cache after this round's train phase.
+    server_round : int
+        The round (stamped into the artifact's issuer block).
+    embedder : Embedder or None
+        The federation's embedding space (None: no votes).
+    incoming : Artifact
+        The global the server merged this round.
+
+    Returns
+    -------
+    (Compendium, ReleaseState, int)
+        The artifact to send, the new state and the number of records that voted.
+
     Raises
     ------
     ReasonForServer
@@ -296,8 +316,35 @@ def vote_round(
     """``artifact`` and ``state`` after the records ``allowed`` (per event) cast their votes against ``incoming``.
 
     Nothing happens unless the run votes and ``incoming`` carries prototypes.
-    ``releases`` is the number of releases a record has had with this one
-    (the vote's epsilon is theirs with the vote). Returns the votes cast too.
+
+    Parameters
+    ----------
+    data : OrgData
+        This organisation's records (``allowed`` holds one flag per event).
+    cfg : RunConfig
+        The run config.
+    artifact : Compendium
+        What this organisation sends (the votes are added to it).
+    state : ReleaseState
+        The release cache (the voters are recorded in it).
+    allowed : list of bool
+        Per event: may it vote (:func:`~synapse_flwr.core.release.may_vote`).
+    releases : int
+        Releases a record has had, this round's included (the artifact's
+        epsilon becomes theirs with the vote).
+    seed : int
+        This organisation's noise seed this round.
+    server_round : int
+        The round (part of the votes' noise seed).
+    embedder : Embedder or None
+        The federation's embedding space.
+    incoming : Artifact or None
+        The global the records vote against (it holds their release).
+
+    Returns
+    -------
+    (Compendium, ReleaseState, int)
+        The artifact, the state and the number of records that voted.
     """
     if not (cfg.votes and embedder is not None and isinstance(incoming, Compendium) and incoming.embedding):
         return artifact, state, 0

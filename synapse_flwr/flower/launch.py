@@ -786,9 +786,10 @@ class Launch:
         """
         rounds = read_metrics(self.output_dir)
         for rec in rounds[seen:]:
-            log.info("round %s/%d done: %d accepted, %d rejected, %s bytes per client, %s conflicts",
+            log.info("round %s/%d done: %d accepted, %d rejected, %s bytes per client, %s conflicts, %d voted",
                      rec.get("round"), self.num_rounds, len(rec.get("accepted", [])),
-                     len(rec.get("rejected", [])), rec.get("bytes_per_client"), rec.get("conflicts"))
+                     len(rec.get("rejected", [])), rec.get("bytes_per_client"), rec.get("conflicts"),
+                     len(rec.get("votes_accepted", [])))
         return max(seen, len(rounds))
 
     def check(self, run_id: str | None, status: str, log_path: Path, log_name: str) -> None:
