@@ -294,6 +294,19 @@ def test_a_vote_phase_against_a_global_without_the_org_s_release_casts_nothing()
         org_vote(data, cfg, ReleaseState(fingerprint="f"), 1, EMB, others)
 
 
+def test_records_that_missed_the_vote_phase_vote_at_a_train_reply_once_the_global_holds_their_release():
+    cfg = RunConfig.from_mapping({"epsilon": 4.0, "num-rounds": 3})
+    data = OrgData("acme", CATALOG, EVENTS)
+    _, state, _ = org_release(data, cfg, ReleaseState(fingerprint="f"), 1, [], EMB)
+    # round 1's train reply was rejected: the global the next round starts from holds another org only
+    beta = build_compendium(EVENTS, CATALOG, "beta", embedder=EMB, epsilon=4.0, seed=3)
+    art2, state2, _ = org_release(data, cfg, state, 2, [], EMB, merge_typed([beta]))
+    assert art2.votes is None and not state2.voted  # a record is never taken out of a sum that lacks it
+    # merged in round 2 (re-sent, stamped 2), its records vote at round 3's train reply
+    art3, state3, _ = org_release(data, cfg, state2, 3, [], EMB, merge_typed([art2, beta]))
+    assert art3.votes is not None and len(state3.voted) == len(EVENTS)
+
+
 def test_a_run_votes_with_prototypes_to_vote_on():
     assert RunConfig.from_mapping({}).votes
     assert RunConfig.from_mapping({"num-rounds": 1}).votes  # the round's vote phase

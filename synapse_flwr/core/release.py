@@ -337,6 +337,20 @@ def vote_refusal(own: Artifact, global_: Artifact, counted: bool = False) -> str
     return None
 
 
+def holds_release(global_: Artifact | None, release: Compendium | None, before_round: int) -> bool:
+    """Whether ``global_`` was merged from ``release`` as sent in one of the rounds before ``before_round``.
+
+    A re-sent release differs only in its issuer's round, so each earlier
+    round's stamp is tried, the latest first. Never raises.
+    """
+    if not isinstance(global_, Compendium) or release is None:
+        return False
+    inputs = set(global_.inputs)
+    issuer = release.issuer
+    return any(content_hash(release.model_copy(update={"issuer": issuer.model_copy(update={"round": r})})) in inputs
+               for r in range(before_round - 1, -1, -1))
+
+
 def cast_votes(events: Sequence[Event], catalog: Catalog, incoming: Compendium, embedder: Embedder, sd: float,
                rng: np.random.Generator) -> FusionVotes | None:
     """The released fusion votes of ``events`` (those with a label) against the global ``incoming``.

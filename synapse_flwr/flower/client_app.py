@@ -46,6 +46,7 @@ from synapse_flwr.core.release import (
     ReleaseState,
     add_votes,
     cast_votes,
+    holds_release,
     load_release_state,
     may_vote,
     record_keys,
@@ -242,9 +243,13 @@ def org_release(
     artifact, state, released = release_round(keyed, state, build, server_round, data.catalog)
     if cfg.private and not config.vote_share:
         state = without_votes(before, state)
-    # records that missed the vote phase of the round that released them (a node down then)
-    artifact, state, _ = vote_round(data, cfg, artifact, state, may_vote(before, keys), releases, seed,
-                                    server_round, embedder, incoming)
+    # records that missed the vote phase of the round that released them (a node down then), once the
+    # global holds their release: leave-one-out takes each record out of a sum that must hold it
+    allowed = may_vote(before, keys)
+    if any(allowed) and not holds_release(incoming, before.artifact, server_round):
+        allowed = [False] * len(keys)
+    artifact, state, _ = vote_round(data, cfg, artifact, state, allowed, releases, seed, server_round, embedder,
+                                    incoming)
     return artifact, state, released
 
 
