@@ -28,8 +28,8 @@ from synapse_flwr.eval.results import (
 from synapse_flwr.flower.launch import default_app_dir, read_metrics, run_simulation
 
 log = logging.getLogger("flower_scale")
-ROUND_KEYS = ("round", "bytes_per_client", "bytes_out", "deltas_in", "conflicts", "epsilon", "seen_acc",
-              "heldout_acc", "docs_seen_acc", "docs_heldout_acc", "wall_s")
+ROUND_KEYS = ("round", "bytes_per_client", "vote_bytes_per_client", "bytes_out", "deltas_in", "conflicts", "epsilon",
+              "seen_acc", "heldout_acc", "docs_seen_acc", "docs_heldout_acc", "wall_s")
 
 
 def one_run(run: dict, run_config: dict, timeout: float) -> dict:
@@ -61,7 +61,8 @@ def growth_exponent(ks: list[int], values: list[float]) -> float | None:
 
 def _row(r: dict) -> str:
     per = r.get("per_round", [])
-    sent = [f"{p['bytes_per_client']:,}" for p in per] + ["-"] * (3 - len(per))
+    # what a client sends in the round: its train reply, plus its vote reply in a round with a vote phase
+    sent = [f"{p['bytes_per_client'] + (p.get('vote_bytes_per_client') or 0):,}" for p in per] + ["-"] * (3 - len(per))
     rss = f"{r['peak_rss_bytes'] / 2**30:.2f}" if r.get("peak_rss_bytes") else "-"
     last = per[-1] if per else {}
     acc = [f"{last[k]:.3f}" if last.get(k) is not None else "-" for k in ("seen_acc", "heldout_acc")]
