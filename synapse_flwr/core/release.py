@@ -282,7 +282,7 @@ def release_round(
     fresh = [(k, e) for k, e in keyed if k not in released]
     if not fresh and state.artifact is not None:
         current = with_catalog(state.artifact, catalog)
-        artifact = current.model_copy(update={"issuer": Issuer(org=current.issuer.org, round=round_)})
+        artifact = as_sent(current, round_)
         # the cache holds what was sent: a record votes against the global its release went into
         return artifact, state if current is state.artifact else state.model_copy(update={"artifact": current}), 0
     window = build([e for _, e in fresh])
@@ -337,18 +337,21 @@ def vote_refusal(own: Artifact, global_: Artifact, counted: bool = False) -> str
     return None
 
 
+def as_sent(release: Compendium, round_: int) -> Compendium:
+    """``release`` as an organisation sends it in round ``round_``: only the issuer's round changes."""
+    return release.model_copy(update={"issuer": Issuer(org=release.issuer.org, round=round_)})
+
+
 def holds_release(global_: Artifact | None, release: Compendium | None, before_round: int) -> bool:
     """Whether ``global_`` was merged from ``release`` as sent in one of the rounds before ``before_round``.
 
-    A re-sent release differs only in its issuer's round, so each earlier
-    round's stamp is tried, the latest first. Never raises.
+    A re-sent release differs only in its issuer's round (:func:`as_sent`), so
+    each earlier round's stamp is tried, the latest first. Never raises.
     """
     if not isinstance(global_, Compendium) or release is None:
         return False
     inputs = set(global_.inputs)
-    issuer = release.issuer
-    return any(content_hash(release.model_copy(update={"issuer": issuer.model_copy(update={"round": r})})) in inputs
-               for r in range(before_round - 1, -1, -1))
+    return any(content_hash(as_sent(release, r)) in inputs for r in range(before_round - 1, -1, -1))
 
 
 def cast_votes(events: Sequence[Event], catalog: Catalog, incoming: Compendium, embedder: Embedder, sd: float,

@@ -45,6 +45,7 @@ from synapse_flwr.core.release import (
     ReleaseCacheError,
     ReleaseState,
     add_votes,
+    as_sent,
     cast_votes,
     holds_release,
     load_release_state,
@@ -58,7 +59,7 @@ from synapse_flwr.core.release import (
 )
 from synapse_flwr.core.replay import replay_events
 from synapse_flwr.core.router import Router
-from synapse_flwr.core.schema import Compendium, Issuer
+from synapse_flwr.core.schema import Compendium
 from synapse_flwr.core.signing import ARTIFACT, GLOBAL
 from synapse_flwr.core.votes import VOTE_SHARE
 from synapse_flwr.core.wire import Artifact, ArtifactError, decode, encode, unwrap
@@ -203,6 +204,11 @@ def noise_seed(cfg: RunConfig) -> int:
     return cfg.seed if cfg.noise == "seeded" else secrets.randbits(63)
 
 
+def planned_releases(cfg: RunConfig) -> int:
+    """Releases a record's budget covers: one per round with replay on (its replays count as it), else one."""
+    return cfg.num_rounds if cfg.replay else 1
+
+
 def build_config(cfg: RunConfig) -> BuildConfig:
     """The builder's config for this run: part of each record's budget kept for its fusion vote when the run votes."""
     return BuildConfig(vote_share=VOTE_SHARE if cfg.votes else 0.0)
@@ -228,7 +234,7 @@ def org_release(
     keys = record_keys(data.events)
     keyed = list(zip(keys, data.events))
     keyed += [(f"{k}/replay{server_round}", e) for k, e in zip(record_keys(replayed), replayed)]
-    rounds = cfg.num_rounds if cfg.replay else 1
+    rounds = planned_releases(cfg)
     config = build_config(cfg)
     releases = min(state.windows + 1, rounds)
     seed = noise_seed(cfg)
@@ -245,10 +251,10 @@ def org_release(
         state = without_votes(before, state)
     # records that missed the vote phase of the round that released them (a node down then), once the
     # global holds their release: leave-one-out takes each record out of a sum that must hold it
-    allowed = may_vote(before, keys)
-    if any(allowed) and not holds_release(incoming, before.artifact, server_round):
-        allowed = [False] * len(keys)
-    artifact, state, _ = vote_round(data, cfg, artifact, state, allowed, releases, seed, server_round, embedder,
+    voters = [(k, e) for k, e, ok in zip(keys, data.events, may_vote(before, keys)) if ok]
+    if voters and not holds_release(incoming, before.artifact, server_round):
+        voters = []
+    artifact, state, _ = vote_round(data, cfg, artifact, state, voters, releases, seed, server_round, embedder,
                                     incoming)
     return artifact, state, released
 
@@ -297,13 +303,14 @@ def org_vote(
     if state.artifact is None:
         raise ReasonForServer("vote phase: this organisation holds no release of this run (its release cache is "
                               "empty), so it has nothing to vote with")
-    sent = state.artifact.model_copy(update={"issuer": Issuer(org=state.artifact.issuer.org, round=server_round)})
+    sent = as_sent(state.artifact, server_round)
     if refusal := vote_refusal(sent, incoming, counted=True):
         log.info("%s round %d: no votes: %s", data.org, server_round, refusal)
         return sent, state, 0
-    rounds = cfg.num_rounds if cfg.replay else 1
-    return vote_round(data, cfg, sent, state, may_vote(state, record_keys(data.events)), min(state.windows, rounds),
-                      noise_seed(cfg), server_round, embedder, incoming)
+    keys = record_keys(data.events)
+    voters = [(k, e) for k, e, ok in zip(keys, data.events, may_vote(state, keys)) if ok]
+    return vote_round(data, cfg, sent, state, voters, min(state.windows, planned_releases(cfg)), noise_seed(cfg),
+                      server_round, embedder, incoming)
 
 
 def vote_round(
@@ -311,29 +318,30 @@ def vote_round(
     cfg: RunConfig,
     artifact: Compendium,
     state: ReleaseState,
-    allowed: list[bool],
+    voters: list[tuple[str, Event]],
     releases: int,
     seed: int,
     server_round: int,
     embedder: Embedder | None,
     incoming: Artifact | None,
 ) -> tuple[Compendium, ReleaseState, int]:
-    """``artifact`` and ``state`` after the records ``allowed`` (per event) cast their votes against ``incoming``.
+    """``artifact`` and ``state`` after the records ``voters`` cast their votes against ``incoming``.
 
     Nothing happens unless the run votes and ``incoming`` carries prototypes.
 
     Parameters
     ----------
     data : OrgData
-        This organisation's records (``allowed`` holds one flag per event).
+        This organisation's records.
     cfg : RunConfig
         The run config.
     artifact : Compendium
         What this organisation sends (the votes are added to it).
     state : ReleaseState
         The release cache (the voters are recorded in it).
-    allowed : list of bool
-        Per event: may it vote (:func:`~synapse_flwr.core.release.may_vote`).
+    voters : list of (str, Event)
+        The records that vote, with their record keys (those
+        :func:`~synapse_flwr.core.release.may_vote` allows).
     releases : int
         Releases a record has had, this round's included (the artifact's
         epsilon becomes theirs with the vote).
@@ -353,9 +361,8 @@ def vote_round(
     """
     if not (cfg.votes and embedder is not None and isinstance(incoming, Compendium) and incoming.embedding):
         return artifact, state, 0
-    voters = [(k, e) for k, e, ok in zip(record_keys(data.events), data.events, allowed) if ok]
-    rounds = cfg.num_rounds if cfg.replay else 1
-    sd, epsilon = vote_noise(cfg.epsilon, cfg.delta, rounds, max(releases, 1), build_config(cfg), embedder)
+    sd, epsilon = vote_noise(cfg.epsilon, cfg.delta, planned_releases(cfg), max(releases, 1), build_config(cfg),
+                             embedder)
     if not voters:
         if state.voted and epsilon is not None and epsilon > (artifact.privacy.epsilon or 0.0):
             # records that voted in an earlier round compose their vote with this round's releases
