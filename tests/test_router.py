@@ -11,7 +11,12 @@ import pytest
 from synapse_flwr.cli import app
 from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.catalog import ToolDoc, make_catalog
-from synapse_flwr.core.documentation import doc_text, name_words
+from synapse_flwr.core.documentation import (
+    arguments_text,
+    doc_text,
+    documentation_text,
+    name_words,
+)
 from synapse_flwr.core.embed import TfidfEmbedder
 from synapse_flwr.core.experience import Event
 from synapse_flwr.core.fusion import Fusion
@@ -65,6 +70,40 @@ def test_names_are_read_as_words(name, words):
     # an uncased embedder reads "auspetrolprices" as one unknown word
     assert name_words(name) == words
     assert doc_text(ToolEntry(tool_id="fuel", description="Fuel prices."), name) == f"{words}: Fuel prices."
+
+
+SEARCH_FLIGHTS = {"type": "object", "properties": {
+    "origin": {"type": "string", "description": "Departure city or  IATA airport code."},
+    "returnDate": {"type": "string"}, "passengers": "not a schema"}, "required": ["origin"]}
+
+
+def test_arguments_are_read_as_words_after_the_description():
+    assert arguments_text(SEARCH_FLIGHTS) == "origin: Departure city or IATA airport code.; return Date; passengers"
+    assert documentation_text("search_flights", "Find flights.", SEARCH_FLIGHTS) == (
+        "search flights: Find flights. Arguments: origin: Departure city or IATA airport code.; return Date; "
+        "passengers.")
+    assert documentation_text("search_flights", "", {"properties": {"to": {}}}) == "search flights. Arguments: to."
+    # no properties (or no schema): the documentation is the name and description alone
+    for schema in (None, {}, {"type": "object"}, {"properties": []}, {"properties": {}}):
+        assert documentation_text("search_flights", "Find flights.", schema) == "search flights: Find flights."
+
+
+def test_a_request_naming_only_an_argument_routes_to_the_tool_that_takes_it():
+    # "zip code" is in neither description; only find_user's arguments name it
+    tools = [ToolDoc("find_user", "find_user", "Look up a customer account.",
+                     parameters={"properties": {"zip": {"description": "The customer's zip code, e.g. 90210."}}}),
+             ToolDoc("find_order", "find_order", "Look up an order.",
+                     parameters={"properties": {"order_id": {"description": "The order number."}}})]
+    query = "the zip code is 90210"
+
+    def scores(catalog):
+        routed = Router(None, catalog, embedder=TfidfEmbedder(), reranker="none").route(query)
+        return routed.tool, {c.tool_id: c.retrieval for c in routed.candidates}
+
+    tool, with_args = scores(make_catalog(tools))
+    assert tool == "find_user" and with_args["find_user"] > with_args["find_order"]
+    _, without = scores(make_catalog([ToolDoc(d.tool_id, d.name, d.description) for d in tools]))
+    assert without == {"find_user": 0.0, "find_order": 0.0}
 
 
 def test_docs_only_tools_are_not_drowned_by_experience(central):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -44,15 +45,20 @@ class PhraseProfile:
         Release threshold of the compendium (1 without privacy): the
         description's pseudo-count scales with it, since experience thinned by
         a high threshold says less beyond the documentation.
+    parameters : mapping of str to (mapping or None), or None
+        Tool id to its parameters' JSON Schema, whose arguments count as
+        description too (:func:`~synapse_flwr.core.documentation.arguments_text`).
     """
 
-    def __init__(self, entries: dict[str, ToolEntry], names: dict[str, str], threshold: float = 1.0) -> None:
+    def __init__(self, entries: dict[str, ToolEntry], names: dict[str, str], threshold: float = 1.0,
+                 parameters: Mapping[str, Mapping[str, Any] | None] | None = None) -> None:
+        parameters = parameters or {}
         vocab: dict[str, int] = {}
         n_tools = len(entries)
         c_rows, c_cols, c_vals, d_rows, d_cols = [], [], [], [], []
         calls = np.zeros(n_tools)
         for i, (tool_id, entry) in enumerate(entries.items()):
-            for phrase in set(candidate_phrases(doc_text(entry, names[tool_id]).lower(), 10_000, 10_000)):
+            for phrase in set(candidate_phrases(doc_text(entry, names[tool_id], parameters.get(tool_id)).lower(), 10_000, 10_000)):
                 d_rows.append(i)
                 d_cols.append(vocab.setdefault(phrase, len(vocab)))
             top = 0.0
