@@ -258,9 +258,13 @@ def table(res: dict) -> str:
 
 
 def main() -> None:
+    """Run both audits; a SIGTERM stops them as Ctrl-C does (Flower processes torn down)."""
     from synapse_flwr.data.check import file_hashes
     from synapse_flwr.data.federation import demo_dir
     from synapse_flwr.eval.results import update_summary, write_results
+    from synapse_flwr.flower.processes import interrupt_on_sigterm
+
+    interrupt_on_sigterm()
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)

@@ -26,6 +26,7 @@ from synapse_flwr.eval.results import (
     write_results,
 )
 from synapse_flwr.flower.launch import default_app_dir, read_metrics, run_simulation
+from synapse_flwr.flower.processes import interrupt_on_sigterm
 
 log = logging.getLogger("flower_scale")
 ROUND_KEYS = ("round", "bytes_per_client", "vote_bytes_per_client", "bytes_out", "deltas_in", "conflicts", "epsilon",
@@ -99,6 +100,8 @@ def summary_keys(results: dict) -> dict:
 
 
 def main() -> None:
+    """Run every federation size of the config; a SIGTERM stops it as Ctrl-C does (Flower processes torn down)."""
+    interrupt_on_sigterm()
     parser = experiment_parser(__doc__)
     args = parser.parse_args()
     cfg = load_experiment(args.config)

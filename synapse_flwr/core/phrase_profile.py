@@ -58,7 +58,8 @@ class PhraseProfile:
         c_rows, c_cols, c_vals, d_rows, d_cols = [], [], [], [], []
         calls = np.zeros(n_tools)
         for i, (tool_id, entry) in enumerate(entries.items()):
-            for phrase in set(candidate_phrases(doc_text(entry, names[tool_id], parameters.get(tool_id)).lower(), 10_000, 10_000)):
+            text = doc_text(entry, names[tool_id], parameters.get(tool_id)).lower()
+            for phrase in set(candidate_phrases(text, 10_000, 10_000)):
                 d_rows.append(i)
                 d_cols.append(vocab.setdefault(phrase, len(vocab)))
             top = 0.0
