@@ -57,9 +57,9 @@ def rendering(label: str) -> ExitStack:
     """Patches that make routers built inside the block read the arguments as ``label`` says."""
     stack = ExitStack()
     if label == "none":
-        stack.enter_context(patch.object(documentation, "arguments_text", lambda parameters: ""))
+        stack.enter_context(patch.object(router_module, "catalog_arguments", lambda catalog: {}))
     if label == "all":
-        stack.enter_context(patch.object(router_module, "distinctive_parameters", dict))
+        stack.enter_context(patch.object(documentation, "distinctive_parameters", dict))
     return stack
 
 

@@ -47,7 +47,7 @@ from synapse_flwr.simulations.experiment_report import (
 
 from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.catalog import Catalog
-from synapse_flwr.core.documentation import arguments_text, distinctive_parameters
+from synapse_flwr.core.documentation import catalog_arguments
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.files import write_atomic, write_problem
 from synapse_flwr.core.merge import TYPED, merge_typed
@@ -630,9 +630,9 @@ def _log_documentation(catalog: Catalog, dataset: str) -> None:
         log.info("the catalog carries no example requests; `synapse examples %s` writes them from the catalog "
                  "alone (docs/formats.md; on MetaTool's dev split docs_only gains 3.6 seen and 4.7 held-out "
                  "points)", dataset)
-    schemas = distinctive_parameters({d.tool_id: d.parameters for d in catalog.tools})
+    arguments = catalog_arguments(catalog)
     log.info("the documentation reads the arguments of %d of %d tools (their parameters' schemas; docs/formats.md)",
-             sum(bool(arguments_text(p)) for p in schemas.values()), len(schemas))
+             sum(map(bool, arguments.values())), len(arguments))
 
 
 def run_experiment(config: Path, fresh: bool = False, output: Path | None = None,

@@ -13,6 +13,7 @@ from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.catalog import ToolDoc, make_catalog
 from synapse_flwr.core.documentation import (
     arguments_text,
+    catalog_arguments,
     doc_text,
     documentation_text,
     name_words,
@@ -79,13 +80,27 @@ SEARCH_FLIGHTS = {"type": "object", "properties": {
 
 def test_arguments_are_read_as_words_after_the_description():
     assert arguments_text(SEARCH_FLIGHTS) == "origin: Departure city or IATA airport code.; return Date; passengers"
-    assert documentation_text("search_flights", "Find flights.", SEARCH_FLIGHTS) == (
+    assert documentation_text("search_flights", "Find flights.", arguments_text(SEARCH_FLIGHTS)) == (
         "search flights: Find flights. Arguments: origin: Departure city or IATA airport code.; return Date; "
         "passengers.")
-    assert documentation_text("search_flights", "", {"properties": {"to": {}}}) == "search flights. Arguments: to."
+    assert documentation_text("search_flights", "", arguments_text({"properties": {"to": {}}})) == (
+        "search flights. Arguments: to.")
     # no properties (or no schema): the documentation is the name and description alone
     for schema in (None, {}, {"type": "object"}, {"properties": []}, {"properties": {}}):
-        assert documentation_text("search_flights", "Find flights.", schema) == "search flights: Find flights."
+        assert documentation_text("search_flights", "Find flights.", arguments_text(schema)) == (
+            "search flights: Find flights.")
+
+
+def test_an_argument_most_tools_take_is_not_read():
+    def tool(name, *args):
+        return ToolDoc(name, name, "", parameters={"properties": {a: {"description": f"the {a}"} for a in args}})
+
+    # "Limit" and "limit" are one argument, taken by 2 of 3 tools: not read; "city" by 1 of 3: read
+    catalog = make_catalog([tool("a", "city", "limit"), tool("b", "Limit"), ToolDoc("c", "c", "")])
+    assert catalog_arguments(catalog) == {"a": "city: the city", "b": "", "c": ""}
+    # half the tools is not "most": with a fourth tool, "limit" is read again
+    catalog = make_catalog([*catalog.tools, ToolDoc("d", "d", "")])
+    assert catalog_arguments(catalog)["b"] == "Limit: the Limit"
 
 
 def test_a_request_naming_only_an_argument_routes_to_the_tool_that_takes_it():

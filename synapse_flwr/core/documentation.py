@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from synapse_flwr.core.schema import ToolEntry
+
+if TYPE_CHECKING:
+    from synapse_flwr.core.catalog import Catalog
 
 _BLANK = ToolEntry(tool_id="blank")
 
@@ -90,19 +93,24 @@ def distinctive_parameters(schemas: Mapping[str, Mapping[str, Any] | None]) -> d
             if _properties(schema) else schema for tool, schema in schemas.items()}
 
 
-def documentation_text(name: str, description: str, parameters: Mapping[str, Any] | None = None) -> str:
+def catalog_arguments(catalog: Catalog) -> dict[str, str]:
+    """Tool id to the arguments its documentation reads (:func:`arguments_text` of :func:`distinctive_parameters`)."""
+    schemas = distinctive_parameters({d.tool_id: d.parameters for d in catalog.tools})
+    return {tool: arguments_text(schema) for tool, schema in schemas.items()}
+
+
+def documentation_text(name: str, description: str, arguments: str = "") -> str:
     """What a tool's documentation embeds as: its name in words, its description (may be empty), its arguments.
 
-    The arguments come last (:func:`arguments_text`), so an embedder that keeps
-    the first tokens of a long text cuts them, never the description.
+    ``arguments`` (:func:`catalog_arguments`) come last, so an embedder that
+    keeps the first tokens of a long text cuts them, never the description.
     """
     text = f"{name_words(name)}: {description}" if description else name_words(name)
-    args = arguments_text(parameters)
-    if not args:
+    if not arguments:
         return text
-    return f"{text}{' ' if text.endswith(('.', '!', '?')) else '. '}Arguments: {args}."
+    return f"{text}{' ' if text.endswith(('.', '!', '?')) else '. '}Arguments: {arguments}."
 
 
-def doc_text(entry: ToolEntry, name: str, parameters: Mapping[str, Any] | None = None) -> str:
+def doc_text(entry: ToolEntry, name: str, arguments: str = "") -> str:
     """What a tool's documentation entry embeds: :func:`documentation_text` of its name, description and arguments."""
-    return documentation_text(name, entry.description, parameters)
+    return documentation_text(name, entry.description, arguments)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -45,20 +44,20 @@ class PhraseProfile:
         Release threshold of the compendium (1 without privacy): the
         description's pseudo-count scales with it, since experience thinned by
         a high threshold says less beyond the documentation.
-    parameters : mapping of str to (mapping or None), or None
-        Tool id to its parameters' JSON Schema, whose arguments count as
-        description too (:func:`~synapse_flwr.core.documentation.arguments_text`).
+    arguments : mapping of str to str, or None
+        Tool id to the arguments its documentation reads, which count as
+        description too (:func:`~synapse_flwr.core.documentation.catalog_arguments`).
     """
 
     def __init__(self, entries: dict[str, ToolEntry], names: dict[str, str], threshold: float = 1.0,
-                 parameters: Mapping[str, Mapping[str, Any] | None] | None = None) -> None:
-        parameters = parameters or {}
+                 arguments: Mapping[str, str] | None = None) -> None:
+        arguments = arguments or {}
         vocab: dict[str, int] = {}
         n_tools = len(entries)
         c_rows, c_cols, c_vals, d_rows, d_cols = [], [], [], [], []
         calls = np.zeros(n_tools)
         for i, (tool_id, entry) in enumerate(entries.items()):
-            text = doc_text(entry, names[tool_id], parameters.get(tool_id)).lower()
+            text = doc_text(entry, names[tool_id], arguments.get(tool_id, "")).lower()
             for phrase in set(candidate_phrases(text, 10_000, 10_000)):
                 d_rows.append(i)
                 d_cols.append(vocab.setdefault(phrase, len(vocab)))

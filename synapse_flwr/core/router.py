@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from synapse_flwr.core.catalog import Catalog
-from synapse_flwr.core.documentation import distinctive_parameters, doc_entry, doc_text
+from synapse_flwr.core.documentation import catalog_arguments, doc_entry, doc_text
 from synapse_flwr.core.embed import Embedder, get_embedder, l2_normalize
 from synapse_flwr.core.explain import decided_by
 from synapse_flwr.core.fusion import Fusion, gate_open, voted_fusion
@@ -348,17 +348,17 @@ class Router:
         self.fallbacks = 0
         names = {d.tool_id: d.name for d in catalog.tools}
         self.names = names  # what an agent must call, as its catalog spells it
-        self.parameters = distinctive_parameters({d.tool_id: d.parameters for d in catalog.tools})
+        self.arguments = catalog_arguments(catalog)
         self._index(indexed, names)
         privacy = getattr(compendium, "privacy", None)
         # a merged count sums the (clamped) noise of every org artifact behind it
         merged = max(len(getattr(compendium, "inputs", None) or []), 1)
         self.calls_floor = zero_count_floor(privacy.sigma if privacy is not None else 0.0, merged, NOISE_SDS)
         self.profile = PhraseProfile(indexed, names, privacy.threshold if privacy is not None else 1.0,
-                                     self.parameters)
+                                     self.arguments)
         # exactly the phrase model a documentation-only router builds
         docs = {t: doc_entry(t, e.description) for t, e in self.entries.items()}
-        self.docs_profile = PhraseProfile(docs, names, 1.0, self.parameters)
+        self.docs_profile = PhraseProfile(docs, names, 1.0, self.arguments)
         self.phrase_tools = np.array([bool(e.when) for e in indexed.values()])
         self.compendium = compendium
         self.prototypes = self._load_prototypes(compendium)
@@ -370,7 +370,7 @@ class Router:
 
         texts, owners, kinds = [], [], []
         for i, (tool_id, entry) in enumerate(indexed.items()):
-            texts.append(doc_text(entry, names[tool_id], self.parameters.get(tool_id)))
+            texts.append(doc_text(entry, names[tool_id], self.arguments.get(tool_id, "")))
             owners.append(i)
             kinds.append(0)
             for s in entry.when:

@@ -46,7 +46,7 @@ from sklearn.svm import LinearSVC
 
 from synapse_flwr.core import metrics
 from synapse_flwr.core.catalog import Catalog
-from synapse_flwr.core.documentation import distinctive_parameters, documentation_text
+from synapse_flwr.core.documentation import catalog_arguments, documentation_text
 from synapse_flwr.core.embed import Embedder, get_embedder
 from synapse_flwr.core.experience import Event, TestItem, event_label
 from synapse_flwr.core.phrases import spaced
@@ -448,8 +448,8 @@ def fedavg_job(
     """
     shards = tuple(org_shard(pid, events, catalog, embedder, settings, epsilon, rounds)
                    for pid, events in enumerate(org_events))
-    schemas = distinctive_parameters({d.tool_id: d.parameters for d in catalog.tools})
-    tools = np.asarray(embedder.encode([documentation_text(d.name, d.description, schemas[d.tool_id])
+    arguments = catalog_arguments(catalog)
+    tools = np.asarray(embedder.encode([documentation_text(d.name, d.description, arguments[d.tool_id])
                                         for d in catalog.tools]), dtype=np.float32)
     eval_splits = {
         name: EvalSplit(np.asarray(embedder.encode([i.query for i in items]), dtype=np.float32)
