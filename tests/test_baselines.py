@@ -109,7 +109,7 @@ def orgs() -> list[list[Event]]:
     return [toy_events(40, 10 + i, org=f"o{i}") for i in range(3)]
 
 
-def test_fedavg_learns_through_flower_without_noise(embedder: TfidfEmbedder) -> None:
+def test_fedavg_learns_through_flower_without_noise(embedder: TfidfEmbedder, capfd: pytest.CaptureFixture) -> None:
     out = fedavg_dp_arm(orgs(), CATALOG, toy_test(40, 3), epsilon=math.inf, delta=1e-5, rounds=2,
                         embedder=embedder, batch_size=8, learning_rate=0.05,
                         extra_tests={"heldout": UNSEEN}, backend_config=ONE_ACTOR)
@@ -118,6 +118,8 @@ def test_fedavg_learns_through_flower_without_noise(embedder: TfidfEmbedder) -> 
     assert out["epsilon_spent"] == math.inf and out["noise_multipliers"] == [0.0] * 3
     assert out["rounds"] == 2 and out["n"] == 40
     assert set(out["extra"]["heldout"]) >= {"acc", "r5", "n", "init_acc", "init_r5"}
+    # Flower's per-round INFO lines from the child interpreter stay out of the caller's output
+    assert "[ROUND" not in "".join(capfd.readouterr())
 
 
 def test_fedavg_spends_at_most_its_budget(embedder: TfidfEmbedder) -> None:

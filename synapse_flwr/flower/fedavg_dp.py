@@ -647,7 +647,15 @@ def server_app(job_dir: Path) -> ServerApp:
 
 
 def _simulate(folder: str, num_supernodes: int, backend_config: dict) -> None:
-    """Flower's simulation of the job saved in ``folder`` (in :func:`run_job`'s child interpreter)."""
+    """Flower's simulation of the job saved in ``folder`` (in :func:`run_job`'s child interpreter).
+
+    Flower's own records below WARNING stay out of the caller's log, as the CLI
+    keeps them out in its own interpreter: the spawned child does not inherit
+    that filter, and Flower's per-round INFO and DEBUG lines (written twice, by
+    two handlers) buried the experiment's summary. ``run_job``'s caller logs
+    the outcome.
+    """
+    logging.getLogger("flwr").setLevel(logging.WARNING)
     run_simulation(server_app=server_app(Path(folder)), client_app=client_app,
                    num_supernodes=num_supernodes, backend_config=backend_config)
 
