@@ -382,6 +382,13 @@ def test_a_record_of_another_kind_is_named_as_that_kind(folder):
     assert "looks like" not in _problems(folder)[0]
 
 
+def test_a_test_row_naming_its_answer_tool_is_told_to_call_it_gold(folder):
+    _jsonl(folder / "test.jsonl", [*TEST, {"query": "rain in Oslo?", "tool": "get_weather"}])
+    problems = _problems(folder)
+    assert len(problems) == 1 and "test.jsonl:3: field 'gold'" in problems[0]
+    assert "rename 'tool' to 'gold'" in problems[0] and "looks like" not in problems[0]
+
+
 def test_an_alias_of_the_table_resolves_records_and_a_bad_one_is_named(folder):
     (folder / "aliases.json").write_text('{"forecast": "get_weather"}')
     _jsonl(folder / "org_a.jsonl", [*EVENTS[:6], {"query": "sun on sunday", "tool": "Forecast", "success": True}])

@@ -188,6 +188,9 @@ def file_hashes(folder: Path) -> dict[str, str]:
 
 def _other_kind(record: Mapping, kind: str) -> str | None:
     """A hint for a record of a ``kind`` file that bears another kind's keys (:data:`_OTHER_KIND`), or None."""
+    if kind == "a test item" and "tool" in record and not {"gold", "success"} & record.keys():
+        # a converted benchmark's test row naming its answer `tool`, not an event without its outcome
+        return "a test item names its acceptable tools in 'gold': rename 'tool' to 'gold'"
     return next((f"this looks like {other}; {where}" for other, (marks, unlike, where) in _OTHER_KIND.items()
                  if other != kind and marks & record.keys() and not unlike & record.keys()), None)
 
