@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import secrets
 import sys
 import time
@@ -137,6 +138,8 @@ def _root(
     if not verbose:
         for handler in logging.getLogger().handlers:
             handler.addFilter(_own_or_warning)
+        # transformers' "Loading weights" bar, here and in the Flower processes a command starts
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 @app.command()

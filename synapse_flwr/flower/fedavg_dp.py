@@ -646,6 +646,11 @@ def server_app(job_dir: Path) -> ServerApp:
     return app
 
 
+#: Flower's warnings about what this baseline chose: ``run_simulation`` (deprecated in favour of ``flwr run``; run
+#: here in a child interpreter, :func:`run_job`) and no federated evaluation (the ServerApp evaluates the global head).
+_CHOSEN = ("DEPRECATED FEATURE", "fraction_evaluate is set to 0.0")
+
+
 def _simulate(folder: str, num_supernodes: int, backend_config: dict) -> None:
     """Flower's simulation of the job saved in ``folder`` (in :func:`run_job`'s child interpreter).
 
@@ -653,9 +658,13 @@ def _simulate(folder: str, num_supernodes: int, backend_config: dict) -> None:
     keeps them out in its own interpreter: the spawned child does not inherit
     that filter, and Flower's per-round INFO and DEBUG lines (written twice, by
     two handlers) buried the experiment's summary. ``run_job``'s caller logs
-    the outcome.
+    the outcome. So do the warnings about this baseline's own choices
+    (:data:`_CHOSEN`).
     """
-    logging.getLogger("flwr").setLevel(logging.WARNING)
+    flwr_log = logging.getLogger("flwr")
+    flwr_log.setLevel(logging.WARNING)
+    flwr_log.addFilter(lambda record: not str(record.msg).lstrip().startswith(_CHOSEN))
+    warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
     run_simulation(server_app=server_app(Path(folder)), client_app=client_app,
                    num_supernodes=num_supernodes, backend_config=backend_config)
 
