@@ -406,9 +406,7 @@ def _save_votes(output: Path, own, state, cache: Path | None, cast, keys: list[s
 
 
 def _setting_words(setting) -> str:
-    """A fusion setting (:func:`~synapse_flwr.core.votes.chosen_setting`'s) in words."""
-    if setting is None:
-        return "the default weights (no voter)"
+    """A fusion setting (:func:`~synapse_flwr.core.votes.chosen_setting`'s, of votes that exist) in words."""
     if setting.prototype == setting.prior == 0:
         return "the documentation alone"
     return f"prototype weight {setting.prototype:g}, count prior {setting.prior:g}"
@@ -778,11 +776,12 @@ def _votes_line(votes) -> str:
     from synapse_flwr.core.votes import chosen_setting
 
     chosen = chosen_setting(votes)
-    share = ", ".join(f"({s.prototype:g}, {s.prior:g}) {c / max(votes.records, 1):.1%}"
+    # noised counts, and their share of the noised voters while that count is positive (noise can put it at 0 or below)
+    share = ", ".join(f"({s.prototype:g}, {s.prior:g}) {c:,.0f}"
+                      + (f" ({c / votes.records:.1%})" if votes.records > 0 else "")
                       for s, c in zip(votes.settings, votes.correct))
-    follow = "no votes to follow" if chosen is None else f"routes with ({chosen.prototype:g}, {chosen.prior:g})"
     return (f"fusion votes: {votes.records:,.0f} voters (noise SD {votes.sd:.1f}); right routes by (prototype, "
-            f"prior): {share}; a router {follow}")
+            f"prior): {share}; a router routes with ({chosen.prototype:g}, {chosen.prior:g})")
 
 
 LLMWeightOption = Annotated[

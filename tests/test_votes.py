@@ -193,7 +193,8 @@ def test_more_experience_is_followed_only_where_its_votes_beat_the_noise():
     middle = [5.0, 9.0, *[5.0] * (n - 3), 9.5]
     assert chosen_setting(_votes(middle)) == SETTINGS[-1]
     assert chosen_setting(_votes(lead), sds=0.0) == SETTINGS[-1]
-    assert chosen_setting(_votes([1.0] * n, records=-2.0)) is None  # noise-only: no votes to follow
+    # a voter count noise took to zero or below: whatever the sums say, documentation only (not the defaults)
+    assert chosen_setting(_votes(lead, records=-2.0)) == chosen_setting(_votes(lead, records=0.0)) == SETTINGS[0]
     assert chosen_setting(None) is None
 
 
@@ -392,5 +393,12 @@ def test_inspect_reports_the_votes_and_the_setting_a_router_follows(tmp_path):
     res = CliRunner().invoke(app, ["inspect", str(path)], env={"COLUMNS": "400"})
     assert res.exit_code == 0, res.output
     assert "fusion votes: 10 voters (noise SD 1.0)" in res.output
-    assert "(0, 0) 90.0%" in res.output and "(8, 0.5) 10.0%" in res.output
+    assert "(0, 0) 9 (90.0%)" in res.output and "(8, 0.5) 1 (10.0%)" in res.output
+    assert "a router routes with (0, 0)" in res.output
+    # votes noise took below zero voters: counts without shares, and documentation only
+    lead = [1.0] * (len(SETTINGS) - 1) + [5.0]  # would lead by more than VOTE_SDS with voters
+    save_artifact(path, glob.model_copy(update={"votes": _votes(lead, records=-3.0)}))
+    res = CliRunner().invoke(app, ["inspect", str(path)], env={"COLUMNS": "400"})
+    assert res.exit_code == 0, res.output
+    assert "(8, 0.5) 5;" in res.output and "%" not in res.output.split("fusion votes:")[1].split("\n")[0]
     assert "a router routes with (0, 0)" in res.output

@@ -167,10 +167,15 @@ def chosen_setting(votes: FusionVotes | None, sds: float = VOTE_SDS) -> FusionSe
     The setting with the most noised right routes (ties: the earlier), if it
     beats the first setting (documentation only in :data:`SETTINGS`) by more
     than ``sds`` noise SDs of their difference (``sqrt(2) * sd``); else the
-    first: experience is read only where its votes beat the noise.
+    first: experience is read only where its votes beat the noise. Votes
+    whose noised voter count is not positive are noise as a whole: the first
+    (before 2026-12-05 they counted as no votes, and the router read
+    experience at the MetaTool defaults).
     """
-    if votes is None or votes.records <= 0:
+    if votes is None:
         return None
+    if votes.records <= 0:
+        return votes.settings[0]
     best = max(range(len(votes.settings)), key=lambda j: (votes.correct[j], -j))
     if votes.correct[best] - votes.correct[0] <= sds * math.sqrt(2) * votes.sd:
         return votes.settings[0]
