@@ -31,12 +31,12 @@ import shutil
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from synapse_flwr.simulations.experiment_config import ExperimentConfig
+from synapse_flwr.simulations.experiment_config import ARMS, ExperimentConfig
 from synapse_flwr.simulations.experiment_report import (
     figures,
     no_harm,
@@ -602,20 +602,38 @@ def data_hashes(dataset: str) -> dict[str, str]:
     return file_hashes(root)
 
 
-def _arm_problems(cfg: ExperimentConfig, ds: FederatedDataset) -> list[str]:
-    """Arms the loaded data cannot train (checked before any Flower run, on the first seed's federation)."""
+def _arm_problems(cfg: ExperimentConfig, ds: FederatedDataset) -> dict[str, str]:
+    """Arm -> why the loaded data cannot train it (checked before any Flower run, on the first seed's federation)."""
     from synapse_flwr.eval.baselines import labelled_pairs
 
-    problems = []
+    problems = {}
     if "classifier" in cfg.arms and len(tools := set(labelled_pairs(ds.all_events, ds.catalog)[1])) < 2:
-        problems.append(f"arm 'classifier' needs labelled training events (a successful call or a gold tool) of "
-                        f"at least 2 tools, got {len(tools)}; drop it from arms")
+        problems["classifier"] = ("it needs labelled training events (a successful call or a gold tool) of at "
+                                  f"least 2 tools, got {len(tools)}")
     if "fedavg_dp" in cfg.arms and (empty := [o for o, ev in sorted(ds.orgs.items())
                                               if not labelled_pairs(ev, ds.catalog)[0]]):
-        problems.append(f"arm 'fedavg_dp' needs labelled events in every organisation; {', '.join(empty)} "
-                        f"{'has' if len(empty) == 1 else 'have'} none left after loading (failed calls without "
-                        "gold, or queries the leak and garbage filter dropped); drop it from arms")
+        problems["fedavg_dp"] = (f"it needs labelled events in every organisation; {', '.join(empty)} "
+                                 f"{'has' if len(empty) == 1 else 'have'} none left after loading (failed calls "
+                                 "without gold, or queries the leak and garbage filter dropped)")
     return problems
+
+
+def runnable_arms(cfg: ExperimentConfig, ds: FederatedDataset) -> ExperimentConfig:
+    """The config with the arms the data can train: an arm the config names is an error, a default one is left out.
+
+    A baseline that cannot train on a user's folder (one organisation's log
+    holds only failed calls) should not stop the default run of every other
+    arm; an arm asked for by name still does, before any Flower run.
+    """
+    problems = _arm_problems(cfg, ds)
+    if not problems:
+        return cfg
+    if cfg.arms != list(ARMS):
+        raise SynapseError(f"{cfg.dataset}: " + "; ".join(f"arm {arm!r}: {why}; drop it from arms"
+                                                          for arm, why in problems.items()))
+    for arm, why in problems.items():
+        log.warning("arm %r left out of this run: %s (arms = [...] in the config chooses the arms)", arm, why)
+    return replace(cfg, arms=[a for a in cfg.arms if a not in problems])
 
 
 def cache_fingerprint(cfg: ExperimentConfig) -> str:
@@ -672,8 +690,8 @@ def run_experiment(config: Path, fresh: bool = False, output: Path | None = None
     if not exp.splits(first):  # before any Flower run: nothing could be scored
         raise SynapseError(f"{cfg.dataset}: no test queries to score the arms on; add a test.jsonl "
                            "(docs/formats.md: a query and its gold tool per line)")
-    if problems := _arm_problems(cfg, first):
-        raise SynapseError(f"{cfg.dataset}: " + "; ".join(problems))
+    if (runnable := runnable_arms(cfg, first)) is not cfg:  # the cache, if fresh, is emptied already
+        cfg, exp = runnable, Experiment(runnable, progress=progress)
     _log_documentation(first.catalog, cfg.dataset)
     if on_start:
         on_start(exp.total_units())

@@ -294,25 +294,37 @@ def test_a_results_folder_that_cannot_be_written_is_refused_before_any_unit(tmp_
     assert not started and not (tmp_path / "cache").exists() and taken.read_text() == "{}\n"
 
 
-def test_arms_the_data_cannot_train_are_refused_before_any_flower_run(tmp_path):
+def test_arms_the_data_cannot_train_are_left_out_by_default_and_refused_by_name(tmp_path, caplog):
     import json
     import shutil
 
-    from synapse_flwr.simulations.experiment import run_experiment
+    from synapse_flwr.simulations.experiment import runnable_arms, run_experiment
+    from synapse_flwr.simulations.experiment_config import ARMS, ExperimentConfig
 
     from synapse_flwr.core.errors import SynapseError
-    from synapse_flwr.data.federation import demo_dir
+    from synapse_flwr.data.federation import demo_dir, load_federated
 
     folder = tmp_path / "bench"
     shutil.copytree(demo_dir(), folder)
     # one organisation whose every call failed without naming the right tool: nothing labelled to train on
     org = max(folder.glob("org_*.jsonl"))
+    name = org.stem.removeprefix("org_")
     failed = [{**json.loads(line), "success": False} for line in org.read_text().splitlines() if line.strip()]
     org.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "gold"}) + "\n" for r in failed))
+    # the default arms: fedavg_dp is left out with a warning, every other arm runs
+    cfg = ExperimentConfig.from_toml(folder)
+    ds = load_federated(str(folder), cfg.orgs, cfg.seeds[0], cfg.alpha)
+    with caplog.at_level("WARNING"):
+        kept = runnable_arms(cfg, ds)
+    assert kept.arms == [a for a in ARMS if a != "fedavg_dp"] and cfg.arms == list(ARMS)
+    assert f"arm 'fedavg_dp' left out of this run: it needs labelled events in every organisation; {name} has none" \
+        in caplog.text
+    # named in the config: refused before any Flower run
     config = tmp_path / "exp.toml"
-    config.write_text(f'[experiment]\ndataset = "{folder}"\ncache = "{tmp_path / "cache"}"\n')
-    with pytest.raises(SynapseError, match=f"arm 'fedavg_dp' needs labelled events in every organisation; "
-                                           f"{org.stem.removeprefix('org_')} has none"):
+    config.write_text(f'[experiment]\ndataset = "{folder}"\ncache = "{tmp_path / "cache"}"\n'
+                      'arms = ["docs_only", "fedavg_dp"]\n')
+    with pytest.raises(SynapseError, match=f"arm 'fedavg_dp': it needs labelled events in every organisation; "
+                                           f"{name} has none.*; drop it from arms"):
         run_experiment(config, output=tmp_path / "out")
     assert not (tmp_path / "cache" / "flower").exists()
     # no organisation with a label at all: the classifier has nothing to learn either
@@ -322,7 +334,7 @@ def test_arms_the_data_cannot_train_are_refused_before_any_flower_run(tmp_path):
         other.write_text(org.read_text())
     config.write_text(f'[experiment]\ndataset = "{unlabelled}"\ncache = "{tmp_path / "cache"}"\n'
                       'arms = ["docs_only", "federated", "classifier"]\n')
-    with pytest.raises(SynapseError, match="arm 'classifier' needs .* of at least 2 tools, got 0"):
+    with pytest.raises(SynapseError, match="arm 'classifier': it needs .* of at least 2 tools, got 0"):
         run_experiment(config, output=tmp_path / "out")
     assert not (tmp_path / "cache" / "flower").exists()
 
