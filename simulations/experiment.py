@@ -618,22 +618,23 @@ def _arm_problems(cfg: ExperimentConfig, ds: FederatedDataset) -> dict[str, str]
     return problems
 
 
-def runnable_arms(cfg: ExperimentConfig, ds: FederatedDataset) -> ExperimentConfig:
-    """The config with the arms the data can train: an arm the config names is an error, a default one is left out.
+def runnable_arms(cfg: ExperimentConfig, ds: FederatedDataset) -> tuple[ExperimentConfig, dict[str, str]]:
+    """The config with the arms the data can train, and why each arm left out was left out.
 
     A baseline that cannot train on a user's folder (one organisation's log
     holds only failed calls) should not stop the default run of every other
-    arm; an arm asked for by name still does, before any Flower run.
+    arm, so a default arm is left out; an arm the config names still stops
+    the run, before any Flower run.
     """
     problems = _arm_problems(cfg, ds)
     if not problems:
-        return cfg
+        return cfg, {}
     if cfg.arms != list(ARMS):
         raise SynapseError(f"{cfg.dataset}: " + "; ".join(f"arm {arm!r}: {why}; drop it from arms"
                                                           for arm, why in problems.items()))
     for arm, why in problems.items():
         log.warning("arm %r left out of this run: %s (arms = [...] in the config chooses the arms)", arm, why)
-    return replace(cfg, arms=[a for a in cfg.arms if a not in problems])
+    return replace(cfg, arms=[a for a in cfg.arms if a not in problems]), problems
 
 
 def cache_fingerprint(cfg: ExperimentConfig) -> str:
@@ -690,7 +691,8 @@ def run_experiment(config: Path, fresh: bool = False, output: Path | None = None
     if not exp.splits(first):  # before any Flower run: nothing could be scored
         raise SynapseError(f"{cfg.dataset}: no test queries to score the arms on; add a test.jsonl "
                            "(docs/formats.md: a query and its gold tool per line)")
-    if (runnable := runnable_arms(cfg, first)) is not cfg:  # the cache, if fresh, is emptied already
+    runnable, left_out = runnable_arms(cfg, first)
+    if left_out:  # the cache, if fresh, is emptied already
         cfg, exp = runnable, Experiment(runnable, progress=progress)
     _log_documentation(first.catalog, cfg.dataset)
     if on_start:
@@ -699,6 +701,7 @@ def run_experiment(config: Path, fresh: bool = False, output: Path | None = None
     results = exp.run()
     results["wall_s"] = round(time.perf_counter() - t0, 1)
     results["cache"] = {"hits": exp.cache.hits, "computed": exp.cache.misses}
+    results["arms_left_out"] = left_out
     out_dir.mkdir(parents=True, exist_ok=True)
     write_results(out_dir, results, asdict(cfg), data_hashes(cfg.dataset), f"synapse experiment {config}")
     write_atomic(out_dir / "tables.md", tables(results))

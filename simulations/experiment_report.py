@@ -186,6 +186,8 @@ def tables(results: dict) -> str:
     for arm in ARMS:
         if arm in arms:
             lines.append(f"| {arm} | " + " | ".join(_cell(arms[arm].get(s)) for s in splits) + " |")
+    if results.get("arms_left_out"):
+        lines += [""] + [f"Left out of this run: `{arm}`, {why}." for arm, why in results["arms_left_out"].items()]
     lines += ["", _leak_line(results)]
     if results.get("cache"):
         lines += ["", f"Units of work: {results['cache']['computed']} computed in this run, "

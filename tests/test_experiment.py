@@ -315,8 +315,9 @@ def test_arms_the_data_cannot_train_are_left_out_by_default_and_refused_by_name(
     cfg = ExperimentConfig.from_toml(folder)
     ds = load_federated(str(folder), cfg.orgs, cfg.seeds[0], cfg.alpha)
     with caplog.at_level("WARNING"):
-        kept = runnable_arms(cfg, ds)
+        kept, left_out = runnable_arms(cfg, ds)
     assert kept.arms == [a for a in ARMS if a != "fedavg_dp"] and cfg.arms == list(ARMS)
+    assert list(left_out) == ["fedavg_dp"] and runnable_arms(kept, ds) == (kept, {})
     assert f"arm 'fedavg_dp' left out of this run: it needs labelled events in every organisation; {name} has none" \
         in caplog.text
     # named in the config: refused before any Flower run
