@@ -260,3 +260,30 @@ def test_run_log_dirs_are_distinct(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(SynapseError, match="'output-dir' .*file.*: cannot create its log folder"):
         run_log_dir(tmp_path / "file", "simulation")
+
+
+def test_a_long_round_is_reported_as_still_running(tmp_path, monkeypatch, caplog):
+    run = launch.Launch("simulation", APP_DIR, {"output-dir": str(tmp_path / "out")}, None, "synapse-flwr-sim-")
+    clock, rounds = [1000.0], []
+    monkeypatch.setattr(launch.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(launch, "read_metrics", lambda _: rounds)
+    run.t0 = 1000.0
+    said = []
+
+    def step(at: float, seen: int) -> int:
+        clock[0] = at
+        caplog.clear()
+        with caplog.at_level("INFO", logger=launch.log.name):
+            seen = run.progress(seen)
+        said.append([r.getMessage() for r in caplog.records])
+        return seen
+
+    seen = step(1001.0, 0)
+    seen = step(1001.0 + launch.STILL_RUNNING_S - 1, seen)
+    seen = step(1001.0 + launch.STILL_RUNNING_S, seen)
+    assert said[:2] == [[], []] and len(said[2]) == 1
+    assert said[2][0].startswith("simulation: round 1/") and "still running, 2 min into the run" in said[2][0]
+    rounds.append({"round": 1, "accepted": ["a"], "rejected": [], "bytes_per_client": 10, "conflicts": 0})
+    seen = step(1001.0 + launch.STILL_RUNNING_S + 30, seen)  # a finished round resets the silence
+    seen = step(1001.0 + 2 * launch.STILL_RUNNING_S + 29, seen)
+    assert seen == 1 and said[3] and "round 1/" in said[3][0] and " done:" in said[3][0] and said[4] == []

@@ -64,6 +64,9 @@ log = logging.getLogger(__name__)
 
 FLOWER_BINARIES = ("flwr", "flower-superlink", "flower-supernode", "flower-superexec")
 FINISHED_OK = "finished:completed"
+#: Seconds without a finished round after which the launcher says the run is still going (a first round over
+#: thousands of tools embeds for minutes with nothing else to show).
+STILL_RUNNING_S = 120.0
 
 
 # ------------------------------------------------------------------ config and results
@@ -643,6 +646,7 @@ class Launch:
         self._group: ProcessGroup | None = None
         self.t0 = 0.0
         self.wall_s = 0.0
+        self._heard = 0.0  # when :meth:`progress` last said something
         self.peak_rss_bytes: int | None = None
 
     @property
@@ -772,7 +776,8 @@ class Launch:
                  self.output_dir, self.log_dir, home)
 
     def progress(self, seen: int) -> int:
-        """Log the rounds recorded since ``seen``; return the new count.
+        """Log the rounds recorded since ``seen`` (or, after :data:`STILL_RUNNING_S` without one, that the run
+        is still going); return the new count.
 
         Parameters
         ----------
@@ -790,6 +795,13 @@ class Launch:
                      rec.get("round"), self.num_rounds, len(rec.get("accepted", [])),
                      len(rec.get("rejected", [])), rec.get("bytes_per_client"), rec.get("conflicts"),
                      len(rec.get("votes_accepted", [])))
+        now = time.monotonic()
+        if len(rounds) > seen or not self._heard:
+            self._heard = now
+        elif now - self._heard >= STILL_RUNNING_S:
+            log.info("%s: round %d/%d still running, %.0f min into the run (logs in %s)", self.what,
+                     min(seen + 1, self.num_rounds), self.num_rounds, (now - self.t0) / 60, self.log_dir)
+            self._heard = now
         return max(seen, len(rounds))
 
     def check(self, run_id: str | None, status: str, log_path: Path, log_name: str) -> None:
