@@ -74,6 +74,20 @@ def test_svm_reads_chinese_as_words() -> None:
     assert [classes[i] for i in scores.argmax(axis=1)] == ["get_weather", "news"]
 
 
+def test_svm_weights_are_capped_to_the_most_frequent_features(monkeypatch, caplog) -> None:
+    from synapse_flwr.eval import baselines
+
+    queries = ["weather in paris today", "weather forecast rome", "weather tomorrow oslo",
+               "latest news headlines", "news about sport", "news from berlin"]
+    labels = ["get_weather"] * 3 + ["news"] * 3
+    monkeypatch.setattr(baselines, "SVM_WEIGHT_BYTES", 8 * 2 * 2)  # two classes: room for two features
+    with caplog.at_level("INFO", logger=baselines.log.name):
+        scores, classes = tfidf_svm_scores(queries, labels, ["weather in madrid", "news of the day"])
+    assert "the 2 most frequent features are kept" in caplog.text
+    # the two kept are the most frequent words, which still tell the tools apart
+    assert [classes[i] for i in scores.argmax(axis=1)] == ["get_weather", "news"]
+
+
 def test_svm_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match="at least 2 tools"):
         tfidf_svm_arm([e for e in toy_events(30, 1) if e.tool == "book_hotel"], CATALOG, UNSEEN)
