@@ -165,6 +165,7 @@ def summary_lines(results: dict) -> list[str]:
     for arm in (a for a in ARMS if a in arms):
         lines.append(f"  {arm:<18}" + "".join(
             f"{arms[arm][s]['acc_mean']:>10.3f}" if s in arms[arm] else f"{'-':>10}" for s in splits))
+    lines += [f"  {arm:<18}left out: {why}" for arm, why in results.get("arms_left_out", {}).items()]
     lines += _size_lines(results)
     lines.append(f"  privacy: {_privacy(results)}")
     for t in results["targets"]:

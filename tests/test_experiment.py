@@ -298,7 +298,7 @@ def test_arms_the_data_cannot_train_are_left_out_by_default_and_refused_by_name(
     import json
     import shutil
 
-    from synapse_flwr.simulations.experiment import runnable_arms, run_experiment
+    from synapse_flwr.simulations.experiment import run_experiment, runnable_arms
     from synapse_flwr.simulations.experiment_config import ARMS, ExperimentConfig
 
     from synapse_flwr.core.errors import SynapseError
@@ -404,6 +404,10 @@ def test_the_run_ends_with_a_readable_summary_of_arms_and_targets():
     assert any(line.strip().startswith("MISSED no harm: federated - docs_only (heldout): -0.010")
                for line in lines), lines
     assert any(line.strip().startswith("met    no harm: federated - docs_only (seen): +0.200") for line in lines)
+    # an arm the data could not train is named with its reason below the arms
+    results["arms_left_out"] = {"fedavg_dp": "it needs labelled events in every organisation"}
+    assert summary_lines(results)[5].split() == ["fedavg_dp", "left", "out:", "it", "needs", "labelled", "events", "in",
+                                                 "every", "organisation"]
 
 
 def test_the_summary_gives_each_split_s_size_and_names_an_empty_or_small_one():
