@@ -624,7 +624,9 @@ def runnable_arms(cfg: ExperimentConfig, ds: FederatedDataset) -> tuple[Experime
     A baseline that cannot train on a user's folder (one organisation's log
     holds only failed calls) should not stop the default run of every other
     arm, so a default arm is left out; an arm the config names still stops
-    the run, before any Flower run.
+    the run, before any Flower run. The default is told by the list itself:
+    a config that names every arm in :data:`ARMS`' order runs as one without
+    ``arms``.
     """
     problems = _arm_problems(cfg, ds)
     if not problems:
