@@ -52,8 +52,8 @@ def tuned_settings(path: str) -> dict:
 def compendium_points(cfg: dict, ds: FederatedDataset, seed: int, emb: object) -> dict:
     """docs_only, the classifier and the private compendium at every epsilon, on one seed."""
     out = {"docs_only": accuracy(Router(None, ds.catalog, embedder=emb, k=cfg["k"]), ds),
-           "classifier": {s: round(tfidf_svm_arm(ds.all_events, ds.catalog, items)["acc"], 4)
-                          for s, items in (("seen", ds.seen_test), ("heldout", ds.heldout_test))}}
+           "classifier": {s: round(m["acc"], 4) for s, m in tfidf_svm_arm(
+               ds.all_events, ds.catalog, {"seen": ds.seen_test, "heldout": ds.heldout_test}).items()}}
     for value in cfg["epsilons"]:
         comp, _ = global_compendium(ds, epsilon_of(value), cfg["prototype_weight"], cfg, emb, seed)
         out[str(value)] = {"federated": accuracy(Router(comp, ds.catalog, embedder=emb, k=cfg["k"]), ds)}

@@ -386,8 +386,7 @@ class Experiment:
     def _classifier(self, ds: FederatedDataset) -> dict:
         from synapse_flwr.eval.baselines import tfidf_svm_arm
 
-        return {split: tfidf_svm_arm(ds.all_events, ds.catalog, items)
-                for split, items in self._golds(ds).items()}
+        return tfidf_svm_arm(ds.all_events, ds.catalog, self._golds(ds))
 
     def _fedavg(self, ds: FederatedDataset, seed: int) -> dict:
         from synapse_flwr.eval.baselines import fedavg_dp_arm

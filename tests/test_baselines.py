@@ -61,10 +61,10 @@ def embedder() -> TfidfEmbedder:
 
 
 def test_svm_separates_seen_tools_and_never_predicts_unseen() -> None:
-    seen = tfidf_svm_arm(toy_events(60, 1), CATALOG, toy_test(30, 2))
-    assert seen["acc"] == 1.0 and seen["r5"] == 1.0 and seen["n"] == 30
-    unseen = tfidf_svm_arm(toy_events(60, 1), CATALOG, UNSEEN)
-    assert unseen == {"acc": 0.0, "r5": 0.0, "n": 1}
+    # one fit scores every test set
+    out = tfidf_svm_arm(toy_events(60, 1), CATALOG, {"seen": toy_test(30, 2), "unseen": UNSEEN, "none": []})
+    assert out == {"seen": {"acc": 1.0, "r5": 1.0, "n": 30}, "unseen": {"acc": 0.0, "r5": 0.0, "n": 1},
+                   "none": {"acc": 0.0, "r5": 0.0, "n": 0}}
 
 
 def test_svm_reads_chinese_as_words() -> None:
@@ -90,12 +90,12 @@ def test_svm_weights_are_capped_to_the_most_frequent_features(monkeypatch, caplo
 
 def test_svm_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match="at least 2 tools"):
-        tfidf_svm_arm([e for e in toy_events(30, 1) if e.tool == "book_hotel"], CATALOG, UNSEEN)
+        tfidf_svm_arm([e for e in toy_events(30, 1) if e.tool == "book_hotel"], CATALOG, {"test": UNSEEN})
     with pytest.raises(ValueError, match="C must be"):
-        tfidf_svm_arm(toy_events(30, 1), CATALOG, UNSEEN, C=0.0)
+        tfidf_svm_arm(toy_events(30, 1), CATALOG, {"test": UNSEEN}, C=0.0)
     failed = [Event(query="x y", tool="book_hotel", success=False)]
     with pytest.raises(ValueError, match="at least 2 tools"):
-        tfidf_svm_arm(failed, CATALOG, UNSEEN)
+        tfidf_svm_arm(failed, CATALOG, {"test": UNSEEN})
 
 
 def test_ranking_metrics_match_router_semantics() -> None:
@@ -136,6 +136,7 @@ def test_fedavg_learns_through_flower_without_noise(embedder: TfidfEmbedder, cap
     # warnings about the baseline's own choices (the deprecated run_simulation, no federated evaluation)
     output = "".join(capfd.readouterr())
     assert "[ROUND" not in output and "DEPRECATED FEATURE" not in output and "fraction_evaluate" not in output
+    assert "Manually terminating" not in output  # each Ray actor's end, forwarded by Ray
 
 
 def test_fedavg_spends_at_most_its_budget(embedder: TfidfEmbedder) -> None:
@@ -192,3 +193,18 @@ def test_in_process_fedavg_learns_and_spends_at_most_its_budget(embedder: TfidfE
             assert out["init_acc"] < 0.6 and out["acc"] >= 0.9 and out["epsilon_spent"] == math.inf
         else:
             assert 0.9 * 4.0 <= out["epsilon_spent"] <= 4.0 * 1.01
+
+
+def test_flowers_notices_about_the_baselines_own_choices_are_filtered() -> None:
+    import inspect
+    import logging
+
+    from flwr.simulation.ray_transport.ray_actor import VirtualClientEngineActor
+
+    from synapse_flwr.flower.fedavg_dp import _not_chosen
+
+    # each Ray actor's end, which Ray forwards to the caller's output, as Flower writes it
+    assert '"Manually terminating %s"' in inspect.getsource(VirtualClientEngineActor.terminate)
+    notice = logging.LogRecord("flwr", logging.WARNING, "", 0, "Manually terminating %s", ("ClientAppActor",), None)
+    error = logging.LogRecord("flwr", logging.ERROR, "", 0, "ClientApp raised: %s", ("boom",), None)
+    assert not _not_chosen(notice) and _not_chosen(error)

@@ -485,6 +485,24 @@ def train_local(
     return {"proj.weight": model.proj.weight.detach().clone()}, metrics
 
 
+#: Flower's records about what this baseline chose: ``run_simulation`` (deprecated in favour of ``flwr run``; run
+#: here in a child interpreter, :func:`run_job`), no federated evaluation (the ServerApp evaluates the global head),
+#: and the end of each Ray actor when the simulation stops (Ray forwards that one to the caller's output).
+_CHOSEN = ("DEPRECATED FEATURE", "fraction_evaluate is set to 0.0", "Manually terminating")
+
+
+def _not_chosen(record: logging.LogRecord) -> bool:
+    """Logging filter: False for Flower's records about this baseline's own choices (:data:`_CHOSEN`)."""
+    return not str(record.msg).lstrip().startswith(_CHOSEN)
+
+
+def _quiet_flower() -> None:
+    """Keep :data:`_CHOSEN` records out of this process's Flower log (once per process)."""
+    flwr_log = logging.getLogger("flwr")
+    if _not_chosen not in flwr_log.filters:
+        flwr_log.addFilter(_not_chosen)
+
+
 client_app = ClientApp()
 
 
@@ -507,6 +525,7 @@ def train(msg: Message, context: Context) -> Message:
         The trained ``arrays`` and ``metrics`` (``num-examples``, ``loss``,
         ``epsilon``).
     """
+    _quiet_flower()  # in the Ray actor, which does not inherit the caller's filter
     config = msg.content["config"]
     job_dir = Path(str(config["job-dir"]))
     partition = int(context.node_config["partition-id"])
@@ -646,9 +665,6 @@ def server_app(job_dir: Path) -> ServerApp:
     return app
 
 
-#: Flower's warnings about what this baseline chose: ``run_simulation`` (deprecated in favour of ``flwr run``; run
-#: here in a child interpreter, :func:`run_job`) and no federated evaluation (the ServerApp evaluates the global head).
-_CHOSEN = ("DEPRECATED FEATURE", "fraction_evaluate is set to 0.0")
 
 
 def _simulate(folder: str, num_supernodes: int, backend_config: dict) -> None:
@@ -661,9 +677,8 @@ def _simulate(folder: str, num_supernodes: int, backend_config: dict) -> None:
     the outcome. So do the warnings about this baseline's own choices
     (:data:`_CHOSEN`).
     """
-    flwr_log = logging.getLogger("flwr")
-    flwr_log.setLevel(logging.WARNING)
-    flwr_log.addFilter(lambda record: not str(record.msg).lstrip().startswith(_CHOSEN))
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    _quiet_flower()
     warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
     run_simulation(server_app=server_app(Path(folder)), client_app=client_app,
                    num_supernodes=num_supernodes, backend_config=backend_config)
