@@ -1,5 +1,11 @@
-"""The ServerApp's final table: one row per round, dashes where nothing was measured."""
+"""The ServerApp's final table (one row per round, dashes where nothing was measured) and its evaluation."""
 
+from synapse_flwr.core.merge import GLOBAL_ORG
+from synapse_flwr.core.router import Router
+from synapse_flwr.core.schema import Compendium, Issuer
+from synapse_flwr.core.wire import encode
+from synapse_flwr.flower import server_app
+from synapse_flwr.flower.config import RunConfig
 from synapse_flwr.flower.server_app import SUMMARY_COLUMNS, summary_table
 
 
@@ -16,3 +22,28 @@ def test_summary_table_has_a_row_per_round_and_reads_lists_as_counts():
     assert lines[1].split() == ["1", "3", "0", "3.991", "48,213", "495", "100%", "25%", "8", "0", "0.610", "0.700",
                                 "0.500", "0.700"]
     assert lines[2].split()[:4] == ["2", "1", "1", "-"] and lines[2].split().count("-") == len(SUMMARY_COLUMNS) - 3
+
+
+def test_a_global_that_routes_alike_is_not_scored_again(monkeypatch):
+    # a round in which nothing new was released yields a global that differs only in its round and inputs
+    routers = []
+
+    def counting_router(*args, **kwargs):
+        routers.append(args[0])
+        return Router(*args, **kwargs)
+
+    monkeypatch.setattr(server_app, "Router", counting_router)
+    evaluate = server_app.make_evaluator(RunConfig.from_mapping({"dataset": "demo", "embedder": "static"}))
+    assert routers == [None]  # the documentation-only line
+
+    def global_bytes(round_: int, inputs: list[str], policy: str = "typed") -> bytes:
+        return encode(Compendium(kind="global", issuer=Issuer(org=GLOBAL_ORG, round=round_), policy=policy,
+                                 inputs=inputs))
+
+    first = evaluate(global_bytes(1, ["a" * 64]))
+    assert first["seen_n"] > 0 and len(routers) == 2
+    first["seen_acc"] = -1.0  # a caller's change to its copy does not reach the next round's
+    again = evaluate(global_bytes(2, ["b" * 64]))
+    assert len(routers) == 2 and again["seen_acc"] == again["docs_seen_acc"] >= 0.0
+    evaluate(global_bytes(3, ["b" * 64], policy="robust"))  # any other content is scored
+    assert len(routers) == 3

@@ -84,6 +84,18 @@ def content_hash(artifact: BaseModel) -> str:
     return hashlib.sha256(canonical_json(artifact)).hexdigest()
 
 
+def routing_hash(artifact: Compendium | FlatCompendium) -> str:
+    """sha256 (hex) of what a router reads of an artifact: its canonical JSON less the issuer's round and the inputs.
+
+    Two globals of one run that differ only there (a round in which no
+    organisation released anything new) route every query alike.
+    """
+    update: dict[str, Any] = {"issuer": artifact.issuer.model_copy(update={"round": 0})}
+    if isinstance(artifact, Compendium):
+        update["inputs"] = []
+    return content_hash(artifact.model_copy(update=update))
+
+
 def encode(artifact: BaseModel, compress: bool = True) -> bytes:
     """Serialise for the wire: canonical JSON, gzip-compressed unless told not to.
 
