@@ -76,7 +76,9 @@ def test_bad_field(folder):
     _jsonl(folder / "org_b.jsonl", [{"query": "x", "tool": "book_hotel"},
                                     {"query": "x", "tool": "book_hotel", "success": "maybe"}])
     problems = _problems(folder)
-    assert any("org_b.jsonl:1: field 'success': Field required" in p for p in problems)
+    # a missing field is named with what it should hold: a converter's labelled examples lack `success`
+    assert any("org_b.jsonl:1: field 'success': Field required: whether the call served the request, true or "
+               'false; a labelled example is "success": true' in p for p in problems)
     # the value given is named, so a converter's wrong encoding shows at once
     assert any("org_b.jsonl:2: field 'success': Input should be a valid boolean, got 'maybe'" in p for p in problems)
 

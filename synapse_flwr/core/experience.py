@@ -150,11 +150,27 @@ def warn_ignored(path: Path, notes: Counter[str]) -> None:
         warn_once(log, f"{path}: {notes[QUERY_CUT]} queries longer than {MAX_QUERY} characters cut to that length")
 
 
+#: What a record lacking a required field should give there (a converter that leaves out ``success`` wrote
+#: labelled examples, which the format states as successful calls).
+MISSING_HINTS = {
+    "query": "the user request, a string",
+    "tool": "the id of the tool that was called",
+    "success": 'whether the call served the request, true or false; a labelled example is "success": true',
+    "gold": "the right tool's id, or a list of acceptable ids",
+}
+
+
 def first_error(exc: ValidationError) -> tuple[str, str]:
-    """The field path and message of a record's first validation error, with the value given (cut to 40 characters)."""
+    """The field path and message of a record's first validation error, with the value given (cut to 40 characters).
+
+    A missing field is named with what it should hold (:data:`MISSING_HINTS`).
+    """
     err = exc.errors()[0]
-    got = "" if err["type"] == "missing" or "input" not in err else f", got {repr(err['input'])[:40]}"
-    return ".".join(str(p) for p in err["loc"]) or "(record)", err["msg"] + got
+    where = ".".join(str(p) for p in err["loc"]) or "(record)"
+    if err["type"] == "missing":
+        return where, err["msg"] + (f": {hint}" if (hint := MISSING_HINTS.get(where)) else "")
+    got = f", got {repr(err['input'])[:40]}" if "input" in err else ""
+    return where, err["msg"] + got
 
 
 def _resolver(catalog: Catalog | None, path: Path, line: int):
