@@ -428,3 +428,33 @@ def test_a_folder_checked_again_is_announced_once(folder, caplog):
         require_valid(folder)
     said = [r.levelname for r in caplog.records if r.getMessage().startswith(f"checked {folder}")]
     assert said == ["INFO", "DEBUG"]
+
+
+def test_a_description_under_another_key_is_named_with_the_undocumented_tools(folder, caplog):
+    """A converter that wrote `desc` gets tools routed on their names alone: the warning names the key."""
+    (folder / "catalog.json").write_text(json.dumps([
+        {"name": "get_weather", "desc": "Forecast for a city."},
+        {"type": "function", "function": {"name": "book_hotel", "description": "Reserve a room.", "strict": True}},
+        {"name": "send_email", "description": "Send an email.", "title": "Email", "annotations": {}},
+    ]))
+    with caplog.at_level("INFO"):
+        report = require_valid(folder)
+    messages = [(r.levelname, r.getMessage()) for r in caplog.records if "catalog.json" in r.getMessage()]
+    assert report.tools == 3 and len(messages) == 1
+    level, message = messages[0]
+    assert level == "WARNING" and "1 of 3 tools have neither a description nor example requests ('get_weather')" in message
+    assert "fields of the entries not read: 'annotations' (1 entry), 'desc' (1 entry), 'function.strict' (1 entry), " \
+           "'title' (1 entry)" in message
+
+
+def test_fields_a_documented_catalog_does_not_read_are_only_noted(folder, caplog):
+    from synapse_flwr.core.catalog import load_catalog
+
+    entries = [{**t, "title": t["name"].title()} for t in CATALOG]
+    (folder / "catalog.json").write_text(json.dumps({"tools": entries}))
+    with caplog.at_level("INFO"):
+        load_catalog(folder / "catalog.json")
+    noted = [r for r in caplog.records if "not read" in r.getMessage()]
+    assert [r.levelname for r in noted] == ["INFO"]
+    assert noted[0].getMessage().endswith(f"fields of the catalog's entries not read (docs/formats.md): "
+                                          f"'title' ({len(CATALOG)} entries)")

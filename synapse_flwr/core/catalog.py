@@ -28,12 +28,13 @@ import json
 import logging
 import re
 import unicodedata
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from synapse_flwr.core.errors import InputError, warn_once
+from synapse_flwr.core.errors import InputError, log_once, warn_once
 from synapse_flwr.core.files import json_kind, read_problem, read_records
 from synapse_flwr.core.schema import MAX_DESCRIPTION, MAX_TEXT, MAX_TOOL_ID
 
@@ -48,6 +49,8 @@ MAX_NAME = 256
 _ID_JUNK = re.compile(r"[^a-z0-9_.\-]+")
 #: Keys of a catalog entry in any accepted shape: an object with none of them is not a tool.
 _TOOL_KEYS = frozenset({"name", "description", "function", "type", "inputSchema", "parameters"})
+#: Keys :func:`parse_tool` reads of a tool (a plain or MCP entry, or an OpenAI tool's ``function``).
+_READ_KEYS = frozenset({"name", "description", "parameters", "inputSchema", "aliases", "examples"})
 
 
 def _ascii_name(name: str) -> str:
@@ -197,6 +200,14 @@ def parse_tool(obj: Mapping[str, Any]) -> ToolDoc:
         aliases=tuple(aliases),
         examples=clean_texts(examples),
     )
+
+
+def unread_fields(obj: Mapping[str, Any]) -> list[str]:
+    """Keys of a catalog entry that :func:`parse_tool` does not read (an OpenAI tool's as ``function.<key>``)."""
+    if obj.get("type") == "function" and isinstance(obj.get("function"), Mapping):
+        return ([k for k in obj if k not in ("type", "function")]
+                + [f"function.{k}" for k in obj["function"] if k not in _READ_KEYS])
+    return [k for k in obj if k not in _READ_KEYS]
 
 
 def clean_texts(texts: Iterable[str]) -> tuple[str, ...]:
@@ -411,7 +422,7 @@ def load_catalog(path: str | Path, aliases: Mapping[str, str] | None = None) -> 
     source = Path(path).parent / ALIASES_FILE if aliases is None else "aliases"
     if aliases is None:
         aliases = read_aliases(Path(path).parent)
-    docs, lines = [], {}
+    docs, lines, unread = [], {}, Counter[str]()
     for line, obj in read_records(path):
         try:
             docs.append(parse_tool(obj))
@@ -419,6 +430,7 @@ def load_catalog(path: str | Path, aliases: Mapping[str, str] | None = None) -> 
             field_name, _, message = str(exc).partition(": ")
             raise InputError(path, message, line=line, field=field_name) from None
         lines[id(docs[-1])] = line
+        unread.update(unread_fields(obj))
     if not docs:
         raise InputError(path, "catalog holds no tools")
     try:
@@ -427,17 +439,34 @@ def load_catalog(path: str | Path, aliases: Mapping[str, str] | None = None) -> 
         where = f"entries at lines {lines[id(exc.first)]} and {lines[id(exc.second)]}"
         raise InputError(path, f"{where}: {exc}", field="name") from None
     catalog = with_examples_file(catalog, Path(path).parent / EXAMPLES_FILE)
-    warn_undocumented(catalog, path)
+    warn_undocumented(catalog, path, unread)
     return catalog
 
 
-def warn_undocumented(catalog: Catalog, source: str | Path) -> None:
-    """Warn once about tools with neither a description nor example requests.
+def warn_undocumented(catalog: Catalog, source: str | Path, unread: Mapping[str, int] | None = None) -> None:
+    """Warn once about tools with neither a description nor example requests; name the entries' unread fields.
 
-    They are routed on their names alone, which a user may not have meant.
+    Such tools are routed on their names alone, which a user may not have
+    meant: a converter that wrote the description under another key
+    (``desc``, ``api_description``) is told which keys were not read. With
+    every tool documented, the unread fields (an MCP entry's ``title``,
+    ``annotations``) are only noted.
+
+    Parameters
+    ----------
+    catalog : Catalog
+        The catalog as read.
+    source : str or Path
+        Where it was read from, for the message.
+    unread : mapping of str to int or None
+        Keys of its entries that were not read, with the number of entries holding each (:func:`unread_fields`).
     """
     bare = [d.name for d in catalog.tools if not d.description and not d.examples]
+    fields = ", ".join(f"{k!r} ({n} {'entry' if n == 1 else 'entries'})" for k, n in sorted((unread or {}).items()))
     if bare:
         shown = ", ".join(repr(n) for n in bare[:3]) + (", ..." if len(bare) > 3 else "")
+        not_read = f"; fields of the entries not read: {fields} (docs/formats.md)" if fields else ""
         warn_once(log, f"{source}: {len(bare)} of {len(catalog)} tools have neither a description nor example "
-                       f"requests ({shown}): they are routed on their names alone")
+                       f"requests ({shown}): they are routed on their names alone{not_read}")
+    elif fields:
+        log_once(log, f"{source}: fields of the catalog's entries not read (docs/formats.md): {fields}", logging.INFO)

@@ -32,6 +32,7 @@ from synapse_flwr.core.catalog import (
     make_catalog,
     parse_tool,
     read_aliases,
+    unread_fields,
     warn_undocumented,
     with_examples_file,
 )
@@ -247,9 +248,10 @@ def _scan(path: Path) -> Iterator[tuple[int | None, dict | None, Problem | None]
             yield line, None, Problem(str(path), f"not a JSON object (found {json_kind(obj)})", line)
 
 
-def _check_catalog(path: Path, aliases: Mapping[str, str]) -> tuple[Catalog | None, list[Problem]]:
-    """The catalog at ``path`` with the alias table ``aliases``, and its problems (each collision named)."""
-    problems, docs, lines = [], [], {}
+def _check_catalog(path: Path, aliases: Mapping[str, str]) -> tuple[Catalog | None, list[Problem], Counter[str]]:
+    """The catalog at ``path`` with the alias table ``aliases``, its problems (each collision named) and the keys
+    of its entries that are not read, with their counts (:func:`unread_fields`)."""
+    problems, docs, lines, unread = [], [], {}, Counter[str]()
     for line, obj, problem in _scan(path):
         if problem:
             problems.append(problem)
@@ -262,22 +264,23 @@ def _check_catalog(path: Path, aliases: Mapping[str, str]) -> tuple[Catalog | No
             continue
         docs.append(doc)
         lines[id(doc)] = line
+        unread.update(unread_fields(obj))
     if problems:
-        return None, problems
+        return None, problems, unread
     if not docs:
         return None, [Problem(str(path), "catalog holds no tools",
-                              hint='add one {"name", "description"} object per tool')]
+                              hint='add one {"name", "description"} object per tool')], unread
     while True:  # every collision, one at a time
         try:
-            return make_catalog(docs, aliases, path.parent / ALIASES_FILE), problems
+            return make_catalog(docs, aliases, path.parent / ALIASES_FILE), problems, unread
         except AliasError as exc:
-            return None, [*problems, Problem(exc.path, exc.message)]
+            return None, [*problems, Problem(exc.path, exc.message)], unread
         except ToolCollision as exc:
             problems.append(Problem(str(path), f"{exc} (the first at line {lines[id(exc.first)]})",
                                     lines[id(exc.second)], "name"))
             docs = [d for d in docs if d is not exc.second]
             if len(problems) > 50:
-                return None, problems
+                return None, problems, unread
 
 
 def _unknown(path: Path, line: int, field_name: str, name: str, catalog: Catalog) -> Problem:
@@ -363,7 +366,7 @@ def check_folder(folder: str | Path, orgs: Sequence[str] | None = None, max_per_
         aliases = read_aliases(folder)
     except InputError as exc:  # told, and the other files are still checked (without aliases)
         problems, aliases = [Problem(exc.path, exc.message)], {}
-    catalog, found = _check_catalog(path, aliases)
+    catalog, found, unread = _check_catalog(path, aliases)
     problems += found
     logs = org_files(folder)
     problems += _bad_org_ids(logs, orgs)
@@ -375,7 +378,7 @@ def check_folder(folder: str | Path, orgs: Sequence[str] | None = None, max_per_
     if catalog is None:
         return FolderReport(folder, tuple(problems))
     try:
-        warn_undocumented(with_examples_file(catalog, folder / EXAMPLES_FILE), path)
+        warn_undocumented(with_examples_file(catalog, folder / EXAMPLES_FILE), path, unread)
     except InputError as exc:
         problems.append(Problem(exc.path, exc.message))
     unknown_orgs = sorted(set(orgs or ()) - set(logs))
