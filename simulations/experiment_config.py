@@ -22,7 +22,7 @@ from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.merge import FLAT_MAJORITY, TYPED
 from synapse_flwr.core.privacy import DEFAULT_DELTA, DEFAULT_EPSILON
 from synapse_flwr.core.router import RENDERS, RERANKERS
-from synapse_flwr.data.federation import own_orgs
+from synapse_flwr.data.federation import KNOWN_DATASETS, own_orgs
 
 # K for a benchmark that comes pooled (MetaTool, tau-bench): the paper's protocol
 DEFAULT_ORGS = 5
@@ -36,6 +36,18 @@ MERGES = (TYPED, FLAT_MAJORITY)
 
 
 SPLITS = ("seen", "heldout")
+
+
+def beside_config(dataset: object, config: Path) -> object:
+    """A relative dataset folder found beside the config but not under the working folder: the one beside it.
+
+    A config's other paths (``output``, ``cache``) are relative to the working
+    folder; a dataset folder kept next to its config is found from anywhere.
+    """
+    if not isinstance(dataset, str) or dataset in KNOWN_DATASETS or Path(dataset).is_absolute() \
+            or Path(dataset).exists() or not (config.parent / dataset).is_dir():
+        return dataset
+    return str(config.parent / dataset)
 
 
 @dataclass(frozen=True)
@@ -157,7 +169,7 @@ class ExperimentConfig:
         annotations = {f.name: str(f.type) for f in fields(cls)}
         if wrong := [p for k, v in table.items() if (p := _wrong_type(k, v, annotations[k]))]:
             raise SynapseError(f"{path}: " + "; ".join(wrong))
-        cfg = cls(**table)
+        cfg = cls(**{**table, "dataset": beside_config(table["dataset"], path)})
         cfg.check(path)
         return cfg
 

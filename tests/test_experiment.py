@@ -242,6 +242,32 @@ def test_a_dataset_folder_stands_for_its_one_line_config(tmp_path):
     assert ExperimentConfig.from_toml(folder).orgs == 2
 
 
+def test_a_dataset_folder_beside_its_config_is_found_from_any_working_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "configs" / "tools92"
+    folder.mkdir(parents=True)
+    for org in "abc":
+        (folder / f"org_{org}.jsonl").write_text("")
+    path = tmp_path / "configs" / "exp.toml"
+    path.write_text('[experiment]\ndataset = "tools92"\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cfg = ExperimentConfig.from_toml(path)
+    assert cfg.dataset == str(folder) and cfg.orgs == 3
+    # one under the working folder is the one meant, as for the config's other paths
+    (elsewhere / "tools92").mkdir()
+    (elsewhere / "tools92" / "org_a.jsonl").write_text("")
+    assert ExperimentConfig.from_toml(path).dataset == "tools92"
+
+
+def test_a_dataset_found_nowhere_is_named_with_the_folder_looked_for(tmp_path, monkeypatch):
+    from synapse_flwr.data.federation import load_dataset
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SynapseError, match=f"or a dataset folder \\(no folder {tmp_path / 'tools92'}\\)"):
+        load_dataset("tools92", 42)
+
+
 def test_a_folder_without_test_queries_is_refused_before_any_flower_run(tmp_path):
     import shutil
 

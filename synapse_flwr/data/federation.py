@@ -204,7 +204,8 @@ def load_dataset(name: str, seed: int = 42) -> FederatedDataset:
         return FederatedDataset("taubench", packaged_examples("taubench", catalog), {"all": taubench_events(train)})
     if Path(name).is_dir():
         return load_folder(Path(name))
-    raise SynapseError(f"unknown dataset {name!r}: use {', '.join(map(repr, KNOWN_DATASETS))} or a dataset folder")
+    raise SynapseError(f"unknown dataset {name!r}: use {', '.join(map(repr, KNOWN_DATASETS))} or a dataset folder "
+                       f"(no folder {Path(name).resolve()})")
 
 
 @lru_cache(maxsize=4)
