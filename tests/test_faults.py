@@ -120,7 +120,7 @@ def test_dropped_nodes_are_named_by_their_own_id_and_org(demo_artifacts):
 
 def test_checkpoint_restores_every_org_and_new_nodes_may_claim_them(tmp_path, demo_artifacts):
     recorder = RunRecorder(tmp_path, {})
-    recorder.record(1, encode(demo_artifacts["a"]), {"accepted": [11]}, {}, demo_artifacts)
+    recorder.record(1, demo_artifacts["a"], {"accepted": [11]}, {}, demo_artifacts)
     round_, _, orgs = RunRecorder(tmp_path, {}).resume_point()
     assert round_ == 1
     assert {o: canonical_json(a) for o, a in orgs.items()} == {

@@ -3,7 +3,6 @@
 from synapse_flwr.core.merge import GLOBAL_ORG
 from synapse_flwr.core.router import Router
 from synapse_flwr.core.schema import Compendium, Issuer
-from synapse_flwr.core.wire import encode
 from synapse_flwr.flower import server_app
 from synapse_flwr.flower.config import RunConfig
 from synapse_flwr.flower.server_app import SUMMARY_COLUMNS, summary_table
@@ -36,14 +35,13 @@ def test_a_global_that_routes_alike_is_not_scored_again(monkeypatch):
     evaluate = server_app.make_evaluator(RunConfig.from_mapping({"dataset": "demo", "embedder": "static"}))
     assert routers == [None]  # the documentation-only line
 
-    def global_bytes(round_: int, inputs: list[str], policy: str = "typed") -> bytes:
-        return encode(Compendium(kind="global", issuer=Issuer(org=GLOBAL_ORG, round=round_), policy=policy,
-                                 inputs=inputs))
+    def global_(round_: int, inputs: list[str], policy: str = "typed") -> Compendium:
+        return Compendium(kind="global", issuer=Issuer(org=GLOBAL_ORG, round=round_), policy=policy, inputs=inputs)
 
-    first = evaluate(global_bytes(1, ["a" * 64]))
+    first = evaluate(global_(1, ["a" * 64]))
     assert first["seen_n"] > 0 and len(routers) == 2
     first["seen_acc"] = -1.0  # a caller's change to its copy does not reach the next round's
-    again = evaluate(global_bytes(2, ["b" * 64]))
+    again = evaluate(global_(2, ["b" * 64]))
     assert len(routers) == 2 and again["seen_acc"] == again["docs_seen_acc"] >= 0.0
-    evaluate(global_bytes(3, ["b" * 64], policy="robust"))  # any other content is scored
+    evaluate(global_(3, ["b" * 64], policy="robust"))  # any other content is scored
     assert len(routers) == 3

@@ -35,6 +35,7 @@ from synapse_flwr.core.router import Router
 from synapse_flwr.core.schema import Compendium, Issuer
 from synapse_flwr.core.signing import SERVER
 from synapse_flwr.core.wire import (
+    Artifact,
     ArtifactError,
     canonical_json,
     decode,
@@ -102,13 +103,13 @@ class RunRecorder:
             raise ArtifactError([f"(file): cannot read the per-org checkpoint {path}: {exc}"]) from None
         return {org: decode(json.dumps(art).encode()) for org, art in orgs.items()}
 
-    def record(self, round_: int, global_bytes: bytes, report: dict, eval_metrics: dict,
+    def record(self, round_: int, global_: Artifact, report: dict, eval_metrics: dict,
                orgs: dict[str, Compendium]) -> None:
         """Write the round's per-org checkpoint and global, then its metrics (so metrics never point
         at a missing file)."""
-        state = {"round": round_, "orgs": {org: json.loads(canonical_json(art)) for org, art in sorted(orgs.items())}}
+        state = {"round": round_, "orgs": {org: art.model_dump(mode="json") for org, art in sorted(orgs.items())}}
         write_atomic(self.out_dir / f"orgs_round_{round_}.json", json.dumps(state, sort_keys=True))
-        write_atomic(self.out_dir / f"global_round_{round_}.json", canonical_json(decode(global_bytes)))
+        write_atomic(self.out_dir / f"global_round_{round_}.json", canonical_json(global_))
         self.rounds = [r for r in self.rounds if r["round"] < round_]
         self.rounds.append({**report, **eval_metrics, "round": round_})
         doc = {"run_config": self.run_config, "rounds": self.rounds}
@@ -120,7 +121,7 @@ def empty_global() -> bytes:
     return encode(Compendium(kind="global", issuer=Issuer(org=GLOBAL_ORG, round=0), policy="none"))
 
 
-def make_evaluator(cfg: RunConfig) -> Callable[[bytes], dict] | None:
+def make_evaluator(cfg: RunConfig) -> Callable[[Artifact], dict] | None:
     """Server-side evaluation of a global compendium on the dataset's test sets.
 
     Returns None when ``evaluate`` is off or the dataset has no
@@ -151,8 +152,7 @@ def make_evaluator(cfg: RunConfig) -> Callable[[bytes], dict] | None:
     # scoring it again cost a 3,000-tool folder (9,000 test queries) about 12 s a round
     scored: dict[str, dict] = {}
 
-    def evaluate(global_bytes: bytes) -> dict:
-        compendium = decode(global_bytes)
+    def evaluate(compendium: Artifact) -> dict:
         key = routing_hash(compendium)
         if key in scored:
             return dict(scored[key])
@@ -206,7 +206,7 @@ def make_evaluate_fn(
     strategy: CompendiumStrategy,
     recorder: RunRecorder,
     offset: int,
-    evaluator: Callable[[bytes], dict] | None,
+    evaluator: Callable[[Artifact], dict] | None,
 ):
     """Per-round hook (called by ``Strategy.start`` after each round): evaluate, record outputs."""
     t0 = time.perf_counter()
@@ -221,9 +221,9 @@ def make_evaluate_fn(
         voters = len(summary["votes_accepted"])  # no vote phase (nothing new released): a dash in the table
         summary["vote_bytes_per_client"] = summary["votes_bytes_in"] // voters if voters else None
         summary["wall_s"] = round(time.perf_counter() - t0, 3)
-        global_bytes = from_record(strategy.global_record(arrays))  # after the round's vote phase
-        scores = evaluator(global_bytes) if evaluator else {}
-        recorder.record(rnd, global_bytes, summary, scores, {org: art for org, (_, art) in strategy.latest.items()})
+        global_ = decode(from_record(strategy.global_record(arrays)))  # after the round's vote phase
+        scores = evaluator(global_) if evaluator else {}
+        recorder.record(rnd, global_, summary, scores, {org: art for org, (_, art) in strategy.latest.items()})
         return MetricRecord({"accepted": len(summary["accepted"]), "rejected": len(summary["rejected"]),
                              **{k: float(v) for k, v in scores.items()}})
 
