@@ -189,6 +189,17 @@ def test_one_org_reads_its_own_file_only(folder):
         load_partition(str(folder), 2, 1)
 
 
+def test_a_partition_is_read_once_per_process(folder, monkeypatch):
+    # an actor serves its organisations every round and phase: the folder is not read and checked again each time
+    from synapse_flwr.data import federation
+
+    reads = []
+    monkeypatch.setattr(federation, "load_folder", lambda path, org=None: reads.append(org) or load_folder(path, org=org))
+    first = load_partition(str(folder), 2, 1)
+    assert load_partition(str(folder), 2, 1) is first and reads == ["b"]
+    assert load_partition(str(folder), 2, 0)[0] == "a" and reads == ["b", "a"]
+
+
 def test_leak_filter_applies_to_folders(folder):
     _jsonl(folder / "org_a.jsonl", [*EVENTS[:6], {"query": "Will it rain tomorrow?", "tool": "get_weather",
                                                  "success": True}])
