@@ -38,16 +38,16 @@ MERGES = (TYPED, FLAT_MAJORITY)
 SPLITS = ("seen", "heldout")
 
 
-def beside_config(dataset: object, config: Path) -> object:
+def beside_config(dataset: str, config: Path) -> str:
     """A relative dataset folder found beside the config but not under the working folder: the one beside it.
 
     A config's other paths (``output``, ``cache``) are relative to the working
     folder; a dataset folder kept next to its config is found from anywhere.
     """
-    if not isinstance(dataset, str) or dataset in KNOWN_DATASETS or Path(dataset).is_absolute() \
-            or Path(dataset).exists() or not (config.parent / dataset).is_dir():
+    beside = config.parent / dataset
+    if dataset in KNOWN_DATASETS or Path(dataset).exists() or not beside.is_dir():
         return dataset
-    return str(config.parent / dataset)
+    return str(beside)
 
 
 @dataclass(frozen=True)
