@@ -404,9 +404,9 @@ class Experiment:
         return out
 
     def sweep_for_seed(self, seed: int) -> dict:
-        """2x2 (merge x render) and the contradiction sweep for one seed."""
+        """2x2 (merge x render) and the contradiction sweep for one seed (none without the federated arm)."""
         cfg, out = self.cfg, {"2x2": {}, "rates": {}, "injection": {}}
-        for rate in cfg.rates:
+        for rate in cfg.rates if cfg.sweeps else []:
             runs = {m: self.federate(seed, m, cfg.sweep_epsilon, rate) for m in cfg.merges}
             check = self.verify_inputs(seed, rate, cfg.sweep_epsilon, runs[TYPED])
             if not check["verified"]:
@@ -483,7 +483,8 @@ class Experiment:
     def total_units(self) -> int:
         """A rough count of units, for the progress bar."""
         cfg = self.cfg
-        per_seed = len(cfg.arms) + cfg.orgs + len(cfg.rates) * (len(cfg.merges) * 2 + 3) + 2 * cfg.rounds + 4
+        sweep = len(cfg.rates) * (len(cfg.merges) * 2 + 3) if cfg.sweeps else 0
+        per_seed = len(cfg.arms) + cfg.orgs + sweep + 2 * cfg.rounds + 4
         return per_seed * len(cfg.seeds) + (9 if cfg.llm_sample else 0)
 
     def federations(self) -> list[tuple[int, str, float, float, bool]]:
@@ -496,7 +497,8 @@ class Experiment:
                 runs.append((seed, TYPED, cfg.epsilon, 0.0, False))
             if cfg.replay and "federated" in cfg.arms:
                 runs.append((seed, TYPED, math.inf, 0.0, True))
-            runs += [(seed, m, cfg.sweep_epsilon, r, False) for r in cfg.rates for m in cfg.merges]
+            if cfg.sweeps:
+                runs += [(seed, m, cfg.sweep_epsilon, r, False) for r in cfg.rates for m in cfg.merges]
         return list(dict.fromkeys(runs))
 
     def run(self) -> dict:

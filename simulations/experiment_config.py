@@ -90,7 +90,8 @@ class ExperimentConfig:
         merge), which on a 2-core machine more than doubles a run; the sweep
         is opt-in, e.g. ``rates = [0.0, 0.2, 0.4, 0.6]``.
     merges : list of str
-        Merge policies of the 2x2 and of the contradiction sweep.
+        Merge policies of the 2x2 and of the contradiction sweep (both run only
+        with the ``federated`` arm: they are its ablations).
     renders : list of str
         Renders of the 2x2.
     sweep_epsilon : float
@@ -183,6 +184,15 @@ class ExperimentConfig:
             object.__setattr__(self, "output", f"docs/results/{slug}")
         if not self.cache:
             object.__setattr__(self, "cache", f"runs/experiments/{slug}")
+
+    @property
+    def sweeps(self) -> bool:
+        """Whether the 2x2 and the contradiction sweep run: they are ablations of the federated arm.
+
+        A config that leaves ``federated`` out of ``arms`` to save time would
+        otherwise still pay for their Flower runs (one per merge and rate).
+        """
+        return "federated" in self.arms
 
     def check(self, where: Path | str = "config") -> None:
         """Reject impossible settings with a message naming the key."""

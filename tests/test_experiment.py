@@ -7,6 +7,7 @@ import math
 import subprocess
 import sys
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -221,6 +222,21 @@ def test_a_minimal_config_plans_four_flower_runs_a_seed(tmp_path):
     swept = Experiment(ExperimentConfig(name="x", dataset="demo", cache=str(tmp_path / "c2"),
                                         rates=[0.0, 0.2])).federations()
     assert len(swept) == 6 * len(cfg.seeds)
+
+
+def test_the_2x2_and_the_contradiction_sweep_run_only_with_the_federated_arm(tmp_path):
+    """They are ablations of the federated arm: a config that leaves it out pays for none of their Flower runs."""
+    from synapse_flwr.simulations.experiment import Experiment
+
+    cfg = ExperimentConfig(name="x", dataset="demo", cache=str(tmp_path / "cache"), seeds=[42],
+                           arms=["docs_only", "federated_private"], rates=[0.0, 0.2])
+    experiment = Experiment(cfg)
+    assert not cfg.sweeps
+    assert experiment.federations() == [(42, "typed", cfg.epsilon, 0.0, False)]
+    assert experiment.sweep_for_seed(42) == {"2x2": {}, "rates": {}, "injection": {}}
+    with_it = Experiment(replace(cfg, arms=["federated"])).federations()
+    assert {(policy, rate) for _, policy, _, rate, replay in with_it if not replay} == {
+        (policy, rate) for policy in ("typed", "flat-majority") for rate in (0.0, 0.2)}
 
 
 def test_a_config_naming_only_its_dataset_loads_and_takes_its_title_from_it(tmp_path):
