@@ -210,7 +210,8 @@ def tfidf_svm_scores(
                  "features are kept", len(classes), x.shape[1], 8 * len(classes) * x.shape[1] / 1e9, cap)
         vectorizer = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, preprocessor=spaced, max_features=cap)
         x = vectorizer.fit_transform(queries)
-    svm = LinearSVC(C=C).fit(x, labels)
+    # the dual solver visits samples in a random order: seeded, a rerun gives the same scores
+    svm = LinearSVC(C=C, random_state=0).fit(x, labels)
     scores = svm.decision_function(vectorizer.transform(list(test)))
     if scores.ndim == 1:  # binary: one margin, positive for classes_[1]
         scores = np.stack([-scores, scores], axis=1)
