@@ -55,6 +55,7 @@ from synapse_flwr.core.metrics import evaluate_routes
 from synapse_flwr.core.release import ReleaseState
 from synapse_flwr.core.router import Router
 from synapse_flwr.core.schema import Compendium
+from synapse_flwr.core.votes import chosen_setting
 from synapse_flwr.core.wire import content_hash, load_artifact
 from synapse_flwr.data.check import file_hashes, require_valid
 from synapse_flwr.data.federation import FederatedDataset, load_federated
@@ -514,10 +515,24 @@ class Experiment:
         llm = self.llm_sample(self.cfg.seeds[0]) if self.cfg.llm_sample else {}
         return aggregate(self.cfg, per_seed, llm)
 
+    def votes_chose(self, seed: int) -> dict[str, list[float] | None]:
+        """The fusion setting ``[prototype weight, prior]`` the votes of each federated arm's global chose.
+
+        ``[0, 0]`` is documentation only: the votes did not show experience
+        beating it (by the noise margin). None: the global carries no votes.
+        """
+        runs = {"federated": math.inf, "federated_private": self.cfg.epsilon}
+        out = {}
+        for arm, epsilon in runs.items():
+            if arm in self.cfg.arms:
+                setting = chosen_setting(self.global_of(self.federate(seed, TYPED, epsilon, 0.0)).votes)
+                out[arm] = None if setting is None else [setting.prototype, setting.prior]
+        return out
+
     def seed_info(self, seed: int) -> dict:
         ds = self.dataset(seed)
         splits = self.splits(ds)
-        return {"train_events": len(ds.all_events), "org_events": {o: len(e) for o, e in sorted(ds.orgs.items())},
+        return {"votes_chose": self.votes_chose(seed),"train_events": len(ds.all_events), "org_events": {o: len(e) for o, e in sorted(ds.orgs.items())},
                 "test_sizes": {split: len(items) for split, items in splits.items()},
                 "leak_filter": ds.info.get("leak_filter"), "orgs_as_given": bool(ds.info.get("orgs_as_given")),
                 "heldout_tools": len(ds.info.get("heldout_tools", [])),

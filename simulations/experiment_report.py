@@ -136,6 +136,29 @@ def _privacy(results: dict) -> str:
     return ("; ".join(parts) or "no private arm ran") + "."
 
 
+def _votes_line(results: dict) -> str | None:
+    """What the fusion votes chose per federated arm and seed, or None when no seed says."""
+    chose: dict[str, dict[str, list[float] | None]] = {}
+    for seed, info in results.get("seed_info", {}).items():
+        for arm, setting in info.get("votes_chose", {}).items():
+            chose.setdefault(arm, {})[seed] = setting
+
+    def said(setting: list[float] | None) -> str:
+        if setting is None:
+            return "no votes (the embedder's default fusion)"
+        return "documentation only" if not any(setting) else f"prototype weight {setting[0]:g}, prior {setting[1]:g}"
+
+    parts = []
+    for arm, by_seed in chose.items():
+        settings = {said(v) for v in by_seed.values()}
+        cells = (f"{settings.pop()} on every seed" if len(settings) == 1 else
+                 ", ".join(f"seed {seed}: {said(v)}" for seed, v in by_seed.items()))
+        parts.append(f"`{arm}` {cells}")
+    if not parts:
+        return None
+    return "Fusion votes (how much the router adds experience to the documentation): " + "; ".join(parts) + "."
+
+
 # Below this many test queries per split a goal's margin is mostly sampling noise
 SMALL_SPLIT = 100
 
@@ -168,6 +191,8 @@ def summary_lines(results: dict) -> list[str]:
     lines += [f"  {arm:<18}left out: {why}" for arm, why in results.get("arms_left_out", {}).items()]
     lines += _size_lines(results)
     lines.append(f"  privacy: {_privacy(results)}")
+    if votes := _votes_line(results):
+        lines.append(f"  {votes[0].lower()}{votes[1:]}")
     for t in results["targets"]:
         lines.append(f"  {'met   ' if t['met'] else 'MISSED'} {t['target']}: {t['value']:+.3f} (goal {t['goal']})")
     return lines
@@ -197,6 +222,8 @@ def tables(results: dict) -> str:
               f"{results.get('bytes_per_client_round_private') or 0:,.0f} bytes per client per round "
               f"(train and vote replies) with privacy on; {results.get('bytes_per_client_round') or 0:,.0f} on average over all "
               f"clean federations (max {results.get('bytes_per_client_round_max') or 0:,})."]
+    if votes := _votes_line(results):
+        lines += ["", votes]
     if results["ablation_2x2"]:
         lines += ["", "## Merge x render (2x2, clean)", "", "| merge / render " + head,
                   "|---" * (len(splits) + 1) + "|"]

@@ -466,6 +466,27 @@ def test_the_summary_gives_each_split_s_size_and_names_an_empty_or_small_one():
     assert not any(line.strip().startswith("note:") for line in summary_lines(results))
 
 
+def test_the_summary_and_tables_say_what_the_fusion_votes_chose():
+    """A federated arm that routes exactly as docs_only is explained: its votes chose documentation only."""
+    from synapse_flwr.simulations.experiment_report import summary_lines, tables
+
+    results = {"name": "v", "dataset": "f", "seeds": [1, 2], "orgs": 3, "epsilon": 4.0, "epsilon_target": 4.0,
+               "delta": 1e-5, "rounds": 3, "embedder": "minilm", "reranker": "fields", "k": 5, "alpha": 0.5,
+               "arms": {"docs_only": {"seen": {"acc_mean": 0.5, "acc_sd": 0.0, "r5_mean": 0.9}}}, "targets": [],
+               "leak_filter": {}, "ablation_2x2": {}, "contradiction": {}, "injection": {}, "per_round": {},
+               "llm_sample": {},
+               "seed_info": {"1": {"votes_chose": {"federated": [8.0, 0.5], "federated_private": [0.0, 0.0]}},
+                             "2": {"votes_chose": {"federated": [8.0, 0.5], "federated_private": [4.0, 0.0]}}}}
+    line = next(x.strip() for x in summary_lines(results) if x.strip().startswith("fusion votes"))
+    assert "`federated` prototype weight 8, prior 0.5 on every seed" in line
+    assert ("`federated_private` seed 1: documentation only, seed 2: prototype weight 4, prior 0" in line)
+    assert line[0].upper() + line[1:] in tables(results)
+    results["seed_info"]["2"]["votes_chose"]["federated"] = None
+    assert "seed 2: no votes (the embedder's default fusion)" in "\n".join(summary_lines(results))
+    del results["seed_info"]
+    assert not any("votes" in x for x in summary_lines(results))
+
+
 def test_the_llm_sample_sits_beside_retrieval_order_and_its_order_check_catches_a_position_biased_llm(
         tmp_path, monkeypatch):
     """The LLM rows of an experiment name retrieval order on the same queries, and a reader that picks by
