@@ -13,6 +13,7 @@ import json
 import logging
 import re
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -265,10 +266,11 @@ class PickProvider(CustomLLM):
 
     def __init__(self, biased: bool) -> None:
         super().__init__()
-        self.biased, self.calls = biased, 0
+        self.biased, self.calls, self.lock = biased, 0, threading.Lock()
 
     def completion(self, *args: Any, **kwargs: Any) -> litellm.ModelResponse:
-        self.calls += 1
+        with self.lock:  # a router asks for several queries' list scores at once
+            self.calls += 1
         response: litellm.ModelResponse = kwargs["model_response"]
         response.choices[0].message.content = fake_pick(kwargs["messages"][-1]["content"], self.biased)
         return response
@@ -349,10 +351,19 @@ class OpenAIHandler(BaseHTTPRequestHandler):
     """``POST /v1/chat/completions`` in the OpenAI wire format, answered like :func:`fake_pick`."""
 
     seen: ClassVar[list[dict]] = []
+    delay: ClassVar[float] = 0.0  # seconds each answer takes
+    in_flight: ClassVar[list[int]] = [0, 0]  # requests being answered now, and the most at once
+    lock: ClassVar[threading.Lock] = threading.Lock()
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.seen.append({"path": self.path, "auth": self.headers.get("Authorization"), **body})
+        with self.lock:
+            self.seen.append({"path": self.path, "auth": self.headers.get("Authorization"), **body})
+            self.in_flight[0] += 1
+            self.in_flight[1] = max(self.in_flight)
+        time.sleep(self.delay)
+        with self.lock:
+            self.in_flight[0] -= 1
         reply = {
             "id": "chatcmpl-test", "object": "chat.completion", "created": 0, "model": body["model"],
             "choices": [{"index": 0, "finish_reason": "stop", "message": {
@@ -378,7 +389,7 @@ def openai_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict]]:
     monkeypatch.setenv("OPENAI_API_BASE", f"http://127.0.0.1:{server.server_address[1]}/v1")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-    OpenAIHandler.seen = []
+    OpenAIHandler.seen, OpenAIHandler.in_flight, OpenAIHandler.delay = [], [0, 0], 0.0
     yield OpenAIHandler.seen
     server.shutdown()
     server.server_close()
@@ -401,6 +412,23 @@ def test_hosted_model_over_http_routes_with_the_list_reranker(openai_server: lis
     forward = balanced_list_scores(router.model, result.query, shown, ids)
     backward = balanced_list_scores(router.model, result.query, shown[::-1], ids[::-1])[::-1]
     assert np.allclose(forward, backward)
+
+
+def test_a_hosted_model_is_asked_for_several_queries_at_once(openai_server: list[dict], monkeypatch) -> None:
+    """Its calls wait on the network: queries overlap, and the routes are those of one query at a time."""
+    OpenAIHandler.delay = 0.05
+    queries = ["send an email to my landlord", "will it rain in Oslo", "a hotel for two nights",
+               "translate this into French", "convert 20 euros to yen", "remind me at noon"]
+    router = Router(None, CATALOG, embedder=TfidfEmbedder(), reranker="llm", k=4, model="openai/test-model",
+                    llm_weight=5.0)
+    together = router.route_many(queries)
+    assert OpenAIHandler.in_flight[1] > 1 and len(openai_server) == 4 * len(queries)
+    monkeypatch.setattr("synapse_flwr.core.rerank_llm.HOSTED_CONCURRENCY", 1)
+    OpenAIHandler.in_flight[1] = 0
+    one_by_one = router.route_many(queries)
+    assert OpenAIHandler.in_flight[1] == 1
+    assert [(r.tool, r.fallback) for r in together] == [(r.tool, r.fallback) for r in one_by_one]
+    assert not any(r.fallback for r in together)
 
 
 def test_hosted_server_down_falls_back_to_retrieval(monkeypatch: pytest.MonkeyPatch, capfd) -> None:

@@ -80,6 +80,14 @@ LOCAL_MODELS: dict[str, LocalSpec] = {
 #: Counters of the hosted fallback of :func:`score_choices`.
 SCORE_STATS: Counter[str] = Counter()
 
+_stats_lock = threading.Lock()  # hosted list scores are asked for from several threads
+
+
+def _count(stat: str) -> None:
+    with _stats_lock:
+        SCORE_STATS[stat] += 1
+
+
 DEFAULT_TIMEOUT_S = 120.0
 Reduction = Literal["mean", "sum"]
 
@@ -569,11 +577,11 @@ def score_choices(
     local = _local_name(model)
     if local is not None:
         return loglik_scores(local, prompt, choices, reduction)
-    SCORE_STATS["hosted_calls"] += 1
+    _count("hosted_calls")
     reply = complete(model, _choice_messages(prompt, choices), **{"temperature": 0, **kw})
     picked = parse_choice(reply, choices)
     if picked is None:
-        SCORE_STATS["parse_failures"] += 1
+        _count("parse_failures")
         logger.warning("could not parse a choice from %s reply %r", model, reply[:200])
         return [1.0 / len(choices)] * len(choices)
     return [float(i == picked) for i in range(len(choices))]

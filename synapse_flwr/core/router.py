@@ -45,6 +45,7 @@ import itertools
 import logging
 import math
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -73,6 +74,7 @@ from synapse_flwr.core.rerank_llm import (
     CHANNEL_CUE,
     balanced_list_scores,
     fuse_llm,
+    list_concurrency,
     llm_weight_for,
 )
 from synapse_flwr.core.scenarios import split_when
@@ -673,17 +675,23 @@ class Router:
                 return [None] * len(queries)
             bounds = np.cumsum([0, *map(len, cands)])
             return [flat[a:b] for a, b in itertools.pairwise(bounds)]
-        out: list[np.ndarray | None] = []
-        # k LLM calls per query (one per cyclic order of its candidates): a long batch ran silently.
-        progress = Progress(f"{self.model} list scores", len(queries), unit="queries", logger=log)
-        for q, cand, read in zip(queries, cands, reads):
+
+        def score(q: str, cand: Sequence[int], read: set[int]) -> np.ndarray | None:
             try:
-                out.append(balanced_list_scores(self.model, q, [self._shown(t, t in read) for t in cand],
-                                                [self.tool_ids[t] for t in cand]))
+                return balanced_list_scores(self.model, q, [self._shown(t, t in read) for t in cand],
+                                            [self.tool_ids[t] for t in cand])
             except (LLMError, ValueError, RuntimeError) as exc:
                 log.warning("llm rerank failed (%s); using retrieval order", exc)
-                out.append(None)
-            progress.advance()
+                return None
+
+        out: list[np.ndarray | None] = [None] * len(queries)
+        # k LLM calls per query (one per cyclic order of its candidates): a long batch ran silently.
+        progress = Progress(f"{self.model} list scores", len(queries), unit="queries", logger=log)
+        with ThreadPoolExecutor(max_workers=list_concurrency(self.model)) as pool:
+            asked = {pool.submit(score, *job): j for j, job in enumerate(zip(queries, cands, reads))}
+            for done in as_completed(asked):
+                out[asked[done]] = done.result()
+                progress.advance()
         progress.done()
         return out
 
