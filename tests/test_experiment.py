@@ -213,15 +213,34 @@ def test_a_minimal_config_plans_four_flower_runs_a_seed(tmp_path):
     with privacy, the feedback loop, flat-majority for the 2x2), not the opt-in contradiction sweep."""
     from synapse_flwr.simulations.experiment import Experiment
 
-    cfg = ExperimentConfig(name="x", dataset="demo", cache=str(tmp_path / "cache"))
+    # five organisations: the demo's three logs re-partitioned per seed, so every seed has runs of its own
+    cfg = ExperimentConfig(name="x", dataset="demo", orgs=5, cache=str(tmp_path / "cache"))
     runs = Experiment(cfg).federations()
     assert cfg.rates == [0.0] and len(runs) == 4 * len(cfg.seeds)
     assert {(policy, eps, rate, replay) for _, policy, eps, rate, replay in runs} == {
         ("typed", math.inf, 0.0, False), ("typed", cfg.epsilon, 0.0, False), ("typed", math.inf, 0.0, True),
         ("flat-majority", math.inf, 0.0, False)}
-    swept = Experiment(ExperimentConfig(name="x", dataset="demo", cache=str(tmp_path / "c2"),
+    swept = Experiment(ExperimentConfig(name="x", dataset="demo", orgs=5, cache=str(tmp_path / "c2"),
                                         rates=[0.0, 0.2])).federations()
     assert len(swept) == 6 * len(cfg.seeds)
+
+
+def test_with_the_dataset_s_own_organisations_one_run_without_noise_serves_every_seed(tmp_path):
+    """Nothing a run without noise or injection draws depends on its seed when nothing is re-partitioned:
+    the first seed's run stands for the others (the private runs and the injected ones stay per seed)."""
+    from synapse_flwr.simulations.experiment import Experiment
+
+    cfg = ExperimentConfig(name="x", dataset="demo", cache=str(tmp_path / "cache"), rates=[0.0, 0.2])
+    experiment = Experiment(cfg)
+    assert cfg.orgs == 3 and cfg.seeds == [42, 123, 456]
+    runs = experiment.federations()
+    assert sorted(run for run in runs if run[0] != 42) == [
+        (seed, policy, eps, rate, False) for seed in (123, 456)
+        for policy, eps, rate in (("flat-majority", math.inf, 0.2), ("typed", 4.0, 0.0), ("typed", math.inf, 0.2))]
+    assert len(runs) == 6 + 2 * 3
+    assert [experiment.run_seed(s, math.inf, 0.0) for s in cfg.seeds] == [42, 42, 42]
+    assert [experiment.run_seed(s, 4.0, 0.0) for s in cfg.seeds] == cfg.seeds
+    assert [experiment.run_seed(s, math.inf, 0.2) for s in cfg.seeds] == cfg.seeds
 
 
 def test_the_2x2_and_the_contradiction_sweep_run_only_with_the_federated_arm(tmp_path):
