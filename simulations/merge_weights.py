@@ -1,11 +1,16 @@
-"""Count-weighted prototype merge against the plain sum, on the seed-7 dev split (a lab: not shipped).
+"""Count- and energy-weighted prototype merges against the plain sum, on the seed-7 dev split (a lab: not shipped).
 
 The typed merge sums the organisations' prototypes of a tool, so its noise
 grows as ``sqrt(K)`` while its signal sits in the few organisations that use
 the tool (Dirichlet 0.5). A matched filter weights each organisation's
 prototype by its released count ``n_k`` (clipped at 0; ``count_sd``: only
 counts above one count SD, others weight 0), rescaled so the merged sum
-stays in units of queries; the noise SD of the weighted sum is
+stays in units of queries. ``energy`` weights it by its own noise-corrected
+length ``A_k`` instead (post-processing of the sum alone: its 384
+coordinates estimate ``n_k |mu|`` far better than one count with the full
+``sigma``); ``energy_k1`` / ``energy_k4`` shrink that weight toward 1 by the
+noise's length (``A_k / (A_k + kappa sd_k sqrt(dim))``), so without noise
+they are the plain sum. The noise SD of the weighted sum is
 ``sqrt(sum w_k^2 sd_k^2)``, so the router's gate and shrinkage stay
 calibrated (the counts' noise is drawn apart from the sums', and weighting
 released values is post-processing). One release per organisation, the
@@ -31,6 +36,7 @@ from synapse_flwr.core.prototypes import (
     decode_prototype,
     encode_prototype,
     merge_prototypes,
+    signal_energy,
 )
 from synapse_flwr.core.router import Router
 from synapse_flwr.core.schema import Compendium, Prototype
@@ -38,17 +44,27 @@ from synapse_flwr.data.federation import load_federated
 from synapse_flwr.eval.results import group_rows, mean_of, run_lab
 
 log = logging.getLogger("merge_weights")
-RULES = ("count", "count_sd")
+RULES = ("count", "count_sd", "energy", "energy_k1", "energy_k4")
 
 
 def weighted_merge(protos: list[Prototype], rule: str) -> Prototype:
-    """The count-weighted sum of one tool's prototypes (weights from the released counts only)."""
+    """The weighted sum of one tool's prototypes: weights from the released counts, or (``energy``) from
+    each sum's own noise-corrected length ``A_k`` (:func:`signal_energy`), the matched filter's ``n_k |mu|``
+    read off all ``dim`` coordinates at once instead of off one count."""
     n = np.array([max(p.count, 0.0) for p in protos])
-    w = n if rule == "count" else np.where(n > np.array([p.count_sd for p in protos]), n, 0.0)
-    if (w * n).sum() <= 0:
-        w = np.ones_like(n)  # no count above noise: the plain sum
+    if rule.startswith("energy"):
+        amp = np.array([math.sqrt(max(signal_energy(p)[0], 0.0)) for p in protos])
+        if rule != "energy":  # shrunk toward 1 by the noise's length: the plain sum without noise
+            kappa = float(rule.removeprefix("energy_k"))
+            reach = np.array([kappa * p.sum_sd * math.sqrt(decode_prototype(p).size) for p in protos])
+            amp = np.where(amp + reach > 0, amp / np.maximum(amp + reach, 1e-12), 1.0)
+        w = amp * amp.sum() / (amp * amp).sum() if (amp * amp).sum() > 0 else np.ones_like(n)
     else:
-        w = w * n.sum() / (w * n).sum()  # sum_k w_k n_k = sum_k n_k: still in units of queries
+        w = n if rule == "count" else np.where(n > np.array([p.count_sd for p in protos]), n, 0.0)
+        if (w * n).sum() <= 0:
+            w = np.ones_like(n)  # no count above noise: the plain sum
+        else:
+            w = w * n.sum() / (w * n).sum()  # sum_k w_k n_k = sum_k n_k: still in units of queries
     total = np.sum([wk * decode_prototype(p) for wk, p in zip(w, protos)], axis=0)
     return encode_prototype(total, float(n.sum()), math.sqrt(float(np.sum(w**2 * np.array([p.sum_sd for p in protos])**2))),
                             math.sqrt(math.fsum(p.count_sd**2 for p in protos)))
