@@ -548,7 +548,8 @@ class Experiment:
     def seed_info(self, seed: int) -> dict:
         ds = self.dataset(seed)
         splits = self.splits(ds)
-        return {"votes_chose": self.votes_chose(seed),"train_events": len(ds.all_events), "org_events": {o: len(e) for o, e in sorted(ds.orgs.items())},
+        return {"votes_chose": self.votes_chose(seed), "train_events": len(ds.all_events),
+                "org_events": {o: len(e) for o, e in sorted(ds.orgs.items())},
                 "test_sizes": {split: len(items) for split, items in splits.items()},
                 "leak_filter": ds.info.get("leak_filter"), "orgs_as_given": bool(ds.info.get("orgs_as_given")),
                 "heldout_tools": len(ds.info.get("heldout_tools", [])),
