@@ -567,7 +567,8 @@ def examples(
     included; examples.json beside a catalog is read with it. With
     local/smollm2 on 2 idle CPU cores the model takes about 25 s to load,
     then about 5 s a tool (several times longer while other work shares the
-    cores).
+    cores); a hosted model (any litellm model string) is asked for 8 tools at
+    once.
     """
     from rich.progress import (
         BarColumn,

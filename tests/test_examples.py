@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -77,10 +79,17 @@ class ManyProvider(CustomLLM):
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[dict] = []
+        self.delay, self.in_flight, self.lock = 0.0, [0, 0], threading.Lock()  # now, most at once
 
     def completion(self, *args: Any, **kwargs: Any) -> litellm.ModelResponse:
         params = kwargs.get("optional_params") or {}
-        self.calls.append(params)
+        with self.lock:
+            self.calls.append(params)
+            self.in_flight[0] += 1
+            self.in_flight[1] = max(self.in_flight)
+        time.sleep(self.delay)
+        with self.lock:
+            self.in_flight[0] -= 1
         tool = kwargs["messages"][-1]["content"].rsplit("Tool: ", 1)[1].split("\n", 1)[0]
         response: litellm.ModelResponse = kwargs["model_response"]
         response.choices = [litellm.Choices(index=i, message=litellm.Message(
@@ -104,9 +113,22 @@ def test_generation_goes_through_litellm_and_keeps_distinct_requests(many_provid
     assert table == {"book_hotel": ["please use book_hotel for job 0", "please use book_hotel for job 1"],
                      "get_weather": ["please use get_weather for job 0", "please use get_weather for job 1"]}
     assert done == [(1, 2), (2, 2)]
-    assert [(c["n"], c["seed"]) for c in many_provider.calls] == [(4, 5), (4, 6)]
+    # the two tools' calls go out at once, each with its own seed
+    assert sorted((c["n"], c["seed"]) for c in many_provider.calls) == [(4, 5), (4, 6)]
     with pytest.raises(llm.LLMError, match="sampling 2 completions with 'nosuchprovider/x' failed"):
         generate_examples(make_catalog([WEATHER]), "nosuchprovider/x", per_tool=2)
+
+
+def test_a_hosted_model_writes_several_tools_at_once_with_the_same_result(many_provider, monkeypatch):
+    tools = [ToolDoc(f"tool_{i}", f"tool_{i}", f"Does job number {i}.") for i in range(6)]
+    many_provider.delay = 0.05
+    together = generate_examples(make_catalog(tools), "manytest/any", per_tool=2)
+    assert many_provider.in_flight[1] > 1
+    monkeypatch.setattr(llm, "HOSTED_CONCURRENCY", 1)
+    many_provider.in_flight[1] = 0
+    one_by_one = generate_examples(make_catalog(tools), "manytest/any", per_tool=2)
+    assert many_provider.in_flight[1] == 1
+    assert together == one_by_one and list(together) == [t.name for t in tools]
 
 
 class WordEmbedder:

@@ -423,7 +423,7 @@ def test_a_hosted_model_is_asked_for_several_queries_at_once(openai_server: list
                     llm_weight=5.0)
     together = router.route_many(queries)
     assert OpenAIHandler.in_flight[1] > 1 and len(openai_server) == 4 * len(queries)
-    monkeypatch.setattr("synapse_flwr.core.rerank_llm.HOSTED_CONCURRENCY", 1)
+    monkeypatch.setattr("synapse_flwr.core.llm.HOSTED_CONCURRENCY", 1)
     OpenAIHandler.in_flight[1] = 0
     one_by_one = router.route_many(queries)
     assert OpenAIHandler.in_flight[1] == 1

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from synapse_flwr.core.catalog import MAX_EXAMPLES, Catalog, ToolDoc
 from synapse_flwr.core.phrases import normalize_text
@@ -101,17 +102,29 @@ def generate_examples(
     LLMError
         When the model cannot be called (the first failure stops the run).
     """
-    from synapse_flwr.core.llm import register_local_provider, sample
+    from synapse_flwr.core.llm import calls_at_once, register_local_provider, sample
 
     register_local_provider()
-    out: dict[str, list[str]] = {}
-    start = time.perf_counter()
-    for i, tool in enumerate(catalog.tools):
+
+    def write(i: int, tool: ToolDoc) -> list[str]:
         texts = sample(model, example_messages(tool), per_tool, temperature=temperature, top_p=0.95,
                        max_tokens=40, stop=["\n"], seed=seed + i)
-        out[tool.name] = clean_examples(texts, tool)
-        if progress:
-            progress(i + 1, len(catalog.tools))
+        return clean_examples(texts, tool)
+
+    found: dict[str, list[str]] = {}
+    start = time.perf_counter()
+    # a hosted model writes several tools' requests at once (each tool keeps its own seed)
+    with ThreadPoolExecutor(max_workers=calls_at_once(model)) as pool:
+        asked = {pool.submit(write, i, tool): tool.name for i, tool in enumerate(catalog.tools)}
+        try:
+            for done in as_completed(asked):
+                found[asked[done]] = done.result()
+                if progress:
+                    progress(len(found), len(catalog.tools))
+        except BaseException:
+            pool.shutdown(cancel_futures=True)  # the first failure stops the run
+            raise
+    out = {tool.name: found[tool.name] for tool in catalog.tools}
     log.info("wrote %d example requests for %d tools with %s in %.0f s", sum(map(len, out.values())), len(out),
              model, time.perf_counter() - start)
     return out

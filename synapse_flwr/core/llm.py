@@ -88,6 +88,18 @@ def _count(stat: str) -> None:
         SCORE_STATS[stat] += 1
 
 
+# Calls a hosted model gets at once (list scores of several queries, example
+# requests of several tools): they wait on the network, not on this machine (k
+# list calls a query one after another made a 200-query sample 1,000 round trips
+# in a row). An embedded model computes here, one call at a time.
+HOSTED_CONCURRENCY = 8
+
+
+def calls_at_once(model: str) -> int:
+    """How many calls of ``model`` to make at once: :data:`HOSTED_CONCURRENCY` for a hosted model, 1 for ``local/``."""
+    return 1 if _local_name(model) is not None else HOSTED_CONCURRENCY
+
+
 DEFAULT_TIMEOUT_S = 120.0
 Reduction = Literal["mean", "sum"]
 

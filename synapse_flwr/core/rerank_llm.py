@@ -25,10 +25,6 @@ LLM_WEIGHT = 0.5
 # there: 0.62/0.625 and 0.625/0.635. Fused with retrieval alone (the rule
 # before), held-out fell below docs_only's LLM route at every weight above 0.
 LLM_WEIGHTS: dict[str, float] = {"local/smollm2": 0.25, "local/gemma3": 0.25}
-# Queries whose list scores a hosted model is asked for at once: its calls wait
-# on the network, not on this machine (k calls a query, one after another, made
-# a 200-query sample 1,000 round trips in a row). An embedded model runs one at a time.
-HOSTED_CONCURRENCY = 8
 # What follows a tool's entry in a channel prompt; the query continues it.
 CHANNEL_CUE = "\nA user request this tool handles:"
 
@@ -119,13 +115,6 @@ def balanced_list_scores(model: str, query: str, shown: Sequence[str], ids: Sequ
         scores = score_choices(model, llm_prompt(query, [shown[i] for i in order]), [ids[i] for i in order])
         total[order] += scores
     return total / len(ids)
-
-
-def list_concurrency(model: str) -> int:
-    """Queries scored at once by :func:`balanced_list_scores` (:data:`HOSTED_CONCURRENCY` for a hosted model)."""
-    from synapse_flwr.core.llm import LOCAL_PROVIDER
-
-    return 1 if model.startswith(LOCAL_PROVIDER + "/") else HOSTED_CONCURRENCY
 
 
 def standardise(x: np.ndarray) -> np.ndarray:

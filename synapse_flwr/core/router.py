@@ -74,7 +74,6 @@ from synapse_flwr.core.rerank_llm import (
     CHANNEL_CUE,
     balanced_list_scores,
     fuse_llm,
-    list_concurrency,
     llm_weight_for,
 )
 from synapse_flwr.core.scenarios import split_when
@@ -662,7 +661,7 @@ class Router:
         Channel mode batches every (tool, query) pair of the chunk, so each
         tool's entry runs through the model once however many queries it serves.
         """
-        from synapse_flwr.core.llm import LLMError, channel_scores
+        from synapse_flwr.core.llm import LLMError, calls_at_once, channel_scores
 
         reads = reads if reads is not None else [set(c) for c in cands]
         if self.llm_mode == "channel":
@@ -687,7 +686,7 @@ class Router:
         out: list[np.ndarray | None] = [None] * len(queries)
         # k LLM calls per query (one per cyclic order of its candidates): a long batch ran silently.
         progress = Progress(f"{self.model} list scores", len(queries), unit="queries", logger=log)
-        with ThreadPoolExecutor(max_workers=list_concurrency(self.model)) as pool:
+        with ThreadPoolExecutor(max_workers=calls_at_once(self.model)) as pool:
             asked = {pool.submit(score, *job): j for j, job in enumerate(zip(queries, cands, reads))}
             for done in as_completed(asked):
                 out[asked[done]] = done.result()
