@@ -80,6 +80,7 @@ class ManyProvider(CustomLLM):
         super().__init__()
         self.calls: list[dict] = []
         self.delay, self.in_flight, self.lock = 0.0, [0, 0], threading.Lock()  # now, most at once
+        self.failing: set[str] = set()
 
     def completion(self, *args: Any, **kwargs: Any) -> litellm.ModelResponse:
         params = kwargs.get("optional_params") or {}
@@ -91,6 +92,8 @@ class ManyProvider(CustomLLM):
         with self.lock:
             self.in_flight[0] -= 1
         tool = kwargs["messages"][-1]["content"].rsplit("Tool: ", 1)[1].split("\n", 1)[0]
+        if tool in self.failing:
+            raise RuntimeError(f"the provider is down for {tool}")
         response: litellm.ModelResponse = kwargs["model_response"]
         response.choices = [litellm.Choices(index=i, message=litellm.Message(
             role="assistant", content=f"please use {tool} for job {i % 2}\nTool: junk")) for i in range(params["n"])]
@@ -129,6 +132,11 @@ def test_a_hosted_model_writes_several_tools_at_once_with_the_same_result(many_p
     one_by_one = generate_examples(make_catalog(tools), "manytest/any", per_tool=2)
     assert many_provider.in_flight[1] == 1
     assert together == one_by_one and list(together) == [t.name for t in tools]
+    # one tool's failed call stops the whole run with the provider's error, as one at a time did
+    monkeypatch.setattr(llm, "HOSTED_CONCURRENCY", 8)
+    many_provider.failing = {"tool_2"}
+    with pytest.raises(llm.LLMError, match="the provider is down for tool_2"):
+        generate_examples(make_catalog(tools), "manytest/any", per_tool=2)
 
 
 class WordEmbedder:
