@@ -414,8 +414,9 @@ def test_hosted_model_over_http_routes_with_the_list_reranker(openai_server: lis
     assert np.allclose(forward, backward)
 
 
-def test_a_hosted_model_is_asked_for_several_queries_at_once(openai_server: list[dict], monkeypatch) -> None:
-    """Its calls wait on the network: queries overlap, and the routes are those of one query at a time."""
+def test_a_hosted_model_is_asked_for_several_calls_at_once(openai_server: list[dict], monkeypatch) -> None:
+    """Its calls wait on the network: one query's orders and several queries overlap, and the routes are
+    those of one call at a time."""
     OpenAIHandler.delay = 0.05
     queries = ["send an email to my landlord", "will it rain in Oslo", "a hotel for two nights",
                "translate this into French", "convert 20 euros to yen", "remind me at noon"]
@@ -429,6 +430,10 @@ def test_a_hosted_model_is_asked_for_several_queries_at_once(openai_server: list
     assert OpenAIHandler.in_flight[1] == 1
     assert [(r.tool, r.fallback) for r in together] == [(r.tool, r.fallback) for r in one_by_one]
     assert not any(r.fallback for r in together)
+    # one query alone (an agent's call to `synapse serve`) waits about one round trip, not k of them
+    monkeypatch.setattr("synapse_flwr.core.llm.HOSTED_CONCURRENCY", 8)
+    OpenAIHandler.in_flight[1], OpenAIHandler.delay = 0, 0.2
+    assert router.route(queries[0]).tool == together[0].tool and OpenAIHandler.in_flight[1] == 4
 
 
 def test_hosted_server_down_falls_back_to_retrieval(monkeypatch: pytest.MonkeyPatch, capfd) -> None:

@@ -10,6 +10,7 @@ refines retrieval and never replaces it blindly (:func:`fuse_llm`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -107,13 +108,25 @@ def balanced_list_scores(model: str, query: str, shown: Sequence[str], ids: Sequ
     -------
     numpy.ndarray
         One score per candidate, in the order given.
-    """
-    from synapse_flwr.core.llm import score_choices
 
+    Notes
+    -----
+    A hosted model is asked for the orders at once (up to
+    :func:`~synapse_flwr.core.llm.calls_at_once`): one query then waits about
+    one round trip, not k of them (``synapse serve`` answers an agent per query).
+    """
+    from synapse_flwr.core.llm import calls_at_once, score_choices
+
+    orders = cyclic_orders(len(ids))
+
+    def score(order: list[int]) -> list[float]:
+        return score_choices(model, llm_prompt(query, [shown[i] for i in order]), [ids[i] for i in order])
+
+    with ThreadPoolExecutor(max_workers=min(calls_at_once(model), max(len(orders), 1))) as pool:
+        scores = list(pool.map(score, orders))
     total = np.zeros(len(ids))
-    for order in cyclic_orders(len(ids)):
-        scores = score_choices(model, llm_prompt(query, [shown[i] for i in order]), [ids[i] for i in order])
-        total[order] += scores
+    for order, got in zip(orders, scores, strict=True):
+        total[order] += got
     return total / len(ids)
 
 
