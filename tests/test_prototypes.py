@@ -16,7 +16,13 @@ from synapse_flwr.core.embed import l2_normalize
 from synapse_flwr.core.experience import Event
 from synapse_flwr.core.explain import decided_by, explain_route
 from synapse_flwr.core.fusion import Fusion
-from synapse_flwr.core.merge import POLICIES, ROBUST, SUPPORT_WEIGHTED, TYPED, merge_typed
+from synapse_flwr.core.merge import (
+    POLICIES,
+    ROBUST,
+    SUPPORT_WEIGHTED,
+    TYPED,
+    merge_typed,
+)
 from synapse_flwr.core.privacy import PrivacyParams, calibrate
 from synapse_flwr.core.prototypes import (
     along_documentation,
