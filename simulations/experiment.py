@@ -32,6 +32,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -205,9 +206,12 @@ class Experiment:
         of repeating itself; each seed's rebuilt org artifacts are still
         checked against the run's inputs (:meth:`verify_inputs`).
         """
-        if math.isinf(epsilon) and rate == 0 and self.dataset(seed).info.get("orgs_as_given"):
-            return self.cfg.seeds[0]
-        return seed
+        return self.cfg.seeds[0] if math.isinf(epsilon) and rate == 0 and self.orgs_as_given else seed
+
+    @cached_property
+    def orgs_as_given(self) -> bool:
+        """Whether the federations keep the dataset's own organisations (the same for every seed)."""
+        return bool(self.dataset(self.cfg.seeds[0]).info.get("orgs_as_given"))
 
     def federate(self, seed: int, policy: str, epsilon: float, rate: float, replay: bool = False) -> dict:
         """One Flower simulation; returns its global's path and per-round records."""

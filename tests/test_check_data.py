@@ -194,7 +194,8 @@ def test_a_partition_is_read_once_per_process(folder, monkeypatch):
     from synapse_flwr.data import federation
 
     reads = []
-    monkeypatch.setattr(federation, "load_folder", lambda path, org=None: reads.append(org) or load_folder(path, org=org))
+    monkeypatch.setattr(federation, "load_folder",
+                        lambda path, org=None: reads.append(org) or load_folder(path, org=org))
     first = load_partition(str(folder), 2, 1)
     assert load_partition(str(folder), 2, 1) is first and reads == ["b"]
     assert load_partition(str(folder), 2, 0)[0] == "a" and reads == ["b", "a"]
@@ -453,7 +454,8 @@ def test_a_description_under_another_key_is_named_with_the_undocumented_tools(fo
     messages = [(r.levelname, r.getMessage()) for r in caplog.records if "catalog.json" in r.getMessage()]
     assert report.tools == 3 and len(messages) == 1
     level, message = messages[0]
-    assert level == "WARNING" and "1 of 3 tools have neither a description nor example requests ('get_weather')" in message
+    assert level == "WARNING"
+    assert "1 of 3 tools have neither a description nor example requests ('get_weather')" in message
     assert "fields of the entries not read: 'annotations' (1 entry), 'desc' (1 entry), 'function.strict' (1 entry), " \
            "'title' (1 entry)" in message
 

@@ -687,7 +687,7 @@ class Router:
         # k LLM calls per query (one per cyclic order of its candidates): a long batch ran silently.
         progress = Progress(f"{self.model} list scores", len(queries), unit="queries", logger=log)
         # each query asks for its k orders at once: about calls_at_once requests in flight in all
-        with ThreadPoolExecutor(max_workers=-(-calls_at_once(self.model) // max(self.k, 1))) as pool:
+        with ThreadPoolExecutor(max_workers=math.ceil(calls_at_once(self.model) / max(self.k, 1))) as pool:
             asked = {pool.submit(score, *job): j for j, job in enumerate(zip(queries, cands, reads))}
             for done in as_completed(asked):
                 out[asked[done]] = done.result()

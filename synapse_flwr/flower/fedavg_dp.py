@@ -665,8 +665,6 @@ def server_app(job_dir: Path) -> ServerApp:
     return app
 
 
-
-
 def _simulate(folder: str, num_supernodes: int, backend_config: dict) -> None:
     """Flower's simulation of the job saved in ``folder`` (in :func:`run_job`'s child interpreter).
 
