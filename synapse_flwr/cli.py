@@ -182,10 +182,11 @@ def build(
     Without --release-cache every build releases every record of the log
     again, with fresh noise: two builds of one log spend the budget twice.
     """
-    from synapse_flwr.core.builder import BuildConfig, build_compendium
+    from synapse_flwr.core.builder import BuildConfig, build_compendium, window_seed
     from synapse_flwr.core.catalog import load_catalog
     from synapse_flwr.core.embed import get_embedder
     from synapse_flwr.core.experience import load_experience
+    from synapse_flwr.core.release import logged_keys
     from synapse_flwr.core.schema import Compendium
     from synapse_flwr.core.votes import VOTE_SHARE
     from synapse_flwr.core.wire import content_hash, encode, save_artifact
@@ -213,13 +214,14 @@ def build(
                              vote_share=VOTE_SHARE if votes and embedder != "none" else 0.0)
         space, noise = None if embedder == "none" else get_embedder(embedder), _noise_seed(seed, epsilon)
 
-        def make(window: list) -> Compendium:
+        def make(window: list, windows_before: int = 0) -> Compendium:
             return build_compendium(window, cat, org, round_=round_, epsilon=epsilon, delta=delta, rounds=rounds,
-                                    releases=releases, seed=noise, config=config, embedder=space)
+                                    releases=releases, seed=window_seed(noise, windows_before), config=config,
+                                    embedder=space)
 
         comp = make(events) if release_cache is None else _release_once(
-            release_cache, events, cat, org, {"epsilon": epsilon, "delta": delta, "rounds": rounds, "embedder": embedder},
-            make, round_,
+            release_cache, events, logged_keys(experience), cat, org,
+            {"epsilon": epsilon, "delta": delta, "rounds": rounds, "embedder": embedder}, make, round_,
             math.isfinite(epsilon) and not config.vote_share)
     except ValueError as exc:
         raise SynapseError(str(exc)) from None
@@ -252,17 +254,18 @@ def _check_cache(cache: Path, files: list[Path]) -> None:
         raise SynapseError(f"--release-cache {cache} {problem}")
 
 
-def _release_once(cache: Path, events: list, catalog, org: str, settings: dict, make, round_: int,
+def _release_once(cache: Path, events: list, keys: list[str], catalog, org: str, settings: dict, make, round_: int,
                   drop_votes: bool):
     """The artifact to write: the cache's release plus a window of the records it has not released.
 
-    The cache is saved first, holding the artifact as written: a failure after
-    it leaves records marked released whose release the next build re-sends,
-    never records released twice.
+    ``make(window, windows_before)`` builds a window (each window draws its own
+    noise, :func:`~synapse_flwr.core.builder.window_seed`). The cache is saved
+    first, holding the artifact as written: a failure after it leaves records
+    marked released whose release the next build re-sends, never records
+    released twice.
     """
     from synapse_flwr.core.release import (
         load_release_state,
-        record_keys,
         release_round,
         release_settings,
         save_release_state,
@@ -270,7 +273,8 @@ def _release_once(cache: Path, events: list, catalog, org: str, settings: dict, 
     )
 
     state = load_release_state(cache, release_settings(org, {"command": "build", **settings}), pinned=True)
-    comp, new, released = release_round(list(zip(record_keys(events), events)), state, make, round_, catalog)
+    comp, new, released = release_round(list(zip(keys, events)), state, lambda window: make(window, state.windows),
+                                        round_, catalog)
     if drop_votes:
         new = without_votes(state, new)
     save_release_state(cache, new.model_copy(update={"artifact": comp}))
@@ -329,11 +333,12 @@ def vote(
     from synapse_flwr.core.prototypes import space_mismatch
     from synapse_flwr.core.release import (
         cast_votes,
+        logged_keys,
         may_vote,
-        record_keys,
         vote_refusal,
     )
     from synapse_flwr.core.votes import SETTINGS, chosen_setting
+    from synapse_flwr.core.wire import content_hash
 
     check_space(embedder)
     check_output(output, [experience, catalog, artifact, global_])
@@ -351,7 +356,7 @@ def vote(
         raise SynapseError(f"{artifact} cannot vote against {global_}: {reason}")
     cat = load_catalog(catalog)
     events = load_experience(experience, cat)
-    keys = record_keys(events)
+    keys = logged_keys(experience)
     if state is not None:
         waiting = may_vote(state, keys)
         events, keys = [e for e, ok in zip(events, waiting) if ok], [k for k, ok in zip(keys, waiting) if ok]
@@ -359,7 +364,9 @@ def vote(
     emb = get_embedder(embedder)
     if mismatch := space_mismatch(merged.embedding, emb):
         raise SynapseError(f"--embedder {embedder}: {mismatch}")
-    rng = np.random.default_rng(derive_seed(_noise_seed(seed, epsilon or math.inf), own.issuer.org, "votes"))
+    # each vote its own noise, even under one --seed: the same noise in two votes would cancel in their difference
+    rng = np.random.default_rng(derive_seed(_noise_seed(seed, epsilon or math.inf), own.issuer.org, "votes",
+                                            content_hash(own)))
     log.info("routing %d records against %s, each left out of it, under %d settings", len(events), global_,
              len(SETTINGS))
     cast = cast_votes(events, cat, merged, emb, sd, rng)

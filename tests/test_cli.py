@@ -11,11 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from synapse_flwr import cli
 from synapse_flwr.core.errors import InputError, SynapseError
+from synapse_flwr.core.prototypes import decode_prototype
 from synapse_flwr.core.schema import Compendium, FlatCompendium
 from synapse_flwr.core.wire import content_hash, load_artifact
 
@@ -789,6 +791,38 @@ def test_a_release_cache_releases_each_record_once_across_builds_and_counts_each
     assert a5.tool("get_weather").description == "Weather now and ahead for a city."
     assert [t.prototype for t in a5.tools] == [t.prototype for t in v4.tools]
     assert not (tmp_path / "x.json").exists()
+    # the catalog renames the tool and keeps its old name as an alias: the log still loads, its records keep
+    # their keys (regression: they were keyed as resolved, and released again), the cached entry follows
+    renamed = [{"name": "weather_now", "description": "Current weather for a city.", "aliases": ["get_weather"]},
+               *CATALOG[1:]]
+    (tmp_path / "renamed.json").write_text(json.dumps(renamed))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="synapse_flwr"):
+        ok(invoke("build", "--experience", more, "--catalog", tmp_path / "renamed.json", "--org", "acme",
+                  "--embedder", "static", "--epsilon", "4", "--release-cache", cache, "-o", tmp_path / "a6.json"))
+    assert "0 records released now; 35 released before" in caplog.text
+    a6 = load_artifact(tmp_path / "a6.json")
+    assert a6.tool("weather_now").prototype == v4.tool("get_weather").prototype is not None
+    assert a6.tool("get_weather") is None
+
+
+def test_a_seeded_release_cache_draws_new_noise_for_each_window(data, tmp_path):
+    """Regression: one --seed gave every window of a cache the same noise, which cancels in the difference of two
+    artifacts. Here no record ever names convert_currency, so its released prototype is noise alone: with one noise
+    the second artifact's was exactly twice the first's."""
+    weather = [{"query": f"weather forecast for {c} {i}", "tool": "get_weather", "success": True}
+               for i in range(4) for c in CITIES]
+    cache = tmp_path / "cache.json"
+    for n, out in ((10, "a1.json"), (20, "a2.json")):
+        log = write_jsonl(tmp_path / f"log{n}.jsonl", weather[:n])
+        ok(invoke("build", "--experience", log, "--catalog", data["catalog"], "--org", "acme", "--embedder", "static",
+                  "--epsilon", "4", "--seed", "5", "--release-cache", cache, "-o", tmp_path / out))
+    first, second = (decode_prototype(load_artifact(tmp_path / f).tool("convert_currency").prototype)
+                     for f in ("a1.json", "a2.json"))
+    step = np.abs(first).max() / 127  # the int8 step of the stored sums
+    assert not np.allclose(second, 2 * first, atol=4 * step)
+    assert abs(np.corrcoef(second - first, first)[0, 1]) < 0.5  # the second window's noise is a new draw
+
 
 
 def test_other_commands_refuse_their_mistakes_before_loading_anything(data, built):

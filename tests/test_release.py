@@ -9,9 +9,10 @@ import pytest
 
 from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.catalog import ToolDoc, make_catalog
-from synapse_flwr.core.experience import Event
+from synapse_flwr.core.experience import Event, load_experience, write_jsonl
 from synapse_flwr.core.release import (
     ReleaseState,
+    logged_keys,
     record_keys,
     release_round,
     settings_fingerprint,
@@ -106,6 +107,29 @@ def test_a_changed_catalog_keeps_the_cache_and_what_is_sent_carries_todays_catal
     assert n == 1 and [e.query for e in built] == ["fly me to Oslo"]
     assert sorted(t.tool_id for t in combined.tools) == ["book_flight", "get_weather"]
     assert combined.tool("get_weather").description == "Today's forecast and the week ahead for any city."
+
+
+def test_a_tool_renamed_in_the_catalog_keeps_its_records_keys_and_its_released_entry(tmp_path):
+    """Regression: keys of the resolved events changed with a rename, so a cache released the records again."""
+    log = tmp_path / "org_acme.jsonl"
+    log.write_text(write_jsonl(_events(6)))
+    renamed = make_catalog([  # get_weather is now weather_now; its old name stays an alias, so the log loads
+        ToolDoc("weather_now", "weather_now", "Weather forecast for a city.", aliases=("get_weather",)),
+        ToolDoc("book_hotel", "book_hotel", "Book a hotel room."),
+    ])
+    before, after = load_experience(log, CATALOG), load_experience(log, renamed)
+    assert record_keys(before) != record_keys(after)  # what the cache used to key on
+    assert logged_keys(log) == record_keys(before)  # a log naming tools by their ids keeps its old keys
+    _, state, n1 = release_round(list(zip(logged_keys(log), before)), ReleaseState(fingerprint="f"), _build, 1,
+                                 CATALOG)
+    resent, state2, n2 = release_round(list(zip(logged_keys(log), after)), state, _build, 2, renamed)
+    assert n1 == 12 and n2 == 0 and state2.released == state.released
+    # the cached entry follows the rename (post-processing), its released values untouched
+    assert [t.tool_id for t in resent.tools] == ["book_hotel", "weather_now"]
+    assert resent.tool("weather_now").stats == state.artifact.tool("get_weather").stats
+    assert OrgData("acme", renamed, after, logged_keys(log)).keys == logged_keys(log)
+    with pytest.raises(ValueError, match="12 record keys for 11 events"):
+        OrgData("acme", renamed, after[:11], logged_keys(log))
 
 
 def test_a_restarted_client_reads_its_cache_and_does_not_re_release(tmp_path):

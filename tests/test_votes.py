@@ -23,6 +23,7 @@ from synapse_flwr.core.embed import get_embedder
 from synapse_flwr.core.experience import Event
 from synapse_flwr.core.fusion import EMBEDDER_FUSIONS, Fusion, voted_fusion
 from synapse_flwr.core.merge import merge_typed
+from synapse_flwr.core.pii import mask_pii
 from synapse_flwr.core.privacy import (
     PrivacyParams,
     calibrate,
@@ -30,7 +31,7 @@ from synapse_flwr.core.privacy import (
     gaussian_epsilon,
 )
 from synapse_flwr.core.prototypes import decode_prototype, encode_prototype
-from synapse_flwr.core.release import ReleaseState
+from synapse_flwr.core.release import ReleaseState, cast_votes
 from synapse_flwr.core.router import Router
 from synapse_flwr.core.schema import FusionSetting, FusionVotes
 from synapse_flwr.core.votes import (
@@ -150,6 +151,32 @@ def test_leave_one_out_routes_each_record_as_a_router_without_it_would():
     router.set_fusion(Fusion(prototype=8.0, prior=0.0))
     assert router.route(LONE.query).tool == "visa_rules"
     assert not got[EVENTS.index(LONE), strongest]
+
+
+class RecordingEmbedder(BagEmbedder):
+    """BagEmbedder that remembers every text it embeds."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def encode(self, texts):
+        self.texts += list(texts)
+        return super().encode(texts)
+
+
+def test_a_vote_takes_out_the_masked_query_its_release_embedded():
+    """Regression: votes embedded the raw query while the release embedded it PII-masked, so leave-one-out
+    took a different vector out of the prototype than the record had put in."""
+    events = [Event(query=f"umbrella rain city {c}, mail me at jo{c}@example.com", tool="get_weather",
+                    success=True) for c in "abcd"]
+    emb = RecordingEmbedder()
+    glob = merge_typed([build_compendium(events, CATALOG, "acme", embedder=emb, epsilon=math.inf, seed=0)])
+    released = set(emb.texts)
+    assert released and not any("@" in t for t in released)
+    emb.texts.clear()
+    cast_votes(events, CATALOG, glob, emb, 0.0, np.random.default_rng(0))
+    assert set(emb.texts) & {mask_pii(e.query) for e in events} == {mask_pii(e.query) for e in events}
+    assert not any("@example.com" in t for t in emb.texts)
 
 
 def test_leave_one_out_in_chunks_is_the_same_as_at_once(monkeypatch):

@@ -115,7 +115,9 @@ class BuildConfig:
     events_per_record : int
         Events one private record can give rise to: 2 when an organisation
         replays its traffic (the original event and its replayed outcome),
-        which doubles the contribution bound the noise is calibrated to.
+        which doubles the phrases' share of the contribution bound the noise is
+        calibrated to and quadruples the other counters' (both events may move
+        the same counter, :attr:`max_contributions`).
     prototype_weight : float
         ``c``: weight of a record's unit query embedding in its tool's
         prototype sum when an embedder is given (the budget split between
@@ -172,9 +174,18 @@ class BuildConfig:
 
     @property
     def max_contributions(self) -> int:
-        """Counters one private record may touch: its L0 sensitivity."""
-        per_event = self.max_unigrams + self.max_bigrams + _NON_TEXT_CONTRIBUTIONS
-        return per_event * self.record_events
+        """Squared L2 norm of what one private record adds to the counters (at least its L0 sensitivity).
+
+        Each of its events moves its phrase counters and 4 others by +1. A
+        phrase counts once per tool and query, so a record adds at most one
+        per phrase slot and event. A sequence record's events are calls of
+        distinct tools, so its other counters differ too; but an event and its
+        replayed outcome (``events_per_record`` 2, both misroutes onto one
+        tool) may move the same call, confusion and transition counters twice
+        each: ``E^2`` per slot.
+        """
+        events, repeats = self.record_events, self.events_per_record
+        return (self.max_unigrams + self.max_bigrams) * events + _NON_TEXT_CONTRIBUTIONS * events * repeats
 
     def privacy_params(self, epsilon: float, delta: float, rounds: int, weight: float) -> PrivacyParams:
         """The contribution bound of one record under this config (``weight``: prototype ``c`` or 0)."""
@@ -550,6 +561,16 @@ def derive_seed(*parts: object) -> int:
     """A stable 63-bit seed from any parts (e.g. run seed, org, round)."""
     digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1
+
+
+def window_seed(seed: int, windows_before: int) -> int:
+    """The noise seed of a release window: ``seed`` for an organisation's first, a derived one for each later one.
+
+    A seeded release cache builds its windows with one seed and one round;
+    the same noise in two windows would cancel in the difference of their
+    artifacts and show the new records' exact counts.
+    """
+    return seed if windows_before == 0 else derive_seed(seed, "window", windows_before)
 
 
 def add_sequences(per_tool: dict[str, ToolRelease], sequences: Sequence[SequenceRecord], bounds: SequenceBounds,

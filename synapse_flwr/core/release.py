@@ -35,9 +35,10 @@ from synapse_flwr.core.builder import BuildConfig
 from synapse_flwr.core.catalog import Catalog
 from synapse_flwr.core.embed import Embedder
 from synapse_flwr.core.errors import SynapseError
-from synapse_flwr.core.experience import Event, event_label
+from synapse_flwr.core.experience import Event, event_label, load_experience
 from synapse_flwr.core.files import write_atomic
 from synapse_flwr.core.merge import merge_typed
+from synapse_flwr.core.pii import mask_pii
 from synapse_flwr.core.router import Router
 from synapse_flwr.core.sanitize import instruction_like
 from synapse_flwr.core.schema import (
@@ -94,8 +95,12 @@ class ReleaseCacheError(SynapseError):
     """A release cache that cannot be the organisation's ledger: unreadable, or made under other settings."""
 
 
+#: How a cache names its records (:func:`logged_keys`); a cache that named them otherwise is another ledger.
+RECORD_KEYS = "as logged"
+
+
 def release_settings(org: str, named: Mapping[str, object]) -> dict[str, str]:
-    """The settings a release cache belongs to, by name: ``org``, ``named``, the builder and the schema.
+    """The settings a release cache belongs to, by name: ``org``, ``named``, the builder, the schema and the keys.
 
     A cache made under other settings belongs to another run (its records
     were released under another calibration, or into another space). The
@@ -103,7 +108,7 @@ def release_settings(org: str, named: Mapping[str, object]) -> dict[str, str]:
     catalog holds, and :func:`with_catalog` brings a cached release up to date.
     """
     return {"org": org, **{k: str(v) for k, v in named.items()}, "builder": repr(BuildConfig()),
-            "schema": SCHEMA_VERSION}
+            "schema": SCHEMA_VERSION, "record_keys": RECORD_KEYS}
 
 
 def settings_fingerprint(settings: Mapping[str, str]) -> str:
@@ -207,6 +212,18 @@ def record_keys(events: Sequence[Event]) -> list[str]:
     return keys
 
 
+def logged_keys(path: Path) -> list[str]:
+    """:func:`record_keys` of the log at ``path`` with its tool names as logged, not as a catalog resolves them.
+
+    A catalog may rename a tool and keep the old name as an alias: the log
+    still loads, but keys of the resolved events would change, and a release
+    cache would release those records again. Aligned with the events of
+    ``load_experience(path, catalog)`` (one per line, in order); for a log that
+    names tools by their ids the keys are those of the resolved events.
+    """
+    return record_keys(load_experience(path, warn=False))
+
+
 def combine(previous: Compendium, window: Compendium) -> Compendium:
     """One organisation's combined release: its earlier release and a new window.
 
@@ -225,28 +242,36 @@ def combine(previous: Compendium, window: Compendium) -> Compendium:
 
 
 def with_catalog(artifact: Compendium, catalog: Catalog) -> Compendium:
-    """``artifact`` as today's catalog documents it: public text renewed, removed tools left out.
+    """``artifact`` as today's catalog documents it: public text renewed, renamed tools renamed, removed ones left out.
 
     A cached release was made under the catalog of its day. Documentation is
-    public, so renewing it from the catalog, and leaving out what concerns a
-    tool the catalog no longer lists, is post-processing: no record is
-    released again. A tool the catalog gained has no entry until a window
-    releases one; routers read its documentation from the catalog meanwhile.
+    public, so renewing it from the catalog, following a tool's rename (its
+    old id now an alias of the new one, which has no entry yet) and leaving
+    out what concerns a tool the catalog no longer lists is post-processing:
+    no record is released again. A tool the catalog gained has no entry until
+    a window releases one; routers read its documentation meanwhile.
     """
-    known, docs = set(catalog.ids), catalog.descriptions()
-    tools = [_documented(e, known, docs[e.tool_id]) for e in artifact.tools if e.tool_id in known]
+    held = {e.tool_id for e in artifact.tools}
+
+    def current(tool_id: str) -> str | None:
+        new = catalog.resolve(tool_id)
+        return new if new == tool_id or (new is not None and new not in held) else None
+
+    docs = catalog.descriptions()
+    tools = sorted((_documented(e, new, current, docs[new]) for e in artifact.tools if (new := current(e.tool_id))),
+                   key=lambda e: e.tool_id)
     return artifact if tools == artifact.tools else artifact.model_copy(update={"tools": tools})
 
 
-def _documented(entry: ToolEntry, known: set[str], description: str) -> ToolEntry:
+def _documented(entry: ToolEntry, tool_id: str, current: Callable[[str], str | None], description: str) -> ToolEntry:
     # as the builder writes it: a description that reads as an instruction is left out
-    when_not = [w if w.prefer is None or w.prefer in known else w.model_copy(update={"prefer": None})
-                for w in entry.when_not]
+    when_not = [w.model_copy(update={"prefer": w.prefer and current(w.prefer)}) for w in entry.when_not]
     return entry.model_copy(update={
+        "tool_id": tool_id,
         "description": "" if instruction_like(description) else description,
         "when_not": when_not,
-        "confusions": [c for c in entry.confusions if c.tool in known],
-        "next_tools": [c for c in entry.next_tools if c.tool in known],
+        "confusions": [c.model_copy(update={"tool": t}) for c in entry.confusions if (t := current(c.tool))],
+        "next_tools": [c.model_copy(update={"tool": t}) for c in entry.next_tools if (t := current(c.tool))],
     })
 
 
@@ -373,7 +398,8 @@ def cast_votes(events: Sequence[Event], catalog: Catalog, incoming: Compendium, 
     rng : numpy.random.Generator
         The noise source.
     """
-    labelled = [(e.query, label) for e in events if (label := event_label(e, catalog)) is not None]
+    # the query as its release embedded it (PII masked), so leave-one-out takes out exactly its vector
+    labelled = [(mask_pii(e.query), label) for e in events if (label := event_label(e, catalog)) is not None]
     if not labelled:
         return None
     router = Router(incoming, catalog, embedder=embedder, reranker="none")

@@ -22,7 +22,7 @@ import logging
 import math
 import secrets
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +49,7 @@ from synapse_flwr.core.release import (
     cast_votes,
     holds_release,
     load_release_state,
+    logged_keys,
     may_vote,
     record_keys,
     release_round,
@@ -83,11 +84,24 @@ app = ClientApp(mods=[capture_mod])  # the mod is a pass-through unless run conf
 
 @dataclass(frozen=True)
 class OrgData:
-    """This node's organisation, catalog and private experience."""
+    """This node's organisation, catalog and private experience.
+
+    ``keys`` name its records in the release cache, one per event: a log's are
+    taken as logged (:func:`~synapse_flwr.core.release.logged_keys`), so a
+    catalog that renames a tool does not make its records new; by default
+    those of the events themselves.
+    """
 
     org: str
     catalog: Catalog
     events: list[Event]
+    keys: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.keys:
+            object.__setattr__(self, "keys", record_keys(self.events))
+        if len(self.keys) != len(self.events):
+            raise ValueError(f"{len(self.keys)} record keys for {len(self.events)} events")
 
 
 def org_data(context: Context, cfg: RunConfig) -> OrgData:
@@ -111,7 +125,7 @@ def org_data(context: Context, cfg: RunConfig) -> OrgData:
         else:
             catalog = load_dataset(cfg.dataset, cfg.seed).catalog
         org = str(nc.get("org", data_path.stem.removeprefix("org_")))
-        return OrgData(org, catalog, load_experience(data_path, catalog))
+        return OrgData(org, catalog, load_experience(data_path, catalog), logged_keys(data_path))
     k = int(nc["num-partitions"])
     org, ds = load_partition(cfg.dataset, k, int(nc["partition-id"]), cfg.seed, cfg.alpha, cfg.inject)
     return OrgData(org, ds.catalog, ds.orgs[org])
@@ -231,8 +245,7 @@ def org_release(
     carries prototypes, the records released in earlier rounds that have not
     voted cast their fusion votes against it (:func:`cast_votes`).
     """
-    keys = record_keys(data.events)
-    keyed = list(zip(keys, data.events))
+    keyed = list(zip(data.keys, data.events))
     keyed += [(f"{k}/replay{server_round}", e) for k, e in zip(record_keys(replayed), replayed)]
     rounds = planned_releases(cfg)
     config = build_config(cfg)
@@ -251,7 +264,7 @@ def org_release(
         state = without_votes(before, state)
     # records that missed the vote phase of the round that released them (a node down then), once the
     # global holds their release: leave-one-out takes each record out of a sum that must hold it
-    voters = [(k, e) for k, e, ok in zip(keys, data.events, may_vote(before, keys)) if ok]
+    voters = [(k, e) for k, e, ok in zip(data.keys, data.events, may_vote(before, data.keys)) if ok]
     if voters and not holds_release(incoming, before.artifact, server_round):
         voters = []
     artifact, state, _ = vote_round(data, cfg, artifact, state, voters, releases, seed, server_round, embedder,
@@ -307,8 +320,7 @@ def org_vote(
     if refusal := vote_refusal(sent, incoming, counted=True):
         log.info("%s round %d: no votes: %s", data.org, server_round, refusal)
         return sent, state, 0
-    keys = record_keys(data.events)
-    voters = [(k, e) for k, e, ok in zip(keys, data.events, may_vote(state, keys)) if ok]
+    voters = [(k, e) for k, e, ok in zip(data.keys, data.events, may_vote(state, data.keys)) if ok]
     return vote_round(data, cfg, sent, state, voters, min(state.windows, planned_releases(cfg)), noise_seed(cfg),
                       server_round, embedder, incoming)
 
@@ -495,7 +507,7 @@ def replay_round(cfg: RunConfig, data: OrgData, state: ReleaseState, incoming: A
     # only records released in an earlier window: an event and its replay in one window
     # would double the record's contribution to that release (its calibration assumes one)
     done = set(state.released)
-    return replay_events([e for k, e in zip(record_keys(data.events), data.events) if k in done], router)
+    return replay_events([e for k, e in zip(data.keys, data.events) if k in done], router)
 
 
 def respond(msg: Message, context: Context, vote_phase: bool) -> Message:
