@@ -196,6 +196,8 @@ def build(
 
     check_org(org)
     check_space(embedder)
+    if summarise_model:
+        check_model(summarise_model, "--summarise-model")
     check_output(output, [experience, catalog])
     if release_cache is not None:
         _check_cache(release_cache, [output, experience, catalog])
@@ -815,10 +817,11 @@ EmbedderOption = Annotated[
 
 CountPriorOption = Annotated[
     float | None,
-    typer.Option(help="Weight of log(1 + calls) of each tool in the compendium, a prior that your traffic follows "
-                 "the federation's mix of tools (default: the one the federation's fusion votes chose, else 0.5, "
-                 "chosen on MetaTool's dev split). Set 0 when your traffic's mix differs, e.g. a test set balanced "
-                 "over tools (docs/results/tuning/label_shift)."),
+    typer.Option(help="Weight of log(1 + n) for each tool whose query prototype the router reads, n the "
+                 "prototype's released query count: a prior that your traffic follows the federation's mix of "
+                 "tools (default: the one the federation's fusion votes chose, else the embedder's dev-split "
+                 "value: 0.5 for minilm and mpnet, 0.2 for static). Set 0 when your traffic's mix differs, e.g. a "
+                 "test set balanced over tools (docs/results/tuning/label_shift)."),
 ]
 
 
@@ -832,7 +835,10 @@ def route(
     reranker: Annotated[str, typer.Option(help="fields (typed scorer), llm or none (retrieval top-1).")] = "fields",
     model: ModelOption = None,
     embedder: EmbedderOption = None,
-    render: Annotated[str, typer.Option(help="Show candidates to the reranker as typed fields or flat.")] = "typed",
+    render: Annotated[str, typer.Option(
+        help="typed: read the compendium's fields; flat (the paper's ablation): each tool's entry becomes one "
+             "documentation string, which retrieval and the reranker read, and its query prototypes are not "
+             "read.")] = "typed",
     k: Annotated[int, typer.Option(min=1, help="Candidates retrieved per query.")] = 5,
     explain: Annotated[bool, typer.Option(help="Print which field decided and each candidate's evidence.")] = False,
     llm_weight: LLMWeightOption = None,

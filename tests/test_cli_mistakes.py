@@ -74,6 +74,14 @@ def test_examples_checks_its_output_and_model_before_the_model_runs(folder, tmp_
     assert "about 25 s to load, then about 5 s a tool" in shown  # as measured on idle cores
 
 
+def test_build_refuses_an_unknown_summarise_model_before_any_work(folder, tmp_path):
+    """Regression: a misspelt local model failed once per scenario, in a litellm traceback each, and exited 0."""
+    refused(invoke("build", "--experience", folder / "train.jsonl", "--catalog", folder / "catalog.json", "--org",
+                   "acme", "--embedder", "none", "--epsilon", "inf", "--summarise-model", "local/bogus",
+                   "-o", tmp_path / "x.json"), "--summarise-model 'local/bogus': unknown local model; valid: local/")
+    assert not (tmp_path / "x.json").exists()
+
+
 def test_an_output_under_a_file_is_refused_before_any_work(folder, tmp_path):
     # the experience log is missing: reading it first would have named that instead
     blocked = folder / "catalog.json" / "x.json"

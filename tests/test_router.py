@@ -52,9 +52,13 @@ def router(compendium, reranker="fields", render="typed"):
     return Router(compendium, CATALOG, embedder=TfidfEmbedder(), reranker=reranker, render=render)
 
 
+def central_compendium() -> Compendium:
+    return build_compendium(EVENTS, CATALOG, "acme", epsilon=math.inf, seed=0)
+
+
 @pytest.fixture(scope="module")
 def central() -> Compendium:
-    return build_compendium(EVENTS, CATALOG, "acme", epsilon=math.inf, seed=0)
+    return central_compendium()
 
 
 def test_experience_teaches_what_docs_do_not(central):
@@ -168,6 +172,57 @@ def test_when_not_with_prefer_redirects_to_the_named_tool():
     result = router(comp).route("convert bitcoin to euros")
     assert result.tool == "crypto_ticker"
     assert "redirected" in result.decided_by
+
+
+def test_only_the_matching_when_not_scenario_names_the_tool_to_use_instead():
+    """Regression: the avoid-when evidence came from the best-matching scenario, the redirect from the best one
+    with a ``prefer``, however weak its match, so a query went to a tool its scenario never named."""
+    matching = WhenNot(text="convert bitcoin euros", support=9.0)  # says avoid, names no other tool
+    weak = WhenNot(text="hotel room tonight", support=9.0, prefer="visa_rules")
+    entry = ToolEntry(tool_id="convert_currency", description="Convert an amount between fiat currencies.",
+                      when_not=[matching, weak])
+    comp = Compendium(kind="global", issuer=Issuer(org="global"), tools=[entry])
+    result = router(comp).route("convert bitcoin to euros")
+    assert result.tool != "visa_rules" and "redirected" not in result.decided_by
+    ruled_out = next(c for c in result.candidates if c.tool_id == "convert_currency")
+    assert ruled_out.signals["when_not"] > 0  # the matching scenario still rules the tool out
+    named = entry.model_copy(update={"when_not": [matching.model_copy(update={"prefer": "crypto_ticker"}), weak]})
+    assert router(comp.model_copy(update={"tools": [named]})).route("convert bitcoin to euros").tool == "crypto_ticker"
+
+
+def test_a_catalog_whose_texts_hold_no_phrase_routes():
+    """Regression: with no phrase anywhere in names and descriptions the phrase model raised from scipy."""
+    bare = make_catalog([ToolDoc("go", "go", ""), ToolDoc("get", "get", "")])
+    assert Router(None, bare, embedder=TfidfEmbedder()).route("go somewhere").tool in ("go", "get")
+
+
+def test_explain_credits_the_documentation_only_when_it_would_have_chosen_the_same_tool(central):
+    """Regression: with k = 1 the documentation's choice was taken among the candidates, i.e. the winner."""
+    docs = router(None, "none")
+    queries = [*(e.query for e in EVENTS), "bitcoin price", "visa for japan", "a room near the rain"]
+    for k in (1, 5):
+        r = Router(central, CATALOG, embedder=TfidfEmbedder(), k=k)
+        moved = 0
+        for q in queries:
+            result = r.route(q)
+            same = result.tool == docs.route(q).tool
+            moved += not same
+            assert (result.decided_by == ["description"]) == same, (k, q, result.decided_by)
+        assert moved > 0  # experience moved some routes: both sides of the rule are exercised
+
+
+def test_a_model_is_not_shown_call_statistics_within_noise_of_zero():
+    """Regression: under DP a tool never called was rendered "success rate: 0% of 8 calls" from noise alone."""
+    private = build_compendium(EVENTS, CATALOG, "acme", epsilon=1.0, seed=4)  # visa_rules: 12.6 calls of noise
+    r = Router(private, CATALOG, embedder=TfidfEmbedder(), reranker="none")
+    noise_only = [t for t in ("visa_rules", "crypto_ticker") if private.tool(t).stats.calls > 0]
+    assert noise_only and r.calls_floor > max(private.tool(t).stats.calls for t in noise_only)
+    for t in noise_only:
+        assert "success rate" not in r._shown(r.tool_ids.index(t))
+    flat = Router(private, CATALOG, embedder=TfidfEmbedder(), reranker="none", render="flat")
+    assert all("calls" not in flat.entries[t].description for t in noise_only)
+    exact = Router(central_compendium(), CATALOG, embedder=TfidfEmbedder(), reranker="none")
+    assert "success rate: 100% of 8 calls" in exact._shown(exact.tool_ids.index("get_weather"))
 
 
 def test_votes_for_documentation_only_silence_when_not_too():

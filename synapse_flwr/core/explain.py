@@ -13,7 +13,7 @@ def decided_by(ranked: Sequence[Candidate], docs_choice: str) -> list[str]:
     """The fields that made the winner win.
 
     ``["description"]`` when the documentation alone would have picked the
-    same tool among the candidates; otherwise the experience fields with
+    same tool (``docs_choice``: its best over the whole catalog); otherwise the experience fields with
     evidence for the winner (``phrases``, ``scenario``, ``prototype``: the
     query's match with the tool's prototype, ``prior``: the tool's released
     count, ``redirected``), and ``when_not`` when the documentation's choice was

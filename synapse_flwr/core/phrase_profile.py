@@ -95,8 +95,9 @@ class PhraseProfile:
         self.log_floor = np.log(m * PHRASE_FLOOR * scale).astype(np.float32)
         listed = ((counts + desc) > 0).astype(np.float64).tocoo()
         r, col = listed.row, listed.col
-        prob = (np.asarray(counts[r, col]).ravel() + m * (PHRASE_FLOOR + (rho - PHRASE_FLOOR)
-                * np.asarray(desc[r, col]).ravel())) * scale[r]
+        # (a catalog whose texts hold no phrase lists none: scipy would index out a sparse matrix)
+        c_at, d_at = ((np.asarray(x[r, col]).ravel() if len(r) else np.zeros(0)) for x in (counts, desc))
+        prob = (c_at + m * (PHRASE_FLOOR + (rho - PHRASE_FLOOR) * d_at)) * scale[r]
         ratio = np.maximum(np.log(prob) - self.log_mean[col], 0.0)
         background = np.maximum(self.log_floor[r] - self.log_mean[col], 0.0)
         # listed phrases replace the background term the dense part adds for them

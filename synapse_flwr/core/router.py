@@ -77,7 +77,7 @@ from synapse_flwr.core.rerank_llm import (
     llm_weight_for,
 )
 from synapse_flwr.core.scenarios import split_when
-from synapse_flwr.core.schema import Compendium, FlatCompendium, ToolEntry
+from synapse_flwr.core.schema import Compendium, FlatCompendium, ToolEntry, ToolStats
 
 log = logging.getLogger(__name__)
 
@@ -332,13 +332,17 @@ class Router:
         self.docs_candidates = docs_candidates
         self.fusion = fusion or voted_fusion(compendium, self.embedder.name)
         self.entries = typed_entries(compendium, catalog)
+        privacy = getattr(compendium, "privacy", None)
+        # a merged count sums the (clamped) noise of every org artifact behind it
+        merged = max(len(getattr(compendium, "inputs", None) or []), 1)
+        self.calls_floor = zero_count_floor(privacy.sigma if privacy is not None else 0.0, merged, NOISE_SDS)
         if render == "flat":
             # The ablation of the typed fields (the paper's flat arm): the router
             # reads one string per tool, as if it were the tool's documentation,
             # so it can neither weigh a phrase by its support nor tell "use when"
             # from "avoid when". (Not validated: a flat string may be longer than
             # a description is allowed to be.)
-            self.entries = {t: doc_entry(t, render_flat(e)) for t, e in self.entries.items()}
+            self.entries = {t: doc_entry(t, render_flat(self._readable(e))) for t, e in self.entries.items()}
         self.tool_ids = list(self.entries)
         self.examples = {d.tool_id: d.examples for d in catalog.tools}
         # example requests listed under `when` (their supports read off the prototype)
@@ -351,10 +355,6 @@ class Router:
         self.names = names  # what an agent must call, as its catalog spells it
         self.arguments = catalog_arguments(catalog)
         self._index(indexed, names)
-        privacy = getattr(compendium, "privacy", None)
-        # a merged count sums the (clamped) noise of every org artifact behind it
-        merged = max(len(getattr(compendium, "inputs", None) or []), 1)
-        self.calls_floor = zero_count_floor(privacy.sigma if privacy is not None else 0.0, merged, NOISE_SDS)
         self.profile = PhraseProfile(indexed, names, privacy.threshold if privacy is not None else 1.0,
                                      self.arguments)
         # exactly the phrase model a documentation-only router builds
@@ -568,15 +568,20 @@ class Router:
         return {"prototype": match, "prior": float(prior[tool])}
 
     def _prefer_target(self, qv: np.ndarray, tool: int) -> tuple[str | None, float]:
-        """The ``prefer`` tool of the best-matching when_not scenario, with its similarity."""
-        start = self.row_end[tool] - len(self.entries[self.tool_ids[tool]].when_not)
-        rows = range(start, self.row_end[tool])
-        best, best_sim = None, -1.0
-        for row, w in zip(rows, self.entries[self.tool_ids[tool]].when_not):
-            sim = float(self.vectors[row] @ qv)
-            if w.prefer and w.prefer in self.entries and sim > best_sim:
-                best, best_sim = w.prefer, sim
-        return best, best_sim
+        """The ``prefer`` tool of the best-matching when_not scenario (None if it names none), with its similarity.
+
+        Only that scenario decides whether the tool is avoided, so only it may
+        say what to use instead: a weaker one's ``prefer`` redirected queries to
+        tools that the matching scenario never named.
+        """
+        when_not = self.entries[self.tool_ids[tool]].when_not
+        if not when_not:
+            return None, -1.0
+        start = self.row_end[tool] - len(when_not)
+        sims = [float(self.vectors[row] @ qv) for row in range(start, self.row_end[tool])]
+        best = int(np.argmax(sims))
+        prefer = when_not[best].prefer
+        return (prefer if prefer in self.entries else None), sims[best]
 
     def _rerank_fields(
         self, qv: np.ndarray, cand: list[int], fused: np.ndarray, parts: dict[str, np.ndarray]
@@ -607,7 +612,14 @@ class Router:
         ranked = sorted(scores.values(), key=lambda c: (-c.score, c.tool_id))
         if self.render == "flat":
             return ranked, ["flat"]
-        return ranked, decided_by(ranked, self.tool_ids[max(cand, key=lambda t: (parts["description"][t], -t))])
+        # the documentation's own choice over the whole catalog (with k = 1 the lone candidate is no choice)
+        return ranked, decided_by(ranked, self.tool_ids[int(np.argmax(parts["description"]))])
+
+    def _readable(self, entry: ToolEntry) -> ToolEntry:
+        """``entry`` as a model reads it: call statistics within noise of zero (a tool never called, under DP) left out."""
+        if 0 < entry.stats.calls <= self.calls_floor:
+            return entry.model_copy(update={"stats": ToolStats()})
+        return entry
 
     def _shown(self, t: int, experience: bool = True) -> str:
         """A candidate as the LLM reads it: typed fields, or the flat arm's one string.
@@ -621,7 +633,7 @@ class Router:
             entry = docs if self.render == "typed" else doc_entry(tool_id, render_flat(docs))
         examples = self.examples.get(tool_id, ())
         if self.render == "typed":
-            return render_typed(entry, examples=examples)
+            return render_typed(self._readable(entry), examples=examples)
         shown = f"\nexample requests: {'; '.join(examples[:SHOWN_REQUESTS])}" if examples else ""
         return f"tool: {entry.tool_id}\n{entry.description}{shown}"
 
