@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from numbers import Integral
 
 from flwr.app import (
@@ -28,7 +29,12 @@ from synapse_flwr.strategies.records import (
 )
 
 from synapse_flwr.core.delta import apply_delta, sha256_hex
-from synapse_flwr.core.schema import Compendium, FlatCompendium
+from synapse_flwr.core.schema import (
+    MAX_TOOLS,
+    Compendium,
+    EmbeddingSpace,
+    FlatCompendium,
+)
 from synapse_flwr.core.signing import ARTIFACT, GLOBAL, Registry, Signer
 from synapse_flwr.core.wire import (
     MAX_WIRE_BYTES,
@@ -98,6 +104,10 @@ class RoundReport:
         Vote-phase replies that were not (the node's train artifact stays merged).
     votes_bytes_in : int
         Wire bytes of all vote-phase replies.
+    merge_error : str or None
+        Why the round's merge (or its vote phase's) failed; the previous
+        global was kept and the replies it would have merged are listed as
+        rejected with this reason (None: no failure).
     """
 
     round: int
@@ -113,6 +123,7 @@ class RoundReport:
     votes_accepted: list[int] = field(default_factory=list)
     votes_rejected: list[Rejection] = field(default_factory=list)
     votes_bytes_in: int = 0
+    merge_error: str | None = None
 
 
 @dataclass
@@ -230,6 +241,109 @@ def same_release(before: Compendium | None, after: Compendium) -> bool:
     return before is not None and after.model_copy(update={"issuer": before.issuer}) == before
 
 
+def claim_problem(org: str, node: int, owner: int | None, node_org: str | None) -> str | None:
+    """Why ``node`` may not send an artifact as ``org``, or None when it may (never raises).
+
+    Parameters
+    ----------
+    org : str
+        The artifact's ``issuer.org``.
+    node : int
+        The node the reply came from.
+    owner : int or None
+        The node ``org`` was accepted from before (None: none, or unknown after a restart).
+    node_org : str or None
+        The organisation ``node`` was accepted for before (None: none yet).
+    """
+    if owner is not None and owner != node:
+        return f"org {org!r} already belongs to node {owner}"
+    # one node, one organisation: a node that claimed a new org each round would back every contest alone
+    if node_org is not None and node_org != org:
+        return f"node {node} already sends as org {node_org!r}; one node speaks for one organisation, not also {org!r}"
+    return None
+
+
+def space_name(space: EmbeddingSpace) -> str:
+    """An embedding space in words: ``model (dim dims, normalization)``."""
+    return f"{space.model} ({space.dim} dims, {space.normalization})"
+
+
+def majority_space(spaces: Iterable[EmbeddingSpace | None]) -> EmbeddingSpace | None:
+    """The most common space of ``spaces`` (None entries ignored; None if there is none).
+
+    Ties go to the first in sorted order of ``(model, dim, normalization)``, so
+    the result does not depend on the order the spaces come in.
+    """
+    counts = Counter(s for s in spaces if s is not None)
+    if not counts:
+        return None
+    return min(counts, key=lambda s: (-counts[s], s.model, s.dim, s.normalization))
+
+
+def federation_space(
+    configured: EmbeddingSpace | None, held: Iterable[Compendium], arrived: Iterable[Compendium]
+) -> tuple[EmbeddingSpace | None, str]:
+    """The embedding space every merged artifact must share, and where it comes from.
+
+    The run's configured space; else that of the artifacts already held
+    (accepted in earlier rounds, merged again with this round's); else the
+    majority of the round's valid arrivals (:func:`majority_space`). Never raises.
+    """
+    if configured is not None:
+        return configured, "the run's"
+    if (space := majority_space(a.embedding for a in held)) is not None:
+        return space, "that of the artifacts already merged"
+    return majority_space(a.embedding for a in arrived), "the majority of this round's artifacts"
+
+
+def space_problem(art: Compendium, space: EmbeddingSpace | None, source: str) -> str | None:
+    """Why ``art`` cannot be merged in ``space`` (named by ``source``), or None (never raises)."""
+    if space is None or art.embedding is None or art.embedding == space:
+        return None
+    return (f"embedding space {space_name(art.embedding)} differs from the federation's {space_name(space)} "
+            f"({source}); prototypes of different spaces cannot be merged")
+
+
+def catalog_problem(art: Compendium, catalog: Collection[str] | None) -> str | None:
+    """Why ``art``'s tools are not the federation's (ids outside ``catalog``), or None (never raises)."""
+    if catalog is None:
+        return None
+    unknown = [t.tool_id for t in art.tools if t.tool_id not in catalog]
+    if not unknown:
+        return None
+    more = f" (+{len(unknown) - 3} more)" if len(unknown) > 3 else ""
+    return (f"{len(unknown)} tool ids not in the federation's catalog of {len(catalog)} tools: "
+            f"{', '.join(map(repr, unknown[:3]))}{more}")
+
+
+def tool_union_problems(
+    held: Mapping[str, Compendium], arrived: Sequence[tuple[int, Compendium]], limit: int = MAX_TOOLS
+) -> dict[int, str]:
+    """Nodes whose artifact would bring the merge's distinct tools over ``limit``, with the reason.
+
+    The merge takes every org's latest artifact: ``held`` (org -> artifact kept
+    from earlier rounds), each replaced by its org's accepted arrival. Arrivals
+    are admitted fewest new tools first (ties by org), so which are refused does
+    not depend on arrival order and one artifact of made-up tools cannot crowd
+    out the others. Never raises.
+    """
+    counts = Counter(t.tool_id for art in held.values() for t in art.tools)
+    order = sorted(arrived, key=lambda na: (sum(t.tool_id not in counts for t in na[1].tools), na[1].issuer.org))
+    out: dict[int, str] = {}
+    for node, art in order:
+        trial = counts.copy()
+        if (old := held.get(art.issuer.org)) is not None:
+            trial.subtract(t.tool_id for t in old.tools)
+        trial.update(t.tool_id for t in art.tools)
+        size = sum(n > 0 for n in trial.values())
+        if size > limit:
+            out[node] = (f"its {len(art.tools)} tools would bring the merged tool union to {size} distinct tools, "
+                         f"over the schema's limit of {limit}")
+        else:
+            counts = trial
+    return out
+
+
 def check_strategy_args(min_nodes: int, max_bytes: int) -> None:
     """Refuse, before a run starts, a node count or byte limit no round could work with.
 
@@ -259,7 +373,10 @@ class CompendiumStrategy(Strategy):
     Each round every connected node receives the current global compendium
     (an ``ArrayRecord`` holding its wire bytes) and replies with its own
     artifact. Replies that error, carry no artifact, are oversized, carry no
-    valid signature (when a registry is set) or fail validation are rejected
+    valid signature (when a registry is set), fail validation, come from a
+    node for an org that is another node's (or for a second org), or that the
+    merge could not take (another embedding space, tools outside the catalog,
+    a tool union over the schema's limit) are rejected
     with node id and reason, logged and counted, as are nodes that did not
     answer within the round's timeout and contributors no longer connected
     (each under the id of the node the message went to, with its org once
@@ -269,7 +386,9 @@ class CompendiumStrategy(Strategy):
     like a full artifact. When at least ``min_nodes`` valid artifacts
     arrived, the latest valid artifact of every organisation seen so far is
     merged into the new global (an org that misses a round keeps contributing
-    its last artifact); otherwise the previous global is kept.
+    its last artifact); otherwise the previous global is kept. A merge that
+    still fails keeps the previous global too: the error is logged and its
+    reason recorded, and the server goes on.
 
     With ``vote_phase`` each round that merged has a second exchange (Flower's
     evaluate messages): the nodes merged in it receive the new global, their
@@ -305,6 +424,12 @@ class CompendiumStrategy(Strategy):
     vote_phase : bool
         Whether each round ends with the vote exchange (the run votes: typed
         globals with prototypes).
+    embedding : EmbeddingSpace or None
+        The run's embedding space: artifacts in another are refused (None: the
+        space of the artifacts already merged, see :func:`federation_space`).
+    catalog : collection of str or None
+        The federation's tool ids: artifacts with others are refused (None:
+        only those that would push the tool union over the schema's limit).
 
     Raises
     ------
@@ -325,6 +450,8 @@ class CompendiumStrategy(Strategy):
         registry: Registry | None = None,
         signer: Signer | None = None,
         vote_phase: bool = False,
+        embedding: EmbeddingSpace | None = None,
+        catalog: Collection[str] | None = None,
     ) -> None:
         check_strategy_args(min_nodes, max_bytes)
         self.merge_fn = merge_fn
@@ -337,6 +464,8 @@ class CompendiumStrategy(Strategy):
         self.registry = registry
         self.signer = signer
         self.vote_phase = vote_phase
+        self.embedding = embedding
+        self.catalog = None if catalog is None else frozenset(catalog)
         self.current: ArrayRecord | None = None  # the latest global merged (a vote phase's, after it)
         self.latest: dict[str, tuple[int | None, Compendium]] = {}
         self.bases: dict[str, tuple[str, bytes]] = {}  # org -> (sha256, canonical JSON) of its latest artifact
@@ -404,6 +533,7 @@ class CompendiumStrategy(Strategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Validate replies, merge the valid artifacts, report accepted and rejected."""
         rnd = self.round_offset + server_round
+        saved = dict(self.latest), dict(self.bases)
         before = {org: art for org, (_, art) in self.latest.items()}
         intake = self._intake(rnd, replies, self.latest)
         # an org whose artifact is the one it sent before (but for the round) released nothing to vote with
@@ -412,48 +542,94 @@ class CompendiumStrategy(Strategy):
         report = RoundReport(round=rnd, accepted=intake.accepted, rejected=intake.rejected, bytes_in=intake.bytes_in,
                              artifacts_in=intake.artifacts_in, deltas_in=intake.deltas_in)
         self.reports[rnd] = report
-        metrics = {"accepted": len(report.accepted), "rejected": len(report.rejected),
-                   "bytes-in": report.bytes_in}
+        record = None
         if len(report.accepted) < self.min_nodes:
             log(WARNING, "round %d: %d valid artifacts, %d needed; global kept",
                 rnd, len(report.accepted), self.min_nodes)
+        elif (record := self._merge(report)) is None:
+            self._revert(saved, rnd, report.accepted, report.rejected, report.merge_error or "merge failed")
+            self._released = []
+        metrics = {"accepted": len(report.accepted), "rejected": len(report.rejected),
+                   "bytes-in": report.bytes_in}
+        if record is None:
             return None, MetricRecord(metrics)
-        record = self._merge(report)
         return record, MetricRecord({**metrics, "bytes-out": report.bytes_out, "conflicts": report.conflicts})
 
     def _intake(self, rnd: int, replies: Iterable[Message],
                 latest: dict[str, tuple[int | None, Compendium]]) -> Intake:
-        """Check every reply to :attr:`_sent`; accepted artifacts become their org's latest."""
+        """Check every reply to :attr:`_sent`; accepted artifacts become their org's latest.
+
+        Each reply is checked on its own first (:meth:`_verified`), then the
+        valid ones together against what the merge needs (:meth:`_unmergeable`),
+        so what is refused there does not depend on the order replies arrived in.
+        """
         intake = Intake()
-        owned = {node: org for org, (node, _) in self.latest.items()}
         replies = list(replies)
         for node, reason in dropped_nodes(self._sent, replies, latest):
-            self._reject(intake, rnd, node, reason)
+            self._reject(intake.rejected, rnd, node, reason)
+        valid = self._verified(rnd, replies, intake)
+        refused = self._unmergeable([(node, art) for node, art, _, _ in valid])
+        for node, art, body, is_delta in valid:
+            if node in refused:
+                self._reject(intake.rejected, rnd, node, refused[node])
+                continue
+            self.latest[art.issuer.org] = (node, art)
+            self.bases[art.issuer.org] = (sha256_hex(body), body)
+            intake.deltas_in += is_delta
+            intake.accepted.append(node)
+        return intake
+
+    def _verified(self, rnd: int, replies: Sequence[Message],
+                  intake: Intake) -> list[tuple[int, Compendium, bytes, bool]]:
+        """The replies valid on their own, as ``(node, artifact, canonical JSON, came as a delta)``; the rest rejected."""
+        owners = {org: node for org, (node, _) in self.latest.items()}
+        node_orgs = {node: org for org, node in owners.items() if node is not None}
         sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent}
+        valid = []
         for msg in replies:
             # the SuperLink answers for an unavailable node from node 1: name the node the message went to
             node = sent_to.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
-            base = self.bases.get(owned.get(node, ""), (None, None))[1]
+            base = self.bases.get(node_orgs.get(node, ""), (None, None))[1]
             art, body, size, reason = verify_reply(msg, self.max_bytes, self.registry, rnd, base)
             intake.bytes_in += size
             intake.artifacts_in += size > 0
             if reason is None and art is not None:
-                owner = self.latest.get(art.issuer.org)
-                if owner is not None and owner[0] not in (None, node):
-                    reason = f"org {art.issuer.org!r} already belongs to node {owner[0]}"
-            if reason is not None:
-                self._reject(intake, rnd, node, reason)
+                reason = claim_problem(art.issuer.org, node, owners.get(art.issuer.org), node_orgs.get(node))
+            if reason is not None or art is None or body is None:
+                self._reject(intake.rejected, rnd, node, reason or "invalid artifact")
                 continue
-            self.latest[art.issuer.org] = (node, art)
-            self.bases[art.issuer.org] = (sha256_hex(body), body)
-            intake.deltas_in += DELTA_KEY in msg.content.array_records
-            intake.accepted.append(node)
-        return intake
+            owners[art.issuer.org], node_orgs[node] = node, art.issuer.org  # a second claim this round is refused too
+            valid.append((node, art, body, DELTA_KEY in msg.content.array_records))
+        return valid
 
-    def _merge(self, report: RoundReport) -> ArrayRecord:
-        """Merge every org's latest artifact into the round's global (:attr:`current`); the report gets its size."""
-        merged = self.merge_fn([art for _, art in self.latest.values()])
-        wire = encode(merged, compress=self.compress)
+    def _unmergeable(self, arrived: Sequence[tuple[int, Compendium]]) -> dict[int, str]:
+        """Nodes whose valid artifact the merge could not take with the others, with the reason (never raises).
+
+        Another embedding space than the federation's (:func:`federation_space`),
+        tools outside the catalog, or a tool union over the schema's limit
+        (:func:`tool_union_problems`).
+        """
+        held = {org: art for org, (_, art) in self.latest.items()}
+        space, source = federation_space(self.embedding, held.values(), [art for _, art in arrived])
+        out = {node: reason for node, art in arrived
+               if (reason := space_problem(art, space, source) or catalog_problem(art, self.catalog))}
+        out.update(tool_union_problems(held, [(node, art) for node, art in arrived if node not in out]))
+        return out
+
+    def _merge(self, report: RoundReport) -> ArrayRecord | None:
+        """Merge every org's latest artifact into the round's global (:attr:`current`); the report gets its size.
+
+        None when the merge fails: :attr:`current` stays the previous global and
+        ``report.merge_error`` says why (the intake refuses what the merge is
+        known to refuse; this keeps the server up through anything else).
+        """
+        try:
+            merged = self.merge_fn([art for _, art in self.latest.values()])
+            wire = encode(merged, compress=self.compress)
+        except Exception as exc:  # noqa: BLE001 - one round's failed merge must not stop the federation
+            report.merge_error = f"merge failed, previous global kept: {type(exc).__name__}: {exc}"[:MAX_REASON_CHARS]
+            log(ERROR, "round %d: %s", report.round, report.merge_error)
+            return None
         report.merged = True
         report.bytes_out = len(wire)
         report.conflicts = len(getattr(merged, "conflicts", []))
@@ -463,10 +639,21 @@ class CompendiumStrategy(Strategy):
         self.current = to_record(wire)
         return self.current
 
-    def _reject(self, intake: Intake, rnd: int, node: int, reason: str) -> None:
+    def _reject(self, rejected: list[Rejection], rnd: int, node: int, reason: str) -> None:
         org = self.org_of(node)
-        intake.rejected.append(Rejection(rnd, node, reason, org))
+        rejected.append(Rejection(rnd, node, reason, org))
         log(WARNING, "round %d: rejected reply from node %d%s: %s", rnd, node, f" (org {org!r})" if org else "", reason)
+
+    def _revert(self, saved: tuple[dict[str, tuple[int | None, Compendium]], dict[str, tuple[str, bytes]]], rnd: int,
+                accepted: list[int], rejected: list[Rejection], reason: str) -> None:
+        """Undo a phase whose merge failed: each org's latest and delta base as before it, its accepted rejected.
+
+        Kept, an artifact the merge cannot take would fail every later round too.
+        """
+        self.latest, self.bases = dict(saved[0]), dict(saved[1])
+        for node in accepted:
+            self._reject(rejected, rnd, node, reason)
+        accepted.clear()
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -493,11 +680,13 @@ class CompendiumStrategy(Strategy):
         report = self.reports.get(self.round_offset + server_round)
         if not self._sent or report is None:
             return None
+        saved = dict(self.latest), dict(self.bases)
         # only this phase's addressees: an org that missed the round is not "no longer connected"
         intake = self._intake(report.round, replies, {})
+        # a failed merge keeps the round's train global, and its orgs' artifacts as the train phase took them
+        if intake.accepted and self._merge(report) is None:
+            self._revert(saved, report.round, intake.accepted, intake.rejected, report.merge_error or "merge failed")
         report.votes_accepted, report.votes_rejected = intake.accepted, intake.rejected
         report.votes_bytes_in = intake.bytes_in
-        if intake.accepted:
-            self._merge(report)
         return MetricRecord({"votes-accepted": len(intake.accepted), "votes-rejected": len(intake.rejected),
                              "votes-bytes-in": intake.bytes_in})

@@ -22,17 +22,18 @@ from synapse_flwr.core.wire import ArtifactError, decode, encode
 TOOLS = 60
 
 
-def _scenario(kind: type, tool: int, j: int) -> Scenario:
+def _scenario(kind: type, tool: int, j: int, orgs: list[str]) -> Scenario:
     # words of its own: no two scenarios are similar enough for the merge to group them
     return kind(text=" ".join(f"t{tool}s{j}w{k}" for k in range(28)), support=float(j + 1),
-                variants=[f"variant {v} of {j}" for v in range(8)], orgs=["a", "b"])
+                variants=[f"variant {v} of {j}" for v in range(8)], orgs=orgs)
 
 
 def _heavy(kind: str) -> Compendium:
     """An artifact whose lists are all within the schema's bounds yet far over the wire's budget."""
+    orgs = ["a", "b"] if kind == "global" else ["a"]  # an org artifact attributes only to its issuer
     tools = [ToolEntry(tool_id=f"t{i:03d}", description=f"Tool {i}.", stats=ToolStats(calls=9.0, successes=8.0),
-                       when=[_scenario(Scenario, i, j) for j in range(64)],
-                       when_not=[_scenario(WhenNot, i, j) for j in range(64)],
+                       when=[_scenario(Scenario, i, j, orgs) for j in range(64)],
+                       when_not=[_scenario(WhenNot, i, j, orgs) for j in range(64)],
                        precautions=[Precaution(kind="dissent", text=f"caveat {j}", support=float(j)) for j in range(32)])
              for i in range(TOOLS)]
     conflicts = [Conflict(tool_id=f"t{i:03d}", field="when", subject=f"s{j}", policy="typed", resolution="kept",

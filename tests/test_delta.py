@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gzip
+import json
 import logging
+import tracemalloc
 
 import pytest
 from flwr.app import ConfigRecord, MessageType, RecordDict
@@ -19,11 +21,23 @@ from synapse_flwr.strategies.base import (
 )
 from synapse_flwr.strategies.records import attach_signature, from_record, to_record
 
-from synapse_flwr.core.delta import apply_delta, encode_delta, make_delta, sha256_hex
+from synapse_flwr.core.delta import (
+    DELTA_FORMAT,
+    apply_delta,
+    encode_delta,
+    make_delta,
+    sha256_hex,
+)
 from synapse_flwr.core.merge import merge_typed
-from synapse_flwr.core.schema import Issuer, ToolEntry
+from synapse_flwr.core.schema import MAX_TOOLS, Issuer, ToolEntry
 from synapse_flwr.core.signing import ARTIFACT
-from synapse_flwr.core.wire import MAX_WIRE_BYTES, canonical_json, decode, encode
+from synapse_flwr.core.wire import (
+    MAX_WIRE_BYTES,
+    ArtifactError,
+    canonical_json,
+    decode,
+    encode,
+)
 from synapse_flwr.flower.client_app import reply_payload
 from synapse_flwr.flower.config import RunConfig
 
@@ -223,3 +237,41 @@ def test_only_an_org_with_a_new_release_is_asked_to_vote():
     base, target = rounds_apart()
     resent = base.model_copy(update={"issuer": Issuer(org="org_a", round=ROUND + 4)})
     assert same_release(base, resent) and not same_release(base, target) and not same_release(None, base)
+
+
+@pytest.mark.parametrize("max_bytes, expect", [
+    (None, "bytes of tools, over the limit"),  # twice the base's size: the byte budget
+    (MAX_WIRE_BYTES, f"at most {MAX_TOOLS} allowed"),  # under the wire limit, the tool limit
+])
+def test_a_delta_repeating_the_base_is_refused_before_it_is_rebuilt(max_bytes, expect):
+    """Regression: 172 bytes of [start, stop] runs cost 176 MB and 22 s before the rebuilt size was checked."""
+    base = canonical_json(base_artifact().model_copy(
+        update={"tools": [ToolEntry(tool_id=f"t{i:04d}") for i in range(1000)]}))
+    delta = {"format": DELTA_FORMAT, "base": sha256_hex(base), "target": "0" * 64, "set": {}, "drop": [],
+             "tools": [[0, 1000]] * 400}
+    wire, max_bytes = encode_delta(delta), max_bytes or 2 * len(base)
+    assert len(wire) < 200
+    tracemalloc.start()
+    try:
+        with pytest.raises(ArtifactError) as info:
+            apply_delta(base, wire, max_bytes=max_bytes)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert info.value.errors[0].startswith("delta.tools.") and expect in str(info.value)
+    assert peak < 8_000_000, f"peak {peak} bytes while refusing the delta"
+
+
+def test_a_delta_may_rebuild_up_to_the_limit_of_tools():
+    def dump(obj) -> bytes:
+        return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+    base = {"issuer": {"org": "org_a", "round": 1}, "tools": [{"tool_id": f"t{i:05d}"} for i in range(MAX_TOOLS)]}
+    for extra, ok in ((0, True), (1, False)):  # a run of all but one base tool, then new entries
+        target = {**base, "tools": [*base["tools"][:-1], *({"tool_id": f"u{i}"} for i in range(1 + extra))]}
+        delta = {**make_delta(dump(base), dump(target)), "tools": [[0, MAX_TOOLS - 1], *target["tools"][-1 - extra:]]}
+        if ok:
+            assert apply_delta(dump(base), encode_delta(delta)) == dump(target)
+        else:
+            with pytest.raises(ArtifactError, match=f"rebuilds at least {MAX_TOOLS + 1} tools"):
+                apply_delta(dump(base), encode_delta(delta))

@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Error, Message, MetricRecord, RecordDict
 from synapse_flwr.simulations import fault_audit
@@ -34,11 +35,22 @@ from synapse_flwr.simulations.privacy_audit import (
     plant_canaries,
 )
 from synapse_flwr.strategies import make_strategy
+from synapse_flwr.strategies.base import CompendiumStrategy, tool_union_problems
 from synapse_flwr.strategies.records import to_record
 
 from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.catalog import load_catalog
 from synapse_flwr.core.experience import load_experience
+from synapse_flwr.core.merge import merge_typed
+from synapse_flwr.core.prototypes import encode_prototype
+from synapse_flwr.core.schema import (
+    MAX_TOOLS,
+    Compendium,
+    EmbeddingSpace,
+    Issuer,
+    ToolEntry,
+    ToolStats,
+)
 from synapse_flwr.core.wire import canonical_json, encode
 from synapse_flwr.data.federation import demo_dir
 from synapse_flwr.flower.server_app import RunRecorder, empty_global
@@ -391,3 +403,131 @@ def test_a_simulated_client_error_is_rejected_with_the_apps_own_message():
     # a reason Flower did not wrap stays as it came, on one line and bounded
     assert client_error_reason(3, "node unavailable") == "client error 3: node unavailable"
     assert len(client_error_reason(1, "x\n" * 1000)) == MAX_REASON_CHARS
+
+
+# --------------------------------------------------------------------------- what the merge cannot take
+
+S1, S2 = EmbeddingSpace(model="m1", dim=4), EmbeddingSpace(model="m2", dim=4)
+
+
+def org_art(org: str, tools=("t",), space: EmbeddingSpace | None = None, round_: int = 1) -> Compendium:
+    """An org artifact of ``tools``, each with a prototype in ``space`` when one is given."""
+    proto = encode_prototype(np.array([1.0, 0.0, 0.0, 0.0]), 5, 0.0, 0.0) if space else None
+    return Compendium(issuer=Issuer(org=org, round=round_), embedding=space, tools=[
+        ToolEntry(tool_id=t, stats=ToolStats(calls=5, successes=5), prototype=proto) for t in tools])
+
+
+def in_order(msgs: list[Message], arts: list, order: int) -> list[Message]:
+    replies = [reply(m, a) for m, a in zip(msgs, arts)]
+    return replies if order == 0 else replies[::-1]
+
+
+@pytest.mark.parametrize("order", [0, 1])
+@pytest.mark.parametrize("policy", ["typed", "robust", "support-weighted"])
+def test_an_artifact_in_another_embedding_space_is_refused_whatever_the_arrival_order(policy, order):
+    """Regression: two orgs in different spaces made every policy's merge raise, crashing the server."""
+    strategy = make_strategy(policy, min_nodes=1)
+    msgs = send(strategy, 1, [10, 11])
+    arrays, _ = strategy.aggregate_train(1, in_order(msgs, [org_art("a", space=S1), org_art("b", space=S2)], order))
+    report = strategy.reports[1]
+    assert arrays is not None and report.merged and report.accepted == [10]  # a tie goes to the sorted first
+    (why,) = report.rejected
+    assert why.node_id == 11 and why.reason.startswith("embedding space m2 (4 dims, l2) differs from the federation's "
+                                                       "m1 (4 dims, l2) (the majority of this round's artifacts)")
+    # alone the next round, b is refused again: a's artifact in m1 is merged with it
+    msgs = send(strategy, 2, [10, 11])
+    strategy.aggregate_train(2, [reply(msgs[1], org_art("b", space=S2, round_=2))])
+    assert "(that of the artifacts already merged)" in strategy.reports[2].rejected[-1].reason
+    assert set(strategy.latest) == {"a"}
+
+
+def test_the_runs_embedding_space_decides_when_the_strategy_knows_it():
+    strategy = make_strategy("typed", min_nodes=1, embedding=S2)
+    msgs = send(strategy, 1, [10, 11])
+    strategy.aggregate_train(1, [reply(msgs[0], org_art("a", space=S1)), reply(msgs[1], org_art("b", space=S2))])
+    report = strategy.reports[1]
+    assert report.accepted == [11] and "(the run's)" in report.rejected[0].reason
+
+
+def test_an_artifact_that_would_push_the_tool_union_over_the_limit_is_refused():
+    """Regression: 20,000 made-up tool ids plus another org's one tool made the merge raise."""
+    made_up, real = org_art("a", tools=[f"x{i:05d}" for i in range(MAX_TOOLS)]), org_art("b", tools=["real.tool"])
+    strategy = make_strategy("typed", min_nodes=1)
+    msgs = send(strategy, 1, [10, 11])
+    arrays, _ = strategy.aggregate_train(1, [reply(msgs[0], made_up), reply(msgs[1], real)])
+    report = strategy.reports[1]
+    why = (f"its {MAX_TOOLS} tools would bring the merged tool union to {MAX_TOOLS + 1} distinct tools, "
+           f"over the schema's limit of {MAX_TOOLS}")
+    assert arrays is not None and report.accepted == [11]
+    assert [(x.node_id, x.reason) for x in report.rejected] == [(10, why)]
+    # the same artifact is refused whichever arrives first
+    assert tool_union_problems({}, [(11, real), (10, made_up)]) == {10: why}
+
+
+def test_the_tool_union_counts_each_orgs_latest_artifact_once():
+    held = {"a": org_art("a", tools=["x", "y"])}
+    # a replaces its artifact (x, y -> x, y, z); b's w would make four: fewest new tools first, ties by org
+    arrived = [(11, org_art("b", tools=["w"])), (10, org_art("a", tools=["x", "y", "z"]))]
+    assert tool_union_problems(held, arrived, limit=3) == {
+        11: "its 1 tools would bring the merged tool union to 4 distinct tools, over the schema's limit of 3"}
+    assert tool_union_problems(held, [(10, org_art("a", tools=["u", "v", "w"]))], limit=3) == {}
+
+
+def test_tools_outside_the_catalog_are_refused_when_the_strategy_knows_it():
+    strategy = make_strategy("typed", min_nodes=1, catalog=["real.tool", "other.tool"])
+    msgs = send(strategy, 1, [10, 11])
+    strategy.aggregate_train(1, [reply(msgs[0], org_art("a", tools=["real.tool", "x1", "x2", "x3", "x4"])),
+                                 reply(msgs[1], org_art("b", tools=["real.tool"]))])
+    report = strategy.reports[1]
+    assert report.accepted == [11]
+    assert report.rejected[0].reason == ("4 tool ids not in the federation's catalog of 2 tools: "
+                                         "'x1', 'x2', 'x3' (+1 more)")
+
+
+def test_a_node_speaks_for_one_org_only():
+    """Regression: a node claimed a new org each round and backed a contest alone as two orgs."""
+    strategy = make_strategy("robust", min_nodes=1)
+    msgs = send(strategy, 1, [10, 11])
+    strategy.aggregate_train(1, [reply(msgs[0], org_art("honest")), reply(msgs[1], org_art("z1"))])
+    msgs = send(strategy, 2, [10, 11])
+    strategy.aggregate_train(2, [reply(msgs[0], org_art("honest", round_=2)), reply(msgs[1], org_art("z2", round_=2))])
+    assert {org: node for org, (node, _) in strategy.latest.items()} == {"honest": 10, "z1": 11}
+    assert [(x.node_id, x.org, x.reason) for x in strategy.reports[2].rejected] == [
+        (11, "z1", "node 11 already sends as org 'z1'; one node speaks for one organisation, not also 'z2'")]
+
+
+def test_a_failing_merge_keeps_the_previous_global_and_the_server_up():
+    fail = []
+
+    def merge(arts):
+        if fail:
+            raise RuntimeError("boom")
+        return merge_typed(arts)
+
+    strategy = CompendiumStrategy(merge, "typed", min_nodes=1, vote_phase=True)
+    msgs = send(strategy, 1, [10, 11])
+    first, _ = strategy.aggregate_train(1, [reply(msgs[0], org_art("a"))])
+    held = dict(strategy.latest), dict(strategy.bases)
+    fail.append(True)
+    msgs = send(strategy, 2, [10, 11])
+    arrays, metrics = strategy.aggregate_train(2, [reply(msgs[0], org_art("a", tools=["u"], round_=2)),
+                                                   reply(msgs[1], org_art("b"))])
+    report = strategy.reports[2]
+    assert arrays is None and strategy.current is first and not report.merged
+    assert report.merge_error == "merge failed, previous global kept: RuntimeError: boom"
+    assert report.accepted == [] and metrics["accepted"] == 0
+    assert [(x.node_id, x.reason) for x in report.rejected] == [(10, report.merge_error), (11, report.merge_error)]
+    assert (strategy.latest, strategy.bases) == held, "what the merge could not take is not kept for later rounds"
+    assert list(strategy.configure_evaluate(2, first, ConfigRecord(), FakeGrid([10, 11]))) == []
+    # a vote phase whose merge fails keeps the round's train global
+    fail.clear()
+    msgs = send(strategy, 3, [10, 11])
+    third, _ = strategy.aggregate_train(3, [reply(msgs[0], org_art("a", tools=["v"], round_=3))])
+    votes = list(strategy.configure_evaluate(3, third, ConfigRecord(), FakeGrid([10, 11])))
+    for i, m in enumerate(votes):
+        m.metadata.__dict__["_message_id"] = f"v3-m{i}"
+    fail.append(True)
+    strategy.aggregate_evaluate(3, [reply(votes[0], org_art("a", tools=["w"], round_=3))])
+    report = strategy.reports[3]
+    assert report.merged and report.votes_accepted == [] and report.merge_error.endswith("boom")
+    assert strategy.current is third and strategy.latest["a"][1].tools[0].tool_id == "v"

@@ -25,7 +25,7 @@ from synapse_flwr import cli
 from synapse_flwr.core.merge import GLOBAL_ORG, merge_typed
 from synapse_flwr.core.render import render_flat, render_typed
 from synapse_flwr.core.sanitize import QUARANTINED, instruction_like, neutralise
-from synapse_flwr.core.schema import Compendium, FlatCompendium, Issuer, Scenario
+from synapse_flwr.core.schema import Compendium, FlatCompendium, Scenario
 from synapse_flwr.core.signing import ARTIFACT, new_signer
 from synapse_flwr.core.wire import (
     RESERVED_ORGS,
@@ -148,10 +148,10 @@ def test_synapse_validate_rejects_every_case(tmp_path):
 
 
 def org_wire(org: str, support: float) -> bytes:
-    art = base_artifact()
+    art = base_artifact(org)
     tools = [t.model_copy(update={"when": [s.model_copy(update={"support": support}) for s in t.when]})
              for t in art.tools]
-    return encode(art.model_copy(update={"issuer": Issuer(org=org, round=1), "tools": tools}))
+    return encode(art.model_copy(update={"tools": tools}))
 
 
 def signed(node: int, wire: bytes, signer, round_: int = 1):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import time
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,12 +20,18 @@ from synapse_flwr.core.merge import (
     merge_typed,
 )
 from synapse_flwr.core.phrases import token_jaccard
+from synapse_flwr.core.prototypes import decode_prototype, encode_prototype
 from synapse_flwr.core.render import parse_flat
 from synapse_flwr.core.schema import (
     MAX_CONFLICTS_PER_FIELD,
+    MAX_COUNT,
+    MAX_SCALE,
     Compendium,
+    EmbeddingSpace,
     Issuer,
+    Precaution,
     Scenario,
+    ToolCount,
     ToolEntry,
     ToolStats,
     WhenNot,
@@ -278,3 +285,32 @@ def test_merge_refuses_too_many_tools_before_the_work(monkeypatch):
     monkeypatch.setattr(merge_module, "MAX_TOOLS", 0)
     with pytest.raises(ValueError, match=r"1 distinct tools, a compendium at most 0"):
         merge_typed([_org("a")])
+
+
+def _at_the_bound(org: str) -> Compendium:
+    """Every count of the entry at the schema's MAX_COUNT, the prototype at the top of its int8 range."""
+    return Compendium(issuer=Issuer(org=org, round=1), embedding=EmbeddingSpace(model="test", dim=8), tools=[ToolEntry(
+        tool_id="convert_currency",
+        when=[Scenario(text="crypto prices", support=MAX_COUNT, orgs=[org])],
+        precautions=[Precaution(kind="failure_mode", text="times out", support=MAX_COUNT, orgs=[org])],
+        stats=ToolStats(calls=MAX_COUNT, successes=MAX_COUNT, starts=MAX_COUNT),
+        confusions=[ToolCount(tool="get_weather", count=MAX_COUNT)],
+        next_tools=[ToolCount(tool="get_weather", count=MAX_COUNT)],
+        prototype=encode_prototype(np.full(8, 127 * MAX_SCALE), MAX_COUNT, MAX_COUNT, MAX_COUNT))])
+
+
+@pytest.mark.parametrize("policy", ["typed", "support-weighted", "robust"])
+def test_sums_past_the_schemas_bound_saturate_instead_of_failing_the_merge(policy):
+    """Two orgs claiming the bound sum past it: the merge clamps every sum at MAX_COUNT, it never raises."""
+    g = merge([_at_the_bound("a"), _at_the_bound("b"), _org("c")], policy)
+    Compendium.model_validate_json(canonical_json(g))
+    (entry,) = g.tools
+    counts = [entry.stats.calls, entry.stats.successes, entry.stats.starts, *(s.support for s in entry.when),
+              *(p.support for p in entry.precautions), *(t.count for t in (*entry.confusions, *entry.next_tools)),
+              entry.prototype.count, entry.prototype.sum_sd, entry.prototype.count_sd]
+    assert max(counts) <= MAX_COUNT and entry.prototype.scale <= MAX_SCALE
+    x = decode_prototype(entry.prototype)
+    assert np.allclose(x, x[0]) and x[0] > 0  # shrunk whole: the direction is kept
+    if policy == "typed":  # nothing scaled down: every sum saturates
+        assert entry.stats.calls == entry.stats.starts == entry.confusions[0].count == MAX_COUNT
+        assert entry.prototype.count == MAX_COUNT and entry.stats.successes <= entry.stats.calls

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from flwr.app import RecordDict
 from hostile.signatures import reply
 from hypothesis import assume, given, settings
@@ -13,19 +14,28 @@ from strategies_hyp import org_artifacts
 from synapse_flwr.strategies import RobustStrategy, make_strategy
 from synapse_flwr.strategies.records import from_record, to_record
 
-from synapse_flwr.core.influence import clip_tool_influence, scale_compendium, tool_mass
+from synapse_flwr.core import budget
+from synapse_flwr.core.influence import (
+    clip_tool_influence,
+    prototype_mass,
+    scale_compendium,
+    tool_mass,
+)
 from synapse_flwr.core.merge import ROBUST, merge_robust, merge_typed
 from synapse_flwr.core.prototypes import decode_prototype, encode_prototype
 from synapse_flwr.core.schema import (
+    MAX_COUNT,
     Compendium,
     EmbeddingSpace,
     Issuer,
+    Precaution,
     Scenario,
+    ToolCount,
     ToolEntry,
     ToolStats,
     WhenNot,
 )
-from synapse_flwr.core.wire import canonical_json, decode, encode
+from synapse_flwr.core.wire import canonical_json, decode, encode, json_values
 
 SETTINGS = settings(max_examples=40, deadline=None)
 louder = st.sampled_from([10.0, 1e3])
@@ -209,3 +219,109 @@ def test_a_poisoner_hidden_by_noise_tool_by_tool_is_found_pooled_over_tools():
     pooled = [c for c in g.conflicts if "left out every prototype of z" in c.resolution]
     assert len(pooled) == 40 and all(c.claims[0].orgs == ["z"] for c in pooled)
     assert not any("left out every prototype" in c.resolution for c in merge_robust(_noisy_federation(False)).conflicts)
+
+
+def _counted_org(org: str, loud: str | None = None, n: float = 3.0, tool: str = "convert_currency") -> Compendium:
+    """10 calls, 1 start, ``n`` confusions, next tools and precaution support; ``loud`` names one set to 1e9."""
+    big = {loud: 1e9} if loud else {}
+    return Compendium(issuer=Issuer(org=org, round=1), tools=[ToolEntry(
+        tool_id=tool, stats=ToolStats(calls=10.0, successes=5.0, starts=big.get("starts", 1.0)),
+        confusions=[ToolCount(tool="get_weather", count=big.get("confusions", n))],
+        next_tools=[ToolCount(tool="get_weather", count=big.get("next_tools", n))],
+        precautions=[Precaution(kind="failure_mode", text="times out", support=big.get("precautions", n),
+                                orgs=[org])])])
+
+
+def _counts(e: ToolEntry) -> dict[str, float]:
+    return {"starts": e.stats.starts, "confusions": e.confusions[0].count, "next_tools": e.next_tools[0].count,
+            "precautions": e.precautions[0].support}
+
+
+@pytest.mark.parametrize("loud", ["starts", "confusions", "next_tools", "precautions"])
+def test_a_loud_count_of_any_kind_moves_the_merged_one_by_at_most_its_share(loud):
+    """calls=10 but one other count at 1e9: that count is capped like calls (tool_share x the median holder)."""
+    honest = [_counted_org(o, n=n) for o, n in (("a", 3.0), ("b", 2.0), ("c", 4.0))]
+    merged = _counts(merge_robust([*honest, _counted_org("z", loud)]).tools[0])
+    alone = {k: math.fsum(_counts(c.tools[0])[k] for c in honest) for k in merged}
+    # z's mass on the tool is capped at 2 x the median holder's (10 calls): it adds at most 20 to any count
+    # (the honest orgs are only ever scaled down)
+    assert merged[loud] <= alone[loud] + 2 * 10.0 + 1e-3, merged
+
+
+def test_a_loud_count_on_a_tool_only_it_holds_is_capped_with_the_org():
+    """No one to compare a tool with: the cap on the org's whole mass counts its confusions too."""
+    arts = [_counted_org(o) for o in "abc"] + [_counted_org("z", "confusions", tool="get_weather")]
+    (entry,) = [e for e in merge_robust(arts).tools if e.tool_id == "get_weather"]
+    # the median org's whole mass: 10 calls + 1 start + 3 x 3 (confusions, next tools, precaution)
+    assert entry.confusions[0].count <= 20.0
+
+
+def test_a_count_at_the_schemas_bound_does_not_fail_the_robust_merge():
+    arts = [_counted_org("a"), _counted_org("b"), _counted_org("z")]
+    arts[2] = arts[2].model_copy(update={"tools": [arts[2].tools[0].model_copy(
+        update={"confusions": [ToolCount(tool="get_weather", count=MAX_COUNT)]})]})
+    g = merge_robust(arts)
+    assert g.tools[0].confusions[0].count <= 3.0 + 3.0 + 2 * 10.0 + 1e-3
+
+
+def _dissenting_federation(tools: int = 20) -> list[Compendium]:
+    """Four orgs, ``z``'s prototypes pointing the other way on every tool: its prototypes are all left out."""
+    space = EmbeddingSpace(model="test", dim=4)
+    return [Compendium(issuer=Issuer(org=o, round=1), embedding=space, tools=[ToolEntry(
+        tool_id=f"tool{t:02d}", stats=ToolStats(calls=10.0, successes=10.0),
+        prototype=encode_prototype(np.array([-9.0 if o == "z" else 9.0, 1.0, 0.0, 0.0]), 10.0, 0.0, 0.0))
+        for t in range(tools)]) for o in "abcz"]
+
+
+def test_the_pooled_dissenters_conflicts_fit_the_wires_budget(monkeypatch):
+    """A global just within the budget before the pooled dissenter's conflicts still fits with them."""
+    arts = _dissenting_federation()
+    g = merge_robust(arts)
+    pooled = [c for c in g.conflicts if "left out every prototype of z" in c.resolution]
+    assert len(pooled) == 20
+    # the budget: what the global holds without those conflicts, and half the room they take
+    without = json_values(canonical_json(g.model_copy(update={"conflicts": [c for c in g.conflicts
+                                                                            if c not in pooled]})))
+    limit = without + (json_values(canonical_json(g)) - without) // 2
+    monkeypatch.setattr(budget, "budget_problems", lambda raw, tools: [] if json_values(raw) <= limit else ["over"])
+    fitted = merge_robust(arts)
+    assert json_values(canonical_json(fitted)) <= limit
+    assert len(fitted.conflicts) < len(pooled) and fitted.conflicts_dropped  # trimmed, and counted as dropped
+
+
+def test_a_short_count_cannot_carry_a_long_prototype_past_the_cap():
+    """count=1 with a count SD of 70 passes the edge with a sum 400 long: the cap reads the length too."""
+    rng = np.random.default_rng(0)
+    dirs = rng.normal(size=(40, 8))
+    dirs /= np.linalg.norm(dirs, axis=1, keepdims=True)
+    space = EmbeddingSpace(model="test", dim=8)
+
+    def org(name: str) -> Compendium:
+        return Compendium(issuer=Issuer(org=name, round=1), embedding=space, tools=[ToolEntry(
+            tool_id=f"tool{t:02d}", stats=ToolStats(calls=100.0, successes=90.0),
+            prototype=encode_prototype(95.0 * d, 100.0, 0.0, 0.0)) for t, d in enumerate(dirs)])
+
+    z = org("z")
+    flipped = ToolEntry(tool_id="tool00", stats=ToolStats(calls=1.0, successes=1.0),
+                        prototype=encode_prototype(-400.0 * dirs[0], 1.0, 0.0, 70.0))
+    z = z.model_copy(update={"tools": [flipped, *z.tools[1:]]})
+    decode(encode(z))  # accepted at the edge
+    g = merge_robust([org("a"), org("b"), org("c"), z])
+    assert not any("left out every prototype" in c.resolution for c in g.conflicts)  # per tool, not pooled
+    assert _cos(decode_prototype(g.tools[0].prototype), dirs[0]) > 0.9  # was -1.0: the 400 outweighed 3 x 95
+    assert tool_mass(flipped) > 390.0
+
+
+def test_noise_alone_hardly_lifts_an_honest_orgs_mass():
+    """A noised sum of n unit vectors: its mass stays within a few noise SDs of n, and noise alone rarely has any."""
+    rng = np.random.default_rng(1)
+    dim, sd = 384, 2.0
+    for n in (0.0, 5.0, 50.0, 500.0):
+        masses = []
+        for _ in range(200):
+            u = rng.normal(size=dim)
+            p = encode_prototype(n * u / np.linalg.norm(u) + rng.normal(0.0, sd, dim), n, sd, sd)
+            masses.append(prototype_mass(p))
+        assert max(masses) <= n + 5 * sd, (n, max(masses))
+        if n == 0:
+            assert sum(m > 0 for m in masses) <= 4  # at most 2% of pure-noise prototypes carry any mass

@@ -206,6 +206,16 @@ def test_released_votes_are_noised_sums_and_merge_exactly_in_any_order():
     assert sum_votes([None, None]) is None
 
 
+def test_votes_summed_past_the_schemas_bound_saturate_instead_of_failing():
+    """Regression: two valid artifacts' votes at the bound summed past it, and the merge raised."""
+    from synapse_flwr.core.schema import MAX_COUNT
+
+    loud = _votes([MAX_COUNT] * len(SETTINGS), records=MAX_COUNT)
+    low = _votes([-MAX_COUNT] * len(SETTINGS), records=-MAX_COUNT)
+    assert sum_votes([loud, loud]).correct == [MAX_COUNT] * len(SETTINGS)
+    assert sum_votes([low, low]).records == -MAX_COUNT
+
+
 def test_more_experience_is_followed_only_where_its_votes_beat_the_noise():
     n = len(SETTINGS)
     exact = [5.0] * (n - 1) + [6.0]

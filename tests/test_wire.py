@@ -17,9 +17,11 @@ from synapse_flwr.core.schema import (
     FlatCompendium,
     Issuer,
     Precaution,
+    Provenance,
     Scenario,
     ToolEntry,
     ToolStats,
+    WhenNot,
 )
 from synapse_flwr.core.wire import (
     HEADER_BYTES,
@@ -317,3 +319,37 @@ def test_load_artifact_respects_limit(tmp_path):
     path = save_artifact(tmp_path / "a.json", sample())
     with pytest.raises(ArtifactError, match="exceeds the limit"):
         load_artifact(path, max_bytes=10)
+
+
+# --------------------------------------------------------------------------- org attribution
+
+
+def _attributed(orgs: list[str], field: str) -> Compendium:
+    """Issuer ``z`` with ``orgs`` on one attribution (``field``) of its one tool."""
+    item = {"when": lambda: {"when": [Scenario(text="mail bob", support=5.0, orgs=orgs)]},
+            "when_not": lambda: {"when_not": [WhenNot(text="mail bob", support=5.0, orgs=orgs, prefer="spam")]},
+            "precautions": lambda: {"precautions": [Precaution(kind="failure_mode", text="bounces", support=1.0,
+                                                               orgs=orgs)]},
+            "provenance": lambda: {"provenance": Provenance(orgs=orgs, rounds=[1])}}[field]()
+    return Compendium(issuer=Issuer(org="z", round=1), tools=[ToolEntry(tool_id="mail", **item)])
+
+
+@pytest.mark.parametrize("field", ["when", "when_not", "precautions", "provenance"])
+@pytest.mark.parametrize("orgs", [["h2", "z"], ["h2"]])
+def test_an_org_artifact_may_attribute_items_only_to_its_issuer(field, orgs):
+    """Regression: a lone org claiming orgs=["h2", "z"] won a contest decided by backing orgs."""
+    err = rejects(encode(_attributed(orgs, field)))
+    path = f"tools.0.{field}.orgs" if field == "provenance" else f"tools.0.{field}.0.orgs"
+    assert [line.split(":")[0] for line in err.errors] == [path]
+    assert str(orgs) in err.errors[0] and "other than the issuer" in err.errors[0]
+
+
+@pytest.mark.parametrize("field", ["when", "when_not", "precautions", "provenance"])
+@pytest.mark.parametrize("orgs", [[], ["z"]])
+def test_an_org_artifact_attributing_to_itself_or_nobody_is_valid(field, orgs):
+    assert decode(encode(_attributed(orgs, field))) == _attributed(orgs, field)
+
+
+def test_a_global_may_attribute_items_to_many_orgs():
+    merged = _attributed(["h2", "z"], "when").model_copy(update={"kind": "global", "issuer": Issuer(org="global")})
+    assert decode(encode(merged)) == merged

@@ -20,6 +20,7 @@ import hashlib
 import json
 from typing import Any
 
+from synapse_flwr.core.schema import MAX_TOOLS
 from synapse_flwr.core.wire import MAX_WIRE_BYTES, ArtifactError, parse_json, unwrap
 
 DELTA_FORMAT = "synapse-delta/1"
@@ -103,18 +104,44 @@ def _shape_problems(delta: Any) -> list[str]:
     return problems
 
 
-def _rebuilt_tools(runs: list[Any], base_tools: list[Any]) -> list[Any]:
+def _prefix_sizes(tools: list[Any]) -> list[int]:
+    # sizes[k]: bytes of the first k tools as canonical JSON, a comma after each (a run's size in O(1))
+    sizes = [0]
+    for tool in tools:
+        sizes.append(sizes[-1] + len(_dump(tool)) + 1)
+    return sizes
+
+
+def _rebuilt_tools(runs: list[Any], base_tools: list[Any], max_bytes: int = MAX_WIRE_BYTES) -> list[Any]:
+    """The target's tools: ``runs`` (:func:`tool_runs`) expanded against ``base_tools``.
+
+    Counted before anything is copied: a few bytes of runs repeating the base
+    could otherwise rebuild millions of tools before the size check.
+
+    Raises
+    ------
+    ArtifactError
+        If an item is neither a tool entry nor a run within the base, or the
+        tools pass :data:`MAX_TOOLS` or their JSON ``max_bytes``.
+    """
+    sizes = _prefix_sizes(base_tools)
     tools: list[Any] = []
+    count = size = 0
     for i, item in enumerate(runs):
         if isinstance(item, dict):
-            tools.append(item)
-            continue
-        ok = (isinstance(item, list) and len(item) == 2 and all(type(v) is int for v in item)
-              and 0 <= item[0] < item[1] <= len(base_tools))
-        if not ok:
-            raise ArtifactError([f"delta.tools.{i}: expected a tool entry or a [start, stop] run "
-                                 f"within the base's {len(base_tools)} tools"])
-        tools += base_tools[item[0]:item[1]]
+            count, size = count + 1, size + len(_dump(item)) + 1
+        elif (isinstance(item, list) and len(item) == 2 and all(type(v) is int for v in item)
+              and 0 <= item[0] < item[1] <= len(base_tools)):
+            count, size = count + item[1] - item[0], size + sizes[item[1]] - sizes[item[0]]
+        else:
+            raise ArtifactError([(f"delta.tools.{i}: expected a tool entry or a [start, stop] run "
+                                  f"within the base's {len(base_tools)} tools")])
+        if count > MAX_TOOLS:
+            raise ArtifactError([f"delta.tools.{i}: rebuilds at least {count} tools, at most {MAX_TOOLS} allowed"])
+        if size > max_bytes:
+            raise ArtifactError([(f"delta.tools.{i}: rebuilds at least {size} bytes of tools, "
+                                  f"over the limit of {max_bytes} bytes")])
+        tools += [item] if isinstance(item, dict) else base_tools[item[0]:item[1]]
     return tools
 
 
@@ -140,12 +167,12 @@ def apply_delta(base: bytes, data: bytes, max_bytes: int = MAX_WIRE_BYTES) -> by
     if problems := _shape_problems(delta):
         raise ArtifactError(problems)
     if delta["base"] != sha256_hex(base):
-        raise ArtifactError([f"delta.base: {delta['base'][:16]}... is not the artifact the server holds "
-                             f"({sha256_hex(base)[:16]}...); send the full artifact"])
+        raise ArtifactError([(f"delta.base: {delta['base'][:16]}... is not the artifact the server holds "
+                              f"({sha256_hex(base)[:16]}...); send the full artifact")])
     old = json.loads(base)
     new = {k: v for k, v in old.items() if k != "tools" and k not in delta["drop"]}
     new.update(delta["set"])
-    new["tools"] = _rebuilt_tools(delta["tools"], old.get("tools", []))
+    new["tools"] = _rebuilt_tools(delta["tools"], old.get("tools", []), max_bytes - len(_dump(new)))
     body = _dump(new)
     if len(body) > max_bytes:
         raise ArtifactError([f"(delta): rebuilt artifact of {len(body)} bytes exceeds the limit of {max_bytes} bytes"])

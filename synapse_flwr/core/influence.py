@@ -3,21 +3,25 @@
 Everything here reads released artifacts only (post-processing of the DP
 releases: no raw data, privacy unchanged) and is order-independent: a
 per-tool cap is a median over the orgs, and every sum is taken over orgs in
-sorted order (:func:`math.fsum` in
-:func:`~synapse_flwr.core.prototypes.merge_prototypes`).
+sorted order (:func:`math.fsum` in :func:`saturated_prototype`).
 
 Three steps, applied by :func:`~synapse_flwr.core.merge.merge_robust` after
 the ``support-weighted`` cap on each org's total mass:
 
 1. per-tool mass: an org's *mass* on a tool is the largest count it claims
-   for it (calls, prototype count, any scenario support); among the orgs
-   whose mass clears ``sds`` noise SDs (the tool's *holders*), none may carry
-   more than ``share`` times the lower median of the holders' masses; a
-   larger claim is scaled down, every count, support and prototype of that
-   entry alike (:func:`clip_tool_influence`); the edge already refuses a
-   prototype sum longer than its count allows
-   (:func:`~synapse_flwr.core.wire.prototype_problems`), so the cap on the
-   count bounds the sum too;
+   for it (any count :func:`scale_entry` scales: calls, starts, scenario and
+   precaution supports, confusions, next tools, prototype count) or the
+   length of its prototype in units of queries, less what its noise alone
+   may add (:func:`prototype_mass`: a sum of ``n`` unit vectors is at most
+   ``n`` long, so an honest org's mass is essentially its count; the edge
+   lets a sum be longer than its count by six SDs of the count's noise,
+   which a claimed count SD makes as long as it likes, so the count alone
+   does not bound the vector); among the orgs whose mass clears
+   ``sds`` noise SDs (the tool's *holders*), none may carry more than
+   ``share`` times the lower median of the holders' masses; a larger claim
+   is scaled down, every count, support and prototype of that entry alike
+   (:func:`clip_tool_influence`), so the cap bounds the prototype's length
+   as well as its counts;
 2. lone dissent, per federation: an org whose prototypes, pooled over every
    tool, point away from the other orgs' (:func:`pooled_dissenter`) has all
    its prototypes left out; under privacy a single tool's prototypes are
@@ -39,15 +43,56 @@ import numpy as np
 from synapse_flwr.core.prototypes import (
     above_noise,
     decode_prototype,
-    merge_prototypes,
+    encode_prototype,
     prototype_cosine,
     scale_prototype,
 )
-from synapse_flwr.core.schema import Compendium, FusionVotes, Prototype, ToolEntry, ToolStats
+from synapse_flwr.core.schema import (
+    MAX_COUNT,
+    MAX_SCALE,
+    Compendium,
+    FusionVotes,
+    Prototype,
+    ToolEntry,
+    ToolStats,
+)
+
+#: Noise SDs of a prototype's squared length that :func:`prototype_mass` leaves as noise.
+PROTOTYPE_NOISE_SDS = 3.0
 
 
 def _r(x: float) -> float:
     return round(x, 4)
+
+
+def saturated_prototype(protos: Sequence[Prototype]) -> Prototype:
+    """Several prototypes of one tool summed as :func:`~synapse_flwr.core.prototypes.merge_prototypes` does, saturated.
+
+    Sums and counts add (:func:`math.fsum`, order-independent), noise SDs add
+    in quadrature; a count or SD past :data:`MAX_COUNT` is clamped there,
+    and a sum whose largest coordinate passes the int8 range
+    (``127 * MAX_SCALE``) is shrunk whole, its direction kept. Within the
+    bounds it equals ``merge_prototypes``.
+
+    Raises
+    ------
+    ValueError
+        If ``protos`` is empty.
+    """
+    if not protos:
+        raise ValueError("no prototypes to merge")
+    stacked = np.stack([decode_prototype(p) for p in protos])
+    total = np.array(list(map(math.fsum, stacked.T.tolist())))
+    peak = float(np.abs(total).max())
+    top = 127 * MAX_SCALE * (1 - 1e-9)  # the margin keeps the int8 step (peak / 127) within MAX_SCALE after rounding
+    if peak > top:
+        total = total * (top / peak)
+    return encode_prototype(
+        total,
+        min(math.fsum(p.count for p in protos), MAX_COUNT),
+        min(math.sqrt(math.fsum(p.sum_sd**2 for p in protos)), MAX_COUNT),
+        min(math.sqrt(math.fsum(p.count_sd**2 for p in protos)), MAX_COUNT),
+    )
 
 
 def scale_entry(e: ToolEntry, factor: float) -> ToolEntry:
@@ -86,10 +131,44 @@ def scale_compendium(c: Compendium, factor: float) -> Compendium:
                                 "votes": scale_votes(c.votes, factor)})
 
 
+def entry_counts(e: ToolEntry) -> list[float]:
+    """Every count of an entry that :func:`scale_entry` scales, but successes (never above calls).
+
+    Calls, starts, the supports of scenarios and precautions, confusion and
+    next-tool counts, and the prototype's count.
+    """
+    return [e.stats.calls, e.stats.starts, *(s.support for s in (*e.when, *e.when_not, *e.precautions)),
+            *(t.count for t in (*e.confusions, *e.next_tools)), e.prototype.count if e.prototype else 0.0]
+
+
+def prototype_mass(p: Prototype) -> float:
+    """A prototype's length in units of queries, less what its noise alone may add.
+
+    ``sqrt(max(0, |x|^2 - (dim + k sqrt(2 dim)) sd^2))`` with ``k =``
+    :data:`PROTOTYPE_NOISE_SDS`: ``|x|^2 - dim sd^2`` is unbiased for the
+    true sum's squared length (at most ``count^2``: a sum of ``count`` unit
+    vectors), and noise alone lifts it by more than ``k sqrt(2 dim) sd^2``
+    (``k`` SDs) only rarely, so an honest org's mass is essentially its
+    count, noisy or not. A claimed noise SD buys little reach: the cap bounds
+    the noise-corrected energy a router reads
+    (:func:`~synapse_flwr.core.prototypes.shrunk_directions`), so a sum
+    turned against honest ones longer than the cap keeps at most the ``k``
+    noise SDs of energy that noise alone may have.
+    """
+    x = decode_prototype(p)
+    energy = float(x @ x) - (x.size + PROTOTYPE_NOISE_SDS * math.sqrt(2 * x.size)) * p.sum_sd**2
+    return math.sqrt(energy) if energy > 0 else 0.0
+
+
 def tool_mass(e: ToolEntry) -> float:
-    """The largest count an entry claims: calls, prototype count or any scenario's support."""
-    supports = [s.support for s in (*e.when, *e.when_not)]
-    return max([e.stats.calls, e.prototype.count if e.prototype else 0.0, *supports])
+    """An entry's influence on a tool: the largest of its counts (:func:`entry_counts`) and its prototype's length.
+
+    The length (:func:`prototype_mass`) is there because the count alone does
+    not bound the vector: the edge admits a sum up to six count SDs longer
+    than its count, so a small count with a large claimed count SD could
+    otherwise carry a long vector past the cap and turn the merged direction.
+    """
+    return max([*entry_counts(e), prototype_mass(e.prototype) if e.prototype else 0.0])
 
 
 def clip_tool_influence(inputs: Sequence[Compendium], share: float, sds: float) -> list[Compendium]:
@@ -113,20 +192,21 @@ def clip_tool_influence(inputs: Sequence[Compendium], share: float, sds: float) 
         The inputs in the same order; a tool with fewer than two holders is
         left as it is (there is no one to compare it with).
     """
+    # each entry's mass once (it decodes the prototype)
+    masses = [[tool_mass(e) for e in c.tools] if c.kind == "org" else [] for c in inputs]
     holders: dict[str, list[float]] = defaultdict(list)
-    for c in inputs:
-        if c.kind == "org":
-            for e in c.tools:
-                if (m := tool_mass(e)) > sds * c.privacy.sigma and m > 0:
-                    holders[e.tool_id].append(m)
+    for c, ms in zip(inputs, masses):
+        for e, m in zip(c.tools, ms):
+            if m > sds * c.privacy.sigma and m > 0:
+                holders[e.tool_id].append(m)
     caps = {t: share * statistics.median_low(ms) for t, ms in holders.items() if len(ms) >= 2}
     out = []
-    for c in inputs:
+    for c, ms in zip(inputs, masses):
         if c.kind != "org":
             out.append(c)
             continue
-        tools = [scale_entry(e, caps[e.tool_id] / m) if e.tool_id in caps and (m := tool_mass(e)) > caps[e.tool_id]
-                 else e for e in c.tools]
+        tools = [scale_entry(e, caps[e.tool_id] / m) if e.tool_id in caps and m > caps[e.tool_id] else e
+                 for e, m in zip(c.tools, ms)]
         out.append(c.model_copy(update={"tools": tools}))
     return out
 
@@ -160,7 +240,7 @@ def lone_dissenters(
         others = [(o, q) for o, q in rated if o != org]
         if len(others) < 2:
             continue
-        cos = prototype_cosine(p, merge_prototypes([q for _, q in others]))
+        cos = prototype_cosine(p, saturated_prototype([q for _, q in others]))
         if cos < cosine:
             out[org] = (cos, [o for o, _ in others])
     # two or more dissenters disagree among themselves as much as with the rest: no lone claim

@@ -11,7 +11,10 @@ Invariant: the merged prototype of a tool is the exact (order-independent,
 :func:`math.fsum`) sum of its inputs' prototypes, its count the sum of their
 counts, its noise SD the root sum of squares of theirs (``robust``: of
 its inputs' capped prototypes, a lone dissenter's left out); inputs in
-different embedding spaces are refused.
+different embedding spaces are refused. Every merged count saturates at the
+schema's :data:`~synapse_flwr.core.schema.MAX_COUNT` (and a prototype sum at
+its int8 range, direction kept) rather than fail the merge, and every merged
+global fits the wire's budget (:func:`~synapse_flwr.core.budget.fit_wire_budget`).
 
 Policies
 --------
@@ -37,8 +40,9 @@ Policies
     ``support-weighted``); (2) per tool, no org may claim more than
     ``tool_share`` x the lower median of the tool's holders
     (:func:`~synapse_flwr.core.influence.clip_tool_influence`: every count,
-    support and prototype of that entry is scaled down alike; the edge
-    already bounds a prototype's sum by its count); (3) a claim only
+    support and prototype of that entry is scaled down alike; an org's mass
+    on a tool is the largest of its counts and its prototype's length in
+    queries); (3) a claim only
     one org makes cannot displace a claim backed by several: between a
     ``when`` and a ``when_not`` of one tool, and between two tools claiming
     one scenario, the side with more backing orgs (one versus two or more)
@@ -74,15 +78,16 @@ import numpy as np
 from synapse_flwr.core.budget import bounded_log, conflict_key, fit_wire_budget
 from synapse_flwr.core.influence import (
     clip_tool_influence,
+    entry_counts,
     lone_dissenters,
     pooled_dissenter,
+    saturated_prototype,
     scale_compendium,
 )
 from synapse_flwr.core.phrases import normalize_text, set_jaccard, token_set
 from synapse_flwr.core.prototypes import (
     above_noise,
     decode_prototype,
-    merge_prototypes,
     prototype_cosine,
 )
 from synapse_flwr.core.render import (
@@ -93,6 +98,7 @@ from synapse_flwr.core.render import (
 )
 from synapse_flwr.core.schema import (
     MAX_CLAIMS,
+    MAX_COUNT,
     MAX_INPUTS,
     MAX_ITEMS,
     MAX_ORGS,
@@ -180,6 +186,12 @@ class MergeConfig:
 
 def _r(x: float) -> float:
     return round(x, 4)
+
+
+def _count(total: float) -> float:
+    # a merged sum as the schema stores it: counts each within MAX_COUNT can sum past it, and the merge saturates
+    # there rather than fail (one org claiming the bound must not stop a round)
+    return min(_r(total), MAX_COUNT)
 
 
 def _sorted_union(lists: Iterable[Iterable[str]], limit: int = MAX_ORGS) -> list[str]:
@@ -352,7 +364,7 @@ def _merged_scenario(group: _Group, prefer: str | None) -> Scenario:
     )[:MAX_VARIANTS]
     fields = dict(
         text=group.text,
-        support=_r(math.fsum(m.support for m in group.members)),
+        support=_count(math.fsum(m.support for m in group.members)),
         variants=variants,
         orgs=_sorted_union(m.orgs for m in group.members),
     )
@@ -579,7 +591,7 @@ def drop_lone_prototypes(
         conflicts.append(Conflict(
             tool_id=tool_id, field="prototype", subject="query_prototype",
             claims=[Claim(view=f"queries of {org}", support=_r(counts[org]), orgs=[org]),
-                    Claim(view="queries of the other holders", support=_r(math.fsum(counts[o] for o in others)),
+                    Claim(view="queries of the other holders", support=_count(math.fsum(counts[o] for o in others)),
                           orgs=others[:MAX_ORGS])],
             resolution=f"left out the prototype only {org} holds (cosine {cos:.2f} with {len(others)} other "
             "holders')"[:MAX_TEXT],
@@ -611,7 +623,7 @@ def _merge_precautions(items: Iterable[Precaution]) -> list[Precaution]:
         Precaution(
             kind=ps[0].kind,
             text=min(p.text for p in ps),
-            support=_r(math.fsum(p.support for p in ps)),
+            support=_count(math.fsum(p.support for p in ps)),
             orgs=_sorted_union(p.orgs for p in ps),
         )
         for ps in acc.values()
@@ -625,7 +637,7 @@ def _merge_counts(lists: Iterable[Iterable[ToolCount]]) -> list[ToolCount]:
         for x in xs:
             acc[x.tool].append(x.count)
     best = sorted(acc.items(), key=lambda kv: (-math.fsum(kv[1]), kv[0]))[:MAX_ITEMS]
-    return sorted((ToolCount(tool=t, count=_r(math.fsum(c))) for t, c in best), key=lambda x: x.tool)
+    return sorted((ToolCount(tool=t, count=_count(math.fsum(c))) for t, c in best), key=lambda x: x.tool)
 
 
 def _pick_description(descriptions: Iterable[str]) -> str:
@@ -671,23 +683,22 @@ def merge_tool(
     clash = prototype_conflict(tool_id, [(c.issuer.org, p) for c, p in protos if c.kind == "org"], config, policy)
     if clash:
         conflicts.append(clash)
-    calls = math.fsum(e.stats.calls for _, e in entries)
-    successes = min(calls, math.fsum(e.stats.successes for _, e in entries))
+    calls = _count(math.fsum(e.stats.calls for _, e in entries))
+    successes = min(calls, _count(math.fsum(e.stats.successes for _, e in entries)))
     entry = ToolEntry(
         tool_id=tool_id,
         description=_pick_description(e.description for _, e in entries),
         when=_top_by_support(when, MAX_SCENARIOS, _when_key),
         when_not=_top_by_support(when_not, MAX_SCENARIOS, _when_not_key),
         precautions=_merge_precautions([*(p for _, e in entries for p in e.precautions), *precautions]),
-        stats=ToolStats(calls=_r(calls), successes=_r(successes),
-                        starts=_r(math.fsum(e.stats.starts for _, e in entries))),
+        stats=ToolStats(calls=calls, successes=successes, starts=_count(math.fsum(e.stats.starts for _, e in entries))),
         confusions=_merge_counts(e.confusions for _, e in entries),
         next_tools=_merge_counts(e.next_tools for _, e in entries),
         provenance=Provenance(
             orgs=_sorted_union(e.provenance.orgs for _, e in entries),
             rounds=sorted({r for _, e in entries for r in e.provenance.rounds})[:10_000],
         ),
-        prototype=merge_prototypes([p for _, p in protos]) if protos else None,
+        prototype=saturated_prototype([p for _, p in protos]) if protos else None,
     )
     return entry, conflicts
 
@@ -792,11 +803,20 @@ def merge_typed(
     return _merge_unique(unique_inputs(compendia), config, policy)
 
 
-def _merge_unique(hashed: list[tuple[str, Compendium]], config: MergeConfig, policy: str) -> Compendium:
-    # the typed merge of de-duplicated inputs, given with their hashes in hash order
+def _merge_unique(
+    hashed: list[tuple[str, Compendium]],
+    config: MergeConfig,
+    policy: str,
+    extra: Sequence[Conflict] = (),
+    recorded: Sequence[tuple[str, Compendium]] | None = None,
+) -> Compendium:
+    # the typed merge of de-duplicated inputs, given with their hashes in hash order; ``extra`` conflicts found
+    # before the merge join the log, and ``recorded`` (default: ``hashed``) are the inputs the global names, so
+    # the budget is fitted to the artifact as it is sent
     if not hashed:
         raise ValueError("nothing to merge: no compendia given")
-    check_merge_size(hashed)
+    recorded = hashed if recorded is None else recorded
+    check_merge_size(recorded)
     inputs = [c for _, c in hashed]
     space = merged_space(inputs)
     per_tool: dict[str, list[tuple[Compendium, ToolEntry]]] = defaultdict(list)
@@ -813,6 +833,8 @@ def _merge_unique(hashed: list[tuple[str, Compendium]], config: MergeConfig, pol
         tools.append(entry)
         for k in found:
             conflicts[conflict_key(k)] = k
+    for k in extra:
+        conflicts[conflict_key(k)] = k
     tools, found = resolve_cross_tool_claims(tools, policy, config.min_dissent, config.by_orgs)
     for k in found:
         conflicts[conflict_key(k)] = k
@@ -825,7 +847,7 @@ def _merge_unique(hashed: list[tuple[str, Compendium]], config: MergeConfig, pol
         conflicts=logged,
         conflicts_dropped=dropped,
         policy=policy,
-        inputs=leaf_hashes(hashed),
+        inputs=leaf_hashes(recorded),
         embedding=space,
         votes=sum_votes([c.votes for c in inputs]),
     ))
@@ -835,9 +857,9 @@ def _merge_unique(hashed: list[tuple[str, Compendium]], config: MergeConfig, pol
 
 
 def _support_mass(c: Compendium) -> float:
-    return math.fsum(
-        s.support for e in c.tools for s in (*e.when, *e.when_not)
-    ) + math.fsum(e.stats.calls for e in c.tools)
+    # every count the cap scales (calls, starts, supports, confusions, next tools, prototype counts), so a count
+    # left out here cannot carry an org's weight past the cap
+    return math.fsum(x for e in c.tools for x in entry_counts(e))
 
 
 def cap_org_support(compendia: Sequence[Compendium], max_share: float) -> list[Compendium]:
@@ -878,8 +900,7 @@ def merge_support_weighted(
     scaled = cap_org_support([c for _, c in inputs], config.max_share)
     # only the scaled copies are new content: hash those, the others keep their hash
     copies = {h if s is c else content_hash(s): s for (h, c), s in zip(inputs, scaled)}
-    merged = _merge_unique(sorted(copies.items()), config, SUPPORT_WEIGHTED)
-    return merged.model_copy(update={"inputs": leaf_hashes(inputs)})
+    return _merge_unique(sorted(copies.items()), config, SUPPORT_WEIGHTED, recorded=inputs)
 
 
 # ------------------------------------------------------------------------ robust
@@ -906,9 +927,8 @@ def merge_robust(compendia: Iterable[Compendium], config: MergeConfig = MergeCon
     capped = clip_tool_influence(cap_org_support([c for _, c in inputs], config.max_share), config.tool_share,
                                  config.prototype_sds)
     capped, lone = drop_pooled_dissenter(capped, config, ROBUST)
-    merged = merge_typed(capped, replace(config, by_orgs=True), policy=ROBUST)
-    conflicts = sorted([*merged.conflicts, *lone], key=conflict_key)
-    return merged.model_copy(update={"inputs": leaf_hashes(inputs), "conflicts": conflicts})
+    # the pooled dissenter's conflicts join the log before it is bounded and fitted to the wire's budget
+    return _merge_unique(unique_inputs(capped), replace(config, by_orgs=True), ROBUST, extra=lone, recorded=inputs)
 
 
 def drop_pooled_dissenter(
@@ -940,7 +960,7 @@ def drop_pooled_dissenter(
         conflicts += [Conflict(
             tool_id=e.tool_id, field="prototype", subject="query_prototype",
             claims=[Claim(view=f"queries of {org}", support=_r(e.prototype.count), orgs=[org]),
-                    Claim(view="queries of the other orgs", support=_r(math.fsum(counts[e.tool_id])),
+                    Claim(view="queries of the other orgs", support=_count(math.fsum(counts[e.tool_id])),
                           orgs=others[:MAX_ORGS])],
             resolution=f"left out every prototype of {org}: pooled over all tools its prototypes agree with "
             f"those of {len(others)} other orgs at cosine {cos:.2f}"[:MAX_TEXT],

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from synapse_flwr.core.prototypes import shrunk_directions, stacked_prototypes
-from synapse_flwr.core.schema import FusionSetting, FusionVotes
+from synapse_flwr.core.schema import MAX_COUNT, FusionSetting, FusionVotes
 
 if TYPE_CHECKING:
     from synapse_flwr.core.router import Router
@@ -153,11 +153,16 @@ def sum_votes(votes: Sequence[FusionVotes | None]) -> FusionVotes | None:
     lists = Counter(map(grid, given))
     best = min(lists, key=lambda k: (-lists[k], k))
     same = [v for v in given if grid(v) == best]
+
+    def bounded(x: float, low: float = -MAX_COUNT) -> float:
+        # a sum past the schema's bound saturates there (each input is valid; their sum may not be)
+        return min(max(x, low), MAX_COUNT)
+
     return FusionVotes(
         settings=same[0].settings,
-        correct=[round(math.fsum(v.correct[j] for v in same), 4) for j in range(len(best))],
-        records=round(math.fsum(v.records for v in same), 4),
-        sd=round(math.sqrt(math.fsum(v.sd**2 for v in same)), 6),
+        correct=[bounded(round(math.fsum(v.correct[j] for v in same), 4)) for j in range(len(best))],
+        records=bounded(round(math.fsum(v.records for v in same), 4)),
+        sd=bounded(round(math.sqrt(math.fsum(v.sd**2 for v in same)), 6), 0.0),
     )
 
 

@@ -7,7 +7,8 @@ Decoding is defensive: size limits before and after decompression, JSON
 parsing (strict UTF-8, no NaN/Infinity literals, no duplicate keys, a bounded
 number of JSON values), the required blocks, strict schema validation, then
 the content checks the schema cannot express (duplicate entries inside a tool,
-text that is not valid Unicode or reads as an instruction to an LLM), every
+an org artifact attributing items to other organisations, text that is not
+valid Unicode or reads as an instruction to an LLM), every
 failure reported as one :class:`ArtifactError` listing field paths.
 """
 
@@ -18,6 +19,7 @@ import hashlib
 import json
 import math
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -233,6 +235,32 @@ def duplicate_entries(art: Compendium) -> list[str]:
     return lines
 
 
+def _org_lists(art: Compendium) -> Iterator[tuple[str, list[str]]]:
+    # every per-item organisation attribution of a compendium, with its field path
+    for i, t in enumerate(art.tools):
+        for name, items in (("when", t.when), ("when_not", t.when_not), ("precautions", t.precautions)):
+            for j, item in enumerate(items):
+                yield f"tools.{i}.{name}.{j}.orgs", item.orgs
+        yield f"tools.{i}.provenance.orgs", t.provenance.orgs
+    for i, c in enumerate(art.conflicts):
+        for j, claim in enumerate(c.claims):
+            yield f"conflicts.{i}.claims.{j}.orgs", claim.orgs
+
+
+def foreign_orgs(art: Compendium) -> list[str]:
+    """Attributions of an org artifact to anyone but its issuer: each ``orgs`` list must be ``[]`` or ``[issuer.org]``.
+
+    An organisation speaks only for itself; naming others would let one
+    organisation back a claim in their name and win a contest decided by how
+    many organisations back each side. A global's lists are left alone.
+    """
+    if art.kind != "org":
+        return []
+    own = [art.issuer.org]
+    return [f"{path}: {orgs} names an organisation other than the issuer; an org artifact may attribute only to "
+            f"itself ([] or {own})" for path, orgs in _org_lists(art) if orgs and orgs != own]
+
+
 def prototype_problems(art: Compendium) -> list[str]:
     """Prototypes longer than a sum of ``count`` unit vectors can be, noise and int8 steps allowed.
 
@@ -297,7 +325,7 @@ def parse_artifact(obj: Any) -> Artifact:
     if art.kind == "org" and art.issuer.org in RESERVED_ORGS:
         errors.append(f"issuer.org: {art.issuer.org!r} is reserved, no organisation may issue as it")
     if isinstance(art, Compendium):
-        errors += duplicate_entries(art) + prototype_problems(art)
+        errors += duplicate_entries(art) + foreign_orgs(art) + prototype_problems(art)
     if suspect_scalars(obj):
         errors += boolean_values(obj) + text_problems(obj)
     if errors:

@@ -31,6 +31,7 @@ from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.files import write_atomic
 from synapse_flwr.core.merge import GLOBAL_ORG
 from synapse_flwr.core.metrics import evaluate_routes
+from synapse_flwr.core.prototypes import space_of
 from synapse_flwr.core.router import Router
 from synapse_flwr.core.schema import Compendium, Issuer
 from synapse_flwr.core.signing import SERVER
@@ -254,6 +255,8 @@ def main(grid: Grid, context: Context) -> None:
         registry=registry_for(cfg),  # signing: verify replies, sign the global
         signer=signer_for(cfg, SERVER),
         vote_phase=cfg.votes,
+        # the run's space: an artifact in another is refused at intake, not left to fail the merge
+        embedding=None if cfg.embedder == "none" else space_of(get_embedder(cfg.embedder)),
     )
     strategy.restore(orgs)  # an org that misses the next round keeps contributing what it sent before
     strategy.start(

@@ -59,18 +59,18 @@ def _proto(count: float, fill: int = 10, dim: int = DIM, scale: float = 0.01) ->
     return Prototype(count=count, scale=scale, data=data, sum_sd=0.0, count_sd=0.0)
 
 
-def base_artifact() -> Compendium:
-    """A small, valid org artifact with every kind of field (two tools, prototypes)."""
+def base_artifact(org: str = "org_a") -> Compendium:
+    """A small, valid org artifact with every kind of field (two tools, prototypes), issued by ``org``."""
     search = ToolEntry(
         tool_id="search.web",
         description="Search the web for pages.",
-        when=[Scenario(text="find pages about a topic", support=12.0, variants=["look up a topic"], orgs=["org_a"])],
-        when_not=[WhenNot(text="today's weather", support=3.0, prefer="weather.get", orgs=["org_a"])],
+        when=[Scenario(text="find pages about a topic", support=12.0, variants=["look up a topic"], orgs=[org])],
+        when_not=[WhenNot(text="today's weather", support=3.0, prefer="weather.get", orgs=[org])],
         precautions=[Precaution(kind="failure_mode", text="failed for requests about 'maps'", support=2.0)],
         stats=ToolStats(calls=20.0, successes=15.0),
         confusions=[ToolCount(tool="weather.get", count=2.0)],
         next_tools=[ToolCount(tool="weather.get", count=1.0)],
-        provenance=Provenance(orgs=["org_a"], rounds=[1]),
+        provenance=Provenance(orgs=[org], rounds=[1]),
         prototype=_proto(count=12.0),
     )
     weather = ToolEntry(
@@ -78,11 +78,11 @@ def base_artifact() -> Compendium:
         description="Get the weather forecast.",
         when=[Scenario(text="forecast for a city", support=8.0)],
         stats=ToolStats(calls=8.0, successes=7.0),
-        provenance=Provenance(orgs=["org_a"], rounds=[1]),
+        provenance=Provenance(orgs=[org], rounds=[1]),
         prototype=_proto(count=8.0),
     )
     return Compendium(
-        issuer=Issuer(org="org_a", round=1),
+        issuer=Issuer(org=org, round=1),
         privacy=PrivacyBlock(mechanism="gaussian", clip=2.0, sigma=1.0, noise_multiplier=0.5, epsilon=4.0,
                              epsilon_target=4.0, delta=1e-5, threshold=3.0),
         tools=[search, weather],

@@ -60,7 +60,7 @@ def reply(node: int, content: RecordDict) -> Message:
 
 def artifact_wire(org: str = "org_a") -> bytes:
     """The wire bytes of a valid org artifact issued as ``org``."""
-    return encode(base_artifact().model_copy(update={"issuer": Issuer(org=org, round=1)}))
+    return encode(base_artifact(org))
 
 
 def signed_reply(wire: bytes, signer: Signer | None, round_: int = ROUND, node: int = 1,
