@@ -70,14 +70,35 @@ def attach_signature(content: RecordDict, signer: Signer | None, what: str, roun
 
 
 def signature_problem(content: RecordDict, registry: Registry | None, what: str, round_: int,
-                      wire: bytes) -> str | None:
+                      wire: bytes, signer: str | None = None) -> str | None:
     """Why the signature beside ``wire`` in ``content`` is not valid for ``round_``; None when it is
-    (or signing is off). Never raises: a payload that cannot be unwrapped is reported too."""
+    (or signing is off). Never raises: a payload that cannot be unwrapped is reported too.
+
+    Parameters
+    ----------
+    content : RecordDict
+        The message content holding the signature record.
+    registry : Registry or None
+        The registered public keys (None: signing is off, nothing is checked).
+    what : str
+        :data:`~synapse_flwr.core.signing.ARTIFACT` or :data:`~synapse_flwr.core.signing.GLOBAL`.
+    round_ : int
+        The current server round.
+    wire : bytes
+        The payload's wire bytes.
+    signer : str or None
+        The party that must have signed (a client passes
+        :data:`~synapse_flwr.core.signing.SERVER` for a global); None: any
+        registered party, under its own key.
+    """
     if registry is None:
         return None
     sig, malformed = signature_from(content)
     if malformed:
         return malformed
+    if sig is not None and signer is not None and sig.signer != signer:
+        # a registered org's valid signature authenticates that org, not the party this payload must come from
+        return f"signature.signer: signed by {sig.signer!r}, but only {signer!r} may sign a {what}"
     try:
         body = unwrap(wire)
     except ArtifactError as exc:

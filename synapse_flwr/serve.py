@@ -30,13 +30,18 @@ def build_server(router: Router, name: str = "synapse-router") -> Any:
         Server name announced to clients.
     """
     from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
 
     server = MCPServer(name=name, instructions=INSTRUCTIONS)
 
     @server.tool(name="route", description="Pick the tool that should answer a user request.")
     def route(query: str) -> dict:
         """Route ``query``; returns the chosen tool, ranked candidates and deciding fields."""
-        return router.route(query).to_dict(router.names)
+        try:
+            return router.route(query).to_dict(router.names)
+        except (ValueError, TypeError) as exc:
+            # a query the router refuses (empty, unencodable) is the caller's to fix: its reason, no traceback
+            raise ToolError(str(exc)) from exc
 
     return server
 

@@ -146,6 +146,19 @@ def test_client_sends_full_without_a_base_then_a_delta(tmp_path, caplog):
     assert reply_payload(off, "org_a", encode(target), sha256_hex(canonical_json(base)), sent)[0] == "artifact"
 
 
+def test_what_a_client_sent_last_is_kept_for_its_owner_only(tmp_path):
+    """Regression: ``<org>.sent.json`` (the artifact sent last) was written world-readable (0o644)."""
+    import stat
+
+    base, target = rounds_apart()
+    sent = tmp_path / "org_a.sent.json"
+    reply_payload(RunConfig.from_mapping({}), "org_a", encode(base), None, sent)
+    assert stat.S_IMODE(sent.stat().st_mode) == 0o600 and sent.read_bytes() == canonical_json(base)
+    sent.chmod(0o644)  # written before the fix: the next round's copy closes it
+    reply_payload(RunConfig.from_mapping({}), "org_a", encode(target), sha256_hex(canonical_json(base)), sent)
+    assert stat.S_IMODE(sent.stat().st_mode) == 0o600
+
+
 def test_the_strategy_announces_each_nodes_base_and_accepts_its_delta(monkeypatch):
     for attr in ("_run_id", "_node_id", "_task_id"):
         monkeypatch.setattr(TaskIdentity, attr, 1)

@@ -146,6 +146,36 @@ def test_checkpoint_restores_every_org_and_new_nodes_may_claim_them(tmp_path, de
     assert RunRecorder(tmp_path, {}).resume_point()[0] == 0
 
 
+def test_a_corrupt_metrics_file_is_named_when_the_server_app_resumes(tmp_path):
+    """Regression: the ServerApp failed with a bare JSONDecodeError on a corrupt metrics.json."""
+    from synapse_flwr.core.errors import SynapseError
+    from synapse_flwr.flower.config import RecordedRunError
+
+    assert RunRecorder(tmp_path, {}).rounds == []  # no metrics.json: a new run
+    metrics = tmp_path / "metrics.json"
+    for text, problem in (("{", "JSONDecodeError"), ("[]", 'a list of "rounds"'),
+                          ('{"rounds": [{"round": "1"}]}', 'rounds[0] is not a round record'),
+                          ('{"rounds": [], "run_config": 3}', '"run_config" must be an object')):
+        metrics.write_text(text)
+        with pytest.raises(RecordedRunError) as caught:
+            RunRecorder(tmp_path, {})
+        message = str(caught.value)
+        assert message.startswith(f"{metrics} cannot be read") and problem in message, message
+        assert isinstance(caught.value, SynapseError) and "set another output-dir" in message
+    metrics.write_text('{"rounds": [{"round": 1}]}')  # an older file without run_config still resumes
+    assert RunRecorder(tmp_path, {}).rounds == [{"round": 1}]
+
+
+def test_fault_injection_names_orgs_without_the_blanks_around_them():
+    """Regression: run config fail-orgs "a, b" never failed org b (it looked for " b")."""
+    from synapse_flwr.flower.client_app import fails_now
+    from synapse_flwr.flower.config import RunConfig
+
+    cfg = RunConfig.from_mapping({"fail-round": 2, "fail-orgs": "a, b ,  c"})
+    assert all(fails_now(cfg, org, 2) for org in ("a", "b", "c"))
+    assert not fails_now(cfg, "b", 1) and not fails_now(cfg, "d", 2) and not fails_now(cfg, "", 2)
+
+
 def test_canary_scanner_finds_hidden_copies_and_nothing_in_clean_bytes():
     email, card = CANARIES[0], next(c for c in CANARIES if c.name == "card-1")
     clean = gzip.compress(b'{"text": "weather in rome <PHONE> <EMAIL>", "n": 415.5, "m": 5550187}')

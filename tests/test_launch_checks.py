@@ -27,6 +27,7 @@ from synapse_flwr.flower.deploy import (
     DeploymentConfig,
     NodeSpec,
     check_nodes,
+    deployment_refusal,
     run_local_deployment,
 )
 from synapse_flwr.flower.launch import (
@@ -34,6 +35,7 @@ from synapse_flwr.flower.launch import (
     check_dataset,
     check_keys,
     check_output_dir,
+    check_resume,
     run_log_dir,
     run_simulation,
 )
@@ -173,6 +175,25 @@ def test_the_python_launchers_check_the_same(tmp_path):
         run_simulation(APP_DIR, 2, {"output-dir": str(tmp_path / "out")}, flwr_home=tmp_path / "h3")
 
 
+def test_a_corrupt_metrics_file_in_the_output_dir_is_refused_before_starting_anything(tmp_path, tmp_root):
+    """Regression: it passed the resume check, and the ServerApp then failed with a bare JSONDecodeError."""
+    out = tmp_path / "out"
+    check_resume(out, {})  # nothing there: nothing to resume
+    out.mkdir()
+    (out / "metrics.json").write_text('{"rounds": [{"round": 1}], "run_config": {"epsilon": 4.0}}')
+    check_resume(out, {"epsilon": 4.0})
+    with pytest.raises(SynapseError, match="holds rounds of a run with other settings"):
+        check_resume(out, {"epsilon": 8.0})
+    (out / "metrics.json").write_text('{"rounds": [')  # a torn write, a hand edit
+    with pytest.raises(SynapseError, match=rf"^{out / 'metrics.json'} cannot be read .*JSONDecodeError"):
+        check_resume(out, {})
+    for command in ("simulate", "deploy-local"):
+        res = invoke(command, "--set", f"output-dir={json.dumps(str(out))}")
+        assert isinstance(res.exception, SynapseError), res.exception
+        assert "metrics.json cannot be read" in str(res.exception)
+    started_nothing(tmp_root, out / "logs")
+
+
 # ------------------------------------------------------------------ 3. --node
 
 
@@ -218,6 +239,19 @@ def test_the_cli_checks_its_nodes_before_starting_anything(tmp_path, tmp_root, o
     res = invoke("deploy-local", "--nodes", "0", "--set", out)
     assert res.exit_code != 0 and "--nodes" in (str(res.exception) + res.output)  # here or by typer's min=1
     started_nothing(tmp_root, tmp_path / "out")
+
+
+def test_deploy_local_refuses_an_inject_it_would_ignore(tmp_path, tmp_root, org_data):
+    """Regression: deploy-local accepted run config inject > 0 and ran on the nodes' files unchanged."""
+    assert deployment_refusal({"inject": 0.0}) is None and deployment_refusal({}) is None
+    assert deployment_refusal({"inject": 0.25}).startswith("run config inject 0.25 is applied by `synapse simulate`")
+    out = tmp_path / "out"
+    nodes = [NodeSpec("a", org_data["good"], org_data["catalog"])]
+    with pytest.raises(SynapseError, match="run config inject 0.5 is applied by `synapse simulate` only"):
+        run_local_deployment(DeploymentConfig(APP_DIR, nodes, {"output-dir": str(out), "inject": 0.5}))
+    res = invoke("deploy-local", "--nodes", "2", "--set", "inject=0.2", "--set", f"output-dir={json.dumps(str(out))}")
+    assert isinstance(res.exception, SynapseError) and "inject 0.2" in str(res.exception)
+    started_nothing(tmp_root, out)
 
 
 # ------------------------------------------------------------------ 4. the temporary home

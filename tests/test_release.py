@@ -258,3 +258,35 @@ def test_the_organisation_s_node_config_bounds_what_the_operator_s_run_config_ma
     assert refusal({**own, "noise": "seeded"}, noise="seeded") is None
     assert refusal({"partition-id": 0, "num-partitions": 3}, noise="seeded") is None  # a simulation's split
 
+
+def test_the_organisation_s_node_config_caps_delta_as_it_caps_epsilon():
+    """Regression: the operator could raise delta up to 0.1 and an organisation had no way to refuse it."""
+    def refusal(node: dict, **run) -> str | None:
+        return node_refusal(RunConfig.from_mapping({"epsilon": 4.0, "delta": 1e-5, **run}), node)
+
+    own = {"data-path": "/data/acme.jsonl"}
+    assert refusal(own, delta=0.1) is None  # the default: no cap, the run config is obeyed
+    assert refusal({**own, "max-delta": 1e-5}) is None and refusal({**own, "max-delta": "1e-4"}) is None
+    assert refusal({**own, "max-delta": 1e-5}, delta=0.1) == (
+        "the run asks for delta 0.1, above this organisation's node config max-delta 1e-05")
+    assert "delta 0.001, above" in refusal({"max-delta": 1e-5}, delta=1e-3)  # also in simulation
+    for bad in ("small", 0, -1e-5, float("nan")):
+        assert refusal({"max-delta": bad}) == f"node config max-delta must be a positive number, got {bad!r}"
+    both = {"max-epsilon": 4.0, "max-delta": 1e-5}
+    assert "max-epsilon 4" in refusal(both, epsilon=8.0, delta=0.1)  # each cap holds on its own
+    assert "max-delta 1e-05" in refusal(both, delta=0.1)
+
+
+def test_the_release_cache_is_readable_by_its_owner_only(tmp_path):
+    """Regression: the cache (what was released, the last artifact) was written world-readable (0o644)."""
+    import stat
+
+    from synapse_flwr.flower.client_app import save_state
+
+    path = save_state(tmp_path / "cache" / "acme.json", ReleaseState(fingerprint="f"))
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    path.chmod(0o644)  # a cache written before the fix: rewriting it closes it too
+    save_state(path, ReleaseState(fingerprint="g"))
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert ReleaseState.model_validate_json(path.read_text()).fingerprint == "g"
+

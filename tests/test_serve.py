@@ -94,3 +94,23 @@ def test_an_address_serve_cannot_listen_on_is_refused_with_the_reason():
     check_listen("127.0.0.1", port)  # free again once the other server is gone
     with pytest.raises(SynapseError, match=r"'no-such-host\.invalid' does not resolve"):
         check_listen("no-such-host.invalid", 8000)
+
+
+def test_a_query_the_router_refuses_is_a_tool_error_with_its_reason():
+    """Regression: an empty query returned "Error executing tool route" and logged a traceback."""
+    from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
+
+    from synapse_flwr.core.catalog import ToolDoc, make_catalog
+    from synapse_flwr.core.router import Router
+    from synapse_flwr.serve import build_server
+
+    catalog = make_catalog([ToolDoc("get_weather", "get_weather", "Weather forecast: rain, snow, temperature."),
+                            ToolDoc("book_hotel", "book_hotel", "Book a hotel room for given dates.")])
+    server = build_server(Router(None, catalog, embedder="static"))
+    answer = asyncio.run(server.call_tool("route", {"query": "will it rain in Oslo?"}))
+    assert answer is not None  # a routable query still routes
+    for query, reason in (("", "query is empty"), ("   ", "query is empty"), ("\ud800", "'utf-8' codec can't encode")):
+        with pytest.raises(ToolError) as caught:
+            asyncio.run(server.call_tool("route", {"query": query}))
+        assert not isinstance(caught.value, UnexpectedToolError)  # anticipated: no traceback in the log
+        assert str(caught.value).startswith(f"Error executing tool route: {reason}")

@@ -201,3 +201,50 @@ def test_the_round_report_names_each_signature_rejection():
     assert "signature: missing" in reasons[2]
     assert "signature.round" in reasons[3] and "replay" in reasons[3]
     assert "issuer.org 'org_a' is not the signer 'org_b'" in reasons[4]
+
+
+# --------------------------------------------------------------------------- who may sign a global
+
+
+def test_a_client_uses_only_a_global_the_server_signed():
+    """Regression: a global signed by any registered key (an org's, as itself) was accepted by every client."""
+    from synapse_flwr.flower.client_app import global_problem
+
+    wire = artifact_wire()
+
+    def signed_by(signer) -> RecordDict:
+        return attach_signature(RecordDict({"arrays": to_record(wire)}), signer, GLOBAL, ROUND, wire)
+
+    assert global_problem(signed_by(KEYS.server), KEYS.registry, ROUND) is None
+    assert signature_problem(signed_by(KEYS.org_a), KEYS.registry, GLOBAL, ROUND, wire) is None  # a valid org key
+    problem = global_problem(signed_by(KEYS.org_a), KEYS.registry, ROUND)
+    assert problem == "signature.signer: signed by 'org_a', but only 'server' may sign a global"
+    demo = demo_registry(42)  # under the demo key set too: an org's demo key is no server's
+    assert global_problem(signed_by(demo_signer(SERVER, 42)), demo, ROUND) is None
+    assert "only 'server' may sign" in global_problem(signed_by(demo_signer("org_b", 42)), demo, ROUND)
+    assert global_problem(signed_by(None), None, ROUND) is None  # signing off (sign=false): nothing to check
+
+
+# --------------------------------------------------------------------------- an organisation's own keys
+
+
+def test_a_node_that_names_its_own_keys_refuses_a_run_that_would_not_use_them(tmp_path):
+    """Regression: run config sign=false or the demo key set silently overrode a node's keys-file/signing-key."""
+    from synapse_flwr.flower.client_app import node_refusal
+    from synapse_flwr.flower.keys import key_refusal
+
+    registry, key = str(tmp_path / "keys.json"), str(tmp_path / "org_a.key")
+    off, demo = RunConfig.from_mapping({"sign": False}), RunConfig.from_mapping({"keys-file": ""})
+    operator = RunConfig.from_mapping({"keys-file": str(tmp_path / "operator" / "keys.json")})
+    assert registry_for(off, {"keys-file": registry}) is None  # what the node would otherwise get
+    for node in ({"keys-file": registry}, {"signing-key": key}, {"keys-file": registry, "signing-key": key}):
+        refusal = node_refusal(off, node)
+        assert refusal is not None and "sign=false" in refusal and "node config names its own" in refusal
+        assert key_refusal(operator, node) is None  # registered keys: the node's own registry or the run's
+    assert "own keys-file and signing-key" in key_refusal(off, {"keys-file": registry, "signing-key": key})
+    assert isinstance(registry_for(demo, {"signing-key": key}), DemoRegistry)  # what the node would otherwise get
+    refusal = node_refusal(demo, {"signing-key": key})
+    assert refusal is not None and "demo key set" in refusal and "own signing-key" in refusal
+    assert key_refusal(demo, {"keys-file": registry, "signing-key": key}) is None  # its own registry, not demo
+    for node in ({}, {"keys-file": "", "signing-key": ""}, None):  # names nothing: the run config decides
+        assert key_refusal(off, node) is None and key_refusal(demo, node) is None

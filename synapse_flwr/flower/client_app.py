@@ -61,14 +61,14 @@ from synapse_flwr.core.release import (
 from synapse_flwr.core.replay import replay_events
 from synapse_flwr.core.router import Router
 from synapse_flwr.core.schema import Compendium
-from synapse_flwr.core.signing import ARTIFACT, GLOBAL
+from synapse_flwr.core.signing import ARTIFACT, GLOBAL, SERVER, Registry
 from synapse_flwr.core.votes import VOTE_SHARE
 from synapse_flwr.core.wire import Artifact, ArtifactError, decode, encode, unwrap
 from synapse_flwr.data.check import DataError
 from synapse_flwr.data.federation import load_dataset, load_partition
 from synapse_flwr.flower.capture import capture_mod
 from synapse_flwr.flower.config import RunConfig, RunConfigError
-from synapse_flwr.flower.keys import registry_for, signer_for
+from synapse_flwr.flower.keys import key_refusal, registry_for, signer_for
 from synapse_flwr.strategies.base import DELTA_BASE, DELTA_KEY
 from synapse_flwr.strategies.records import (
     attach_signature,
@@ -78,6 +78,8 @@ from synapse_flwr.strategies.records import (
 )
 
 log = logging.getLogger(__name__)
+
+PRIVATE_FILE_MODE = 0o600  # the release cache and the last artifact sent: this organisation's own account only
 
 app = ClientApp(mods=[capture_mod])  # the mod is a pass-through unless run config capture-dir is set
 
@@ -157,6 +159,24 @@ def cache_path(cfg: RunConfig, context: Context, org: str) -> Path:
     return Path(folder or Path(cfg.output_dir) / "release-cache") / f"{org}.json"
 
 
+def save_state(path: Path, state: ReleaseState) -> Path:
+    """Write the release cache at ``path``, readable by its owner only (mode 0o600).
+
+    It lists which records were released and holds the last artifact: what
+    this organisation's account on its host may read, not every local user.
+    """
+    return write_atomic(path, state.model_dump_json(), mode=PRIVATE_FILE_MODE)
+
+
+def fails_now(cfg: RunConfig, org: str, server_round: int) -> bool:
+    """Whether run config fault injection fails ``org`` in ``server_round`` (``fail-round``, ``fail-orgs``).
+
+    ``fail-orgs`` is comma-separated; the blanks around each name are not part
+    of it (``"a, b"`` names ``a`` and ``b``).
+    """
+    return cfg.fail_round == server_round and org in {name.strip() for name in cfg.fail_orgs.split(",")}
+
+
 def load_state(path: Path, settings: Mapping[str, str], pinned: bool = False) -> ReleaseState:
     """:func:`~synapse_flwr.core.release.load_release_state`; a refused pinned cache is told to the server.
 
@@ -185,25 +205,64 @@ def node_refusal(cfg: RunConfig, node_config: Mapping[str, object]) -> str | Non
 
     * ``max-epsilon``: a run whose ``epsilon`` exceeds it (``inf`` included:
       privacy off) is refused;
+    * ``max-delta``: likewise a run whose ``delta`` exceeds it;
     * on a node with its own ``data-path``, seeded noise (run config
       ``noise = "seeded"``, which the server can regenerate and remove) is
-      refused unless the node config says ``noise = "seeded"`` too.
+      refused unless the node config says ``noise = "seeded"`` too;
+    * a node config that names its own ``keys-file`` or ``signing-key``
+      refuses a run that would not use them (:func:`~synapse_flwr.flower.keys.key_refusal`).
     """
-    cap = node_config.get("max-epsilon")
-    if cap is not None:
-        try:
-            limit = float(cap)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            limit = math.nan
-        if not limit > 0:
-            return f"node config max-epsilon must be a positive number, got {cap!r}"
-        if cfg.epsilon > limit:
-            return (f"the run asks for epsilon {cfg.epsilon:g}, above this organisation's node config max-epsilon "
-                    f"{limit:g}")
+    for name, asked in (("epsilon", cfg.epsilon), ("delta", cfg.delta)):
+        if refusal := cap_refusal(name, asked, node_config.get(f"max-{name}")):
+            return refusal
     if "data-path" in node_config and cfg.noise == "seeded" and node_config.get("noise") != "seeded":
         return ("the run asks for seeded noise, which the server could regenerate and remove; this organisation's "
                 "node config does not allow it (node config noise=\"seeded\")")
+    return key_refusal(cfg, node_config)
+
+
+def cap_refusal(name: str, asked: float, cap: object) -> str | None:
+    """Why the run's ``name`` (``epsilon``, ``delta``) exceeds node config ``max-<name>``; None within it.
+
+    Parameters
+    ----------
+    name : str
+        The run-config key the cap bounds.
+    asked : float
+        The run config's value.
+    cap : object
+        The node config's ``max-<name>``; None (absent): no cap, the run config is obeyed.
+    """
+    if cap is None:
+        return None
+    try:
+        limit = float(cap)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        limit = math.nan
+    if not limit > 0:
+        return f"node config max-{name} must be a positive number, got {cap!r}"
+    if asked > limit:
+        return f"the run asks for {name} {asked:g}, above this organisation's node config max-{name} {limit:g}"
     return None
+
+
+def global_problem(content: RecordDict, registry: Registry | None, server_round: int) -> str | None:
+    """Why this organisation must not use the global in ``content``; None when the server signed it.
+
+    Only the server may sign a global: every organisation's key is in the
+    registry too, and a global signed by one (a valid signature of that org)
+    must not pass for the server's.
+
+    Parameters
+    ----------
+    content : RecordDict
+        The train or evaluate message's content (``arrays`` and its signature).
+    registry : Registry or None
+        The registered keys (None: the run config turns signing off).
+    server_round : int
+        The current round: an older signature is a replay.
+    """
+    return signature_problem(content, registry, GLOBAL, server_round, from_record(content["arrays"]), signer=SERVER)
 
 
 def noise_seed(cfg: RunConfig) -> int:
@@ -418,7 +477,8 @@ def reply_payload(cfg: RunConfig, org: str, wire: bytes, held: str | None, sent_
     """
     body = unwrap(wire)
     last = sent_path.read_bytes() if sent_path.is_file() else None
-    write_atomic(sent_path, body)  # before replying: the next round's base is what the server may accept now
+    # before replying: the next round's base is what the server may accept now; owner-only, like the cache
+    write_atomic(sent_path, body, mode=PRIVATE_FILE_MODE)
     if not cfg.wire_delta:
         return "artifact", wire
     if held is None:
@@ -517,9 +577,7 @@ def respond(msg: Message, context: Context, vote_phase: bool) -> Message:
         log.error("refusing the run: %s", refusal)
         raise ReasonForServer(refusal)
     server_round = int(msg.content["config"]["server-round"])
-    # signing: a global whose server signature does not verify is never used
-    if problem := signature_problem(msg.content, registry_for(cfg, context.node_config), GLOBAL, server_round,
-                                    from_record(msg.content["arrays"])):
+    if problem := global_problem(msg.content, registry_for(cfg, context.node_config), server_round):
         raise ReasonForServer(f"global rejected: {problem}")
     incoming = decoded_global(from_record(msg.content["arrays"]))  # raises on an invalid global
     try:
@@ -540,8 +598,8 @@ def respond(msg: Message, context: Context, vote_phase: bool) -> Message:
         artifact, new_state, released = org_release(data, cfg, state, server_round, replayed, embedder, incoming)
         done = f"{len(data.events)} events, {released} released now, {len(replayed)} replayed"
     if new_state is not state:
-        write_atomic(path, new_state.model_dump_json())  # before replying: a restart never re-releases
-    if not vote_phase and cfg.fail_round == server_round and data.org in cfg.fail_orgs.split(","):
+        save_state(path, new_state)  # before replying: a restart never re-releases
+    if not vote_phase and fails_now(cfg, data.org, server_round):
         raise ReasonForServer(f"fault injection: org {data.org} fails in round {server_round} (run config fail-orgs)")
     wire = encode(artifact)
     key, payload = reply_payload(cfg, data.org, wire, msg.content["config"].get(DELTA_BASE),

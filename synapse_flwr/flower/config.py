@@ -10,6 +10,7 @@ help text. An unknown key, a value of the wrong type or one out of range is a
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
@@ -217,6 +218,63 @@ def resume_conflict(output_dir: str | Path, recorded: Mapping[str, Any], current
     return (f"{output_dir} holds rounds of a run with other settings ({'; '.join(changed)}); resuming would "
             "mix the two: set another output-dir (flwr run: --run-config \"output-dir='PATH'\"; synapse "
             "simulate / deploy-local: --set output-dir=PATH) or remove that folder")
+
+
+class RecordedRunError(SynapseError):
+    """A run's ``metrics.json`` that exists but cannot be read as the rounds it recorded."""
+
+
+def recorded_run(metrics_path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
+    """The rounds and run config a run's ``metrics.json`` recorded; None when there is no such file.
+
+    The launchers read it before they start anything and the ServerApp when
+    it resumes, so an unreadable one is named here instead of failing the
+    ServerApp with a bare ``JSONDecodeError`` after every process started.
+
+    Parameters
+    ----------
+    metrics_path : str or Path
+        ``<output-dir>/metrics.json``.
+
+    Returns
+    -------
+    (list of dict, dict) or None
+        Its round records (each with an integer ``round``) and its
+        ``run_config`` (empty when it recorded none).
+
+    Raises
+    ------
+    RecordedRunError
+        If it exists but cannot be read, is not JSON, or is not an object
+        with a list of ``rounds``, naming the file and what is wrong.
+    """
+    path = Path(metrics_path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:  # a folder, no permission, not UTF-8, not JSON
+        problem: str | None = f"{type(exc).__name__}: {exc}"
+    else:
+        problem = _metrics_problem(doc)
+    if problem:
+        raise RecordedRunError(
+            f"{path} cannot be read as the metrics of the rounds in that folder ({problem}), so no run can "
+            "resume from it: remove that folder or set another output-dir (flwr run: --run-config "
+            "\"output-dir='PATH'\"; synapse simulate / deploy-local: --set output-dir=PATH)")
+    return doc["rounds"], doc.get("run_config", {})
+
+
+def _metrics_problem(doc: Any) -> str | None:
+    """What in a parsed ``metrics.json`` a resumed run could not use; None when nothing."""
+    if not (isinstance(doc, dict) and isinstance(doc.get("rounds"), list)):
+        return 'expected a JSON object with a list of "rounds"'
+    for i, record in enumerate(doc["rounds"]):
+        if not (isinstance(record, dict) and type(record.get("round")) is int):  # bool is not a round
+            return f'rounds[{i}] is not a round record with an integer "round"'
+    if not isinstance(doc.get("run_config", {}), dict):
+        return f'"run_config" must be an object, got {type(doc["run_config"]).__name__}'
+    return None
 
 
 def check_overrides(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -306,6 +306,27 @@ def _wait_online(group: ProcessGroup, specs: Sequence[NodeSpec], cwd: Path, time
         time.sleep(0.5)
 
 
+def deployment_refusal(run_config: Mapping[str, Any]) -> str | None:
+    """Why ``synapse deploy-local`` refuses a run config it could not apply; None when it applies all of it.
+
+    ``inject`` corrupts a share of each organisation's events when the
+    simulation splits the dataset into partitions; a deployment's SuperNodes
+    read their own experience files (node config ``data-path``) as they are,
+    so it would be ignored and the run would not be the one asked for.
+
+    Parameters
+    ----------
+    run_config : mapping
+        The run's whole validated run config (:func:`~synapse_flwr.flower.launch.effective_run_config`).
+    """
+    inject = float(run_config.get("inject", 0.0))
+    if inject > 0:
+        return (f"run config inject {inject:g} is applied by `synapse simulate` only (it corrupts the simulated "
+                "partitions): deploy-local's SuperNodes read their own experience files unchanged; set inject=0, "
+                "or corrupt the node files themselves")
+    return None
+
+
 def check_nodes(nodes: int | Sequence[NodeSpec], run_config: Mapping[str, Any],
                 check_data: bool = True) -> list[NodeSpec] | None:
     """Check a deployment's SuperNodes before anything starts; the explicit ones, or None for a count.
@@ -485,13 +506,16 @@ def run_local_deployment(cfg: DeploymentConfig) -> DeploymentResult:
     ------
     SynapseError
         Before any process starts: if the app, the run config (dataset,
-        output folder, keys) or a node (organisation id, experience file,
-        catalog, log: :class:`~synapse_flwr.core.errors.InputError`) is
+        output folder, keys, an ``inject`` it cannot apply:
+        :func:`deployment_refusal`) or a node (organisation id, experience
+        file, catalog, log: :class:`~synapse_flwr.core.errors.InputError`) is
         unusable, Flower is missing or a port is busy. Later: if a SuperNode
         does not come online in time (with its log tail), or the run fails or
         times out (with the tail of ``flwr log``).
     """
     launch = Launch("deployment", cfg.app_dir, cfg.run_config, cfg.flwr_home, "synapse-flwr-deploy-")
+    if problem := deployment_refusal(launch.effective_config):
+        raise SynapseError(problem)
     explicit = check_nodes(cfg.nodes, launch.run_config, cfg.check_data)
     link_port, node_ports = _deployment_ports(cfg, explicit)
     with launch.opened():  # every check passed

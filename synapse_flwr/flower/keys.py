@@ -9,6 +9,9 @@
 - ``keys-file = ""``: the demo key set, derived from the party names and the
   run seed. It exercises signing end to end but anyone can compute it: demo
   keys are not secrets.
+- A node config that names ``keys-file`` or ``signing-key`` refuses a run
+  with ``sign = false`` or the demo key set (:func:`key_refusal`): the
+  operator's run config does not override an organisation's own keys.
 """
 
 from __future__ import annotations
@@ -34,6 +37,38 @@ log = logging.getLogger(__name__)
 
 def _keys_file(cfg: RunConfig, node_config: Mapping[str, Any] | None) -> str:
     return str((node_config or {}).get("keys-file", "")) or cfg.keys_file
+
+
+def key_refusal(cfg: RunConfig, node_config: Mapping[str, Any] | None) -> str | None:
+    """Why an organisation whose node config names its own keys refuses the run; None when it takes part.
+
+    A node config ``keys-file`` or ``signing-key`` is the organisation's
+    choice to verify and sign with registered keys. The operator's run config
+    must not undo it: ``sign = false`` would accept an unsigned global (and
+    send unsigned replies), and the demo key set (run config ``keys-file``
+    empty, node config without ``keys-file``) is public, so anyone could sign
+    a global the node would accept. Never raises.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The operator's run config (``sign``, ``keys-file``).
+    node_config : mapping or None
+        The organisation's node config.
+    """
+    nc = node_config or {}
+    own = [key for key in ("keys-file", "signing-key") if str(nc.get(key, ""))]
+    if not own:
+        return None
+    named = " and ".join(own)
+    if not cfg.sign:
+        return (f"the run turns signing off (run config sign=false), but this organisation's node config names "
+                f"its own {named}: it signs and verifies, or does not take part")
+    if not _keys_file(cfg, nc):
+        return (f"the run would use the demo key set (run config keys-file is empty), whose keys are public, but "
+                f"this organisation's node config names its own {named}: set node config keys-file to its copy "
+                "of the registry, or the run config's keys-file")
+    return None
 
 
 def registry_for(cfg: RunConfig, node_config: Mapping[str, Any] | None = None) -> Registry | None:

@@ -49,6 +49,7 @@ from synapse_flwr.flower.config import (
     RunConfig,
     RunConfigError,
     check_overrides,
+    recorded_run,
     resume_conflict,
 )
 from synapse_flwr.flower.processes import (
@@ -312,13 +313,14 @@ def check_resume(output_dir: Path, run_config: Mapping[str, Any]) -> None:
     Raises
     ------
     SynapseError
-        With the settings that differ (:func:`~synapse_flwr.flower.config.resume_conflict`).
+        With the settings that differ (:func:`~synapse_flwr.flower.config.resume_conflict`), or
+        naming an unreadable ``metrics.json`` (:func:`~synapse_flwr.flower.config.recorded_run`),
+        which would stop the ServerApp once every process had started.
     """
-    try:
-        recorded = json.loads((output_dir / "metrics.json").read_text(encoding="utf-8"))["run_config"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return  # nothing to resume, or the ServerApp's resume point reports the unreadable folder
-    reason = resume_conflict(output_dir, recorded, run_config)
+    recorded = recorded_run(output_dir / "metrics.json")
+    if recorded is None:
+        return  # nothing to resume
+    reason = resume_conflict(output_dir, recorded[1], run_config)
     if reason:
         raise SynapseError(reason)
 
@@ -631,6 +633,7 @@ class Launch:
         self.run_config = absolute_run_config(run_config)
         check_dataset(self.run_config)
         effective = effective_run_config(self.source, self.run_config)
+        self.effective_config = effective  # the app's config under the overrides: what the run gets
         self.num_rounds = int(effective["num-rounds"])
         self.output_dir = Path(self.run_config["output-dir"])
         check_output_dir(self.output_dir)

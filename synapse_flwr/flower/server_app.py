@@ -45,7 +45,7 @@ from synapse_flwr.core.wire import (
     routing_hash,
 )
 from synapse_flwr.data.federation import load_dataset
-from synapse_flwr.flower.config import RunConfig, resume_conflict
+from synapse_flwr.flower.config import RunConfig, recorded_run, resume_conflict
 from synapse_flwr.flower.keys import registry_for, signer_for
 from synapse_flwr.strategies import make_strategy
 from synapse_flwr.strategies.base import CompendiumStrategy, RoundReport
@@ -65,6 +65,11 @@ class RunRecorder:
         Output folder (created if needed).
     run_config : dict
         Recorded in ``metrics.json`` for reproducibility.
+
+    Raises
+    ------
+    RecordedRunError
+        If ``metrics.json`` exists but is unreadable (:func:`~synapse_flwr.flower.config.recorded_run`).
     """
 
     def __init__(self, out_dir: Path, run_config: dict) -> None:
@@ -74,9 +79,9 @@ class RunRecorder:
         self.rounds: list[dict] = []
         self.run_config = run_config
         self.recorded_config: dict = {}  # the run config of the rounds on disk
-        if self.metrics_path.exists():
-            doc = json.loads(self.metrics_path.read_text())
-            self.rounds, self.recorded_config = doc["rounds"], doc.get("run_config", {})
+        # an unreadable metrics.json is a RecordedRunError naming the file, not a bare JSONDecodeError
+        if recorded := recorded_run(self.metrics_path):
+            self.rounds, self.recorded_config = recorded
 
     def resume_point(self) -> tuple[int, bytes | None, dict[str, Compendium]]:
         """The last round whose global is on disk and valid: that round, the global's bytes, and

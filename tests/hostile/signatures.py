@@ -90,7 +90,7 @@ def _edge(keys: Keys, msg: Message) -> Callable[[], str | None]:
 
 
 def _global(keys: Keys, content: RecordDict, wire: bytes) -> Callable[[], str | None]:
-    return lambda: signature_problem(content, keys.registry, GLOBAL, ROUND, wire)
+    return lambda: signature_problem(content, keys.registry, GLOBAL, ROUND, wire, signer=SERVER)
 
 
 def _with_signature(wire: bytes, **fields) -> RecordDict:
@@ -151,6 +151,8 @@ def global_cases(keys: Keys) -> list[SigCase]:
                 "signature: missing"),
         SigCase("global-replayed-older-round", _global(keys, older, wire), "signature.round"),
         SigCase("global-signed-by-an-org", _global(keys, by_org, wire), "signature.signer"),
+        SigCase("global-signed-by-an-org-as-itself", _global(keys, attach_signature(
+            RecordDict({"arrays": to_record(wire)}), keys.org_a, GLOBAL, ROUND, wire), wire), "signature.signer"),
         SigCase("global-tampered", _global(keys, good, other), "signature.value"),
         SigCase("global-org-artifact-signature", _global(
             keys, attach_signature(RecordDict({}), keys.server, ARTIFACT, ROUND, wire), wire), "signature.value"),
