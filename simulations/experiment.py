@@ -50,6 +50,7 @@ from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.catalog import Catalog
 from synapse_flwr.core.documentation import catalog_arguments
 from synapse_flwr.core.errors import SynapseError
+from synapse_flwr.core.experience import TestItem
 from synapse_flwr.core.files import write_atomic, write_problem
 from synapse_flwr.core.merge import TYPED, merge_typed
 from synapse_flwr.core.metrics import evaluate_routes
@@ -59,7 +60,11 @@ from synapse_flwr.core.schema import Compendium
 from synapse_flwr.core.votes import chosen_setting
 from synapse_flwr.core.wire import content_hash, load_artifact
 from synapse_flwr.data.check import file_hashes, require_valid
-from synapse_flwr.data.federation import FederatedDataset, load_federated
+from synapse_flwr.data.federation import (
+    KNOWN_DATASETS,
+    FederatedDataset,
+    load_federated,
+)
 from synapse_flwr.eval.order_check import order_changes
 from synapse_flwr.eval.results import write_results
 from synapse_flwr.flower.config import SPACES, RunConfig
@@ -69,12 +74,18 @@ log = logging.getLogger(__name__)
 # Sampled queries per split whose LLM picks are rechecked in reversed and
 # shuffled candidate order (each costs two more LLM passes over its candidates)
 ORDER_CHECK = 20
-# Evaluations are cached under a hash of the code that routes, so a router
-# change re-scores every arm while the (slow) Flower runs stay cached; a
-# change to the builder or the merge needs ``--fresh``.
-ROUTING_MODULES = ("core.router", "core.fusion", "core.documentation", "core.phrase_profile", "core.phrases",
-                   "core.votes", "core.render", "core.rerank_llm", "core.explain", "core.metrics", "core.embed",
-                   "core.llm", "eval.baselines", "eval.order_check", "flower.fedavg_dp")
+# What the Router (and the fusion votes cast through it) reads: every synapse_flwr module
+# core.router and core.votes import, but error texts, file writes and the progress bar.
+# A Flower run that votes is cached under their hash (its votes are scored by a Router).
+ROUTER_MODULES = ("core.router", "core.votes", "core.catalog", "core.documentation", "core.embed", "core.explain",
+                  "core.fusion", "core.llm", "core.phrase_profile", "core.phrases", "core.privacy",
+                  "core.prototypes", "core.render", "core.rerank_llm", "core.sanitize", "core.scenarios",
+                  "core.schema")
+# Evaluations and baselines are cached under a hash of the code that scores the arms, so a
+# router change re-scores every arm (and reruns the Flower runs that vote) while the other
+# Flower runs stay cached; a change to the builder or the merge needs ``--fresh``.
+ROUTING_MODULES = (*ROUTER_MODULES, "core.experience", "core.metrics", "eval.baselines", "eval.order_check",
+                   "flower.fedavg_dp")
 
 
 def llm_subsample(items: list, n: int) -> list:
@@ -82,9 +93,9 @@ def llm_subsample(items: list, n: int) -> list:
     return items[:: max(1, len(items) // n)][:n] if n else items
 
 
-def routing_code() -> str:
-    """Hash of the modules that score the arms."""
-    sources = (Path(importlib.import_module(f"synapse_flwr.{n}").__file__).read_bytes() for n in ROUTING_MODULES)
+def routing_code(modules: Sequence[str] = ROUTING_MODULES) -> str:
+    """Hash of the sources of ``modules`` (names under ``synapse_flwr``), the modules that score the arms by default."""
+    sources = (Path(importlib.import_module(f"synapse_flwr.{n}").__file__).read_bytes() for n in modules)
     return hashlib.sha256(b"".join(sources)).hexdigest()[:12]
 
 
@@ -128,6 +139,37 @@ def _eps_tag(epsilon: float) -> str:
     return "inf" if math.isinf(epsilon) else f"{epsilon:g}"
 
 
+def flower_key(policy: str, epsilon: float, rate: float, replay: bool, seed: int, code: str | None = None) -> str:
+    """Cache key (and output folder under the cache) of one Flower run.
+
+    Parameters
+    ----------
+    policy, epsilon, rate, replay, seed
+        The run (:meth:`Experiment.federate`).
+    code : str or None
+        The Router's code hash (:data:`ROUTER_MODULES`) when the run votes: its
+        fusion votes are cast through a Router, so a router change reruns it.
+        None for a run without votes, which stays cached.
+    """
+    key = f"flower/{policy}/eps{_eps_tag(epsilon)}/rate{rate:g}/{'replay-' if replay else ''}seed{seed}"
+    return key if code is None else f"{key}/code{code}"
+
+
+def verify_key(epsilon: float, rate: float, seed: int, code: str) -> str:
+    """Cache key of the check that the rebuilt org artifacts are those Flower merged (their votes route)."""
+    return f"verify/eps{_eps_tag(epsilon)}/rate{rate:g}/seed{seed}/code{code}"
+
+
+def classifier_key(seed: int, code: str) -> str:
+    """Cache key of the classifier arm (:func:`~synapse_flwr.eval.baselines.tfidf_svm_arm`)."""
+    return f"classifier/seed{seed}/code{code}"
+
+
+def fedavg_key(epsilon: float, seed: int, code: str) -> str:
+    """Cache key of the fedavg_dp arm (:func:`~synapse_flwr.eval.baselines.fedavg_dp_arm`)."""
+    return f"fedavg_dp/eps{_eps_tag(epsilon)}/seed{seed}/code{code}"
+
+
 def summarise(runs: Sequence[dict]) -> dict:
     """Mean and SD over seeds of ``acc`` and ``r5`` (SD 0 for one seed)."""
     acc, r5 = [r["acc"] for r in runs], [r["r5"] for r in runs]
@@ -159,6 +201,7 @@ class Experiment:
         self.progress = progress or (lambda label: None)
         self._done: set[str] = set()
         self.code = routing_code()
+        self.router_code = routing_code(ROUTER_MODULES)
         self._embedder = None
         self._built: dict[tuple, Any] = {}
 
@@ -216,7 +259,8 @@ class Experiment:
     def federate(self, seed: int, policy: str, epsilon: float, rate: float, replay: bool = False) -> dict:
         """One Flower simulation; returns its global's path and per-round records."""
         seed = self.run_seed(seed, epsilon, rate)
-        key = f"flower/{policy}/eps{_eps_tag(epsilon)}/rate{rate:g}/{'replay-' if replay else ''}seed{seed}"
+        votes = self.run_config(seed, policy, epsilon, rate, replay, self.cache_dir).votes
+        key = flower_key(policy, epsilon, rate, replay, seed, self.router_code if votes else None)
         out_dir = self.cache_dir / key
 
         def compute() -> dict:
@@ -255,9 +299,9 @@ class Experiment:
     def run_config(self, seed: int, policy: str, epsilon: float, rate: float, replay: bool,
                    out_dir: Path) -> RunConfig:
         """The run config of one Flower simulation of this experiment."""
-        dataset = str(Path(self.cfg.dataset).resolve()) if Path(self.cfg.dataset).is_dir() else self.cfg.dataset
+        # a built-in name or a folder's absolute path (ExperimentConfig), whatever the clients' working folder
         return RunConfig.from_mapping({
-            "dataset": dataset, "num-rounds": self.cfg.rounds, "policy": policy, "min-nodes": self.cfg.orgs,
+            "dataset": self.cfg.dataset, "num-rounds": self.cfg.rounds, "policy": policy, "min-nodes": self.cfg.orgs,
             # seeded noise: the experimenter holds every organisation's data, and the org artifacts
             # are rebuilt in process from the same seed (org_artifacts)
             "epsilon": epsilon, "delta": self.cfg.delta, "alpha": self.cfg.alpha, "seed": seed, "noise": "seeded",
@@ -321,7 +365,7 @@ class Experiment:
         them from :meth:`dataset` (same partition, same injected set, same
         noise seeds) must give the same hashes.
         """
-        key = f"verify/eps{_eps_tag(epsilon)}/rate{rate:g}/seed{seed}"
+        key = verify_key(epsilon, rate, seed, self.code)
 
         def compute() -> dict:
             merged = set(self.global_of(run).inputs)
@@ -362,8 +406,6 @@ class Experiment:
         return metrics
 
     def _golds(self, ds: FederatedDataset) -> dict[str, list]:
-        from synapse_flwr.core.experience import TestItem
-
         return {split: [i if isinstance(i, TestItem) else TestItem(query=i.query, gold=(i.gold,))
                         for i in items] for split, items in self.splits(ds).items()}
 
@@ -397,16 +439,15 @@ class Experiment:
             private = self.federate(seed, TYPED, cfg.epsilon, 0.0)
             out["federated_private"] = self.evaluate(self.global_of(private), seed)
         if "classifier" in arms:
-            out["classifier"] = self.unit(f"classifier/seed{seed}", lambda: self._classifier(ds))
+            out["classifier"] = self.unit(classifier_key(seed, self.code), lambda: self._classifier(ds))
         if "fedavg_dp" in arms:
-            out["fedavg_dp"] = self.unit(f"fedavg_dp/eps{_eps_tag(cfg.epsilon)}/seed{seed}",
-                                         lambda: self._fedavg(ds, seed))
+            out["fedavg_dp"] = self.unit(fedavg_key(cfg.epsilon, seed, self.code), lambda: self._fedavg(ds, seed))
         return out
 
     def _classifier(self, ds: FederatedDataset) -> dict:
         from synapse_flwr.eval.baselines import tfidf_svm_arm
 
-        return tfidf_svm_arm(ds.all_events, ds.catalog, self._golds(ds))
+        return tfidf_svm_arm(ds.all_events, ds.catalog, self._golds(ds), k=self.cfg.k)
 
     def _fedavg(self, ds: FederatedDataset, seed: int) -> dict:
         from synapse_flwr.eval.baselines import fedavg_dp_arm
@@ -417,7 +458,7 @@ class Experiment:
         # the Flower simulation runs in a fresh interpreter of its own (fedavg_dp.run_job)
         res = fedavg_dp_arm([ds.orgs[o] for o in sorted(ds.orgs)], ds.catalog, golds[first], cfg.epsilon,
                             cfg.delta, cfg.rounds, embedder=self.embedder, seed=seed,
-                            extra_tests={s: golds[s] for s in rest}, **cfg.fedavg)
+                            extra_tests={s: golds[s] for s in rest}, k=cfg.k, **cfg.fedavg)
         out = {first: {k: res[k] for k in ("acc", "r5", "n")}}
         out.update({s: {k: res["extra"][s][k] for k in ("acc", "r5", "n")} for s in rest})
         out["epsilon_spent"] = res["epsilon_spent"]
@@ -556,7 +597,7 @@ class Experiment:
                 "org_events": {o: len(e) for o, e in sorted(ds.orgs.items())},
                 "test_sizes": {split: len(items) for split, items in splits.items()},
                 "leak_filter": ds.info.get("leak_filter"), "orgs_as_given": bool(ds.info.get("orgs_as_given")),
-                "heldout_tools": len(ds.info.get("heldout_tools", [])),
+                "heldout_tools": heldout_tool_count(ds.heldout_test),
                 "paraphrase_neighbours": self.unit(f"paraphrases/seed{seed}",
                                                    lambda: self._paraphrases(ds, splits))}
 
@@ -569,6 +610,30 @@ class Experiment:
         for start in range(0, len(train), 2048):
             best[start:start + 2048] = (train[start:start + 2048] @ test.T).max(axis=1)
         return {f"cosine>={t}": int((best >= t).sum()) for t in (0.9, 0.95, 0.99)}
+
+
+def shown_dataset(dataset: str, cwd: Path | None = None) -> str:
+    """The dataset as the results name it: a folder under the working folder relative to it.
+
+    The config holds a folder's absolute path (:func:`~synapse_flwr.simulations.experiment_config.resolve_dataset`);
+    results committed from a checkout should not carry the machine's paths.
+    """
+    if dataset in KNOWN_DATASETS:
+        return dataset
+    path, cwd = Path(dataset), (cwd or Path.cwd()).absolute()
+    if not path.is_relative_to(cwd) or path == cwd:
+        return dataset
+    shown = str(path.relative_to(cwd))
+    return f"./{shown}" if shown in KNOWN_DATASETS else shown  # a folder ./demo is not the built-in demo
+
+
+def heldout_tool_count(heldout: Sequence[TestItem]) -> int:
+    """Distinct gold tools of the held-out test queries: the tools scored as without experience.
+
+    Counted from the test set itself, so a folder (whose loader names no held-out
+    tools) reports them as MetaTool's split does.
+    """
+    return len({tool for item in heldout for tool in item.gold})
 
 
 def _split_summary(per_seed: dict, path: Callable[[dict], dict | None]) -> dict:
@@ -594,8 +659,8 @@ def aggregate(cfg: ExperimentConfig, per_seed: dict, llm: dict) -> dict:
     private = [rec for r in per_seed.values() for rec in r["per_round"].get("federated_private", {})
                .get("records", [])]
     results = {
-        "name": cfg.name, "dataset": cfg.dataset, "seeds": cfg.seeds, "orgs": cfg.orgs, "alpha": cfg.alpha,
-        "rounds": cfg.rounds, "embedder": cfg.embedder, "reranker": cfg.reranker, "k": cfg.k,
+        "name": cfg.name, "dataset": shown_dataset(cfg.dataset), "seeds": cfg.seeds, "orgs": cfg.orgs,
+        "alpha": cfg.alpha, "rounds": cfg.rounds, "embedder": cfg.embedder, "reranker": cfg.reranker, "k": cfg.k,
         "arms": arms, "ablation_2x2": cells, "contradiction": rates, "per_round": per_round,
         "bytes_per_client_round": statistics.mean(r["bytes_per_client"] for r in records) if records else None,
         "bytes_per_client_round_max": max((r["bytes_per_client"] for r in records), default=None),
@@ -614,7 +679,8 @@ def aggregate(cfg: ExperimentConfig, per_seed: dict, llm: dict) -> dict:
                      for s, r in per_seed.items()},
         "llm_sample": llm,
     }
-    results["no_harm"] = no_harm(results)
+    results["no_harm"] = {arm: {split: round(gap, 4) for split, gap in block.items()}  # rounded to read
+                          for arm, block in no_harm(results).items()}
     results["targets"] = targets(results)
     return results
 
@@ -723,7 +789,7 @@ def run_experiment(config: Path, fresh: bool = False, output: Path | None = None
         if on_start:
             on_start(Experiment(cfg).total_units())
         return run_taubench(config, cfg, output, progress)
-    if Path(cfg.dataset).is_dir():
+    if cfg.dataset not in KNOWN_DATASETS and Path(cfg.dataset).is_dir():  # a built-in name is never a folder
         require_valid(Path(cfg.dataset))  # every file, line and tool id, before any Flower run
     exp = Experiment(cfg, fresh, progress)
     first = exp.dataset(cfg.seeds[0])

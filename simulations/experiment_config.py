@@ -10,6 +10,7 @@ import hashlib
 import inspect
 import json
 import math
+import os
 import re
 import tomllib
 from collections.abc import Callable
@@ -38,16 +39,36 @@ MERGES = (TYPED, FLAT_MAJORITY)
 SPLITS = ("seen", "heldout")
 
 
-def beside_config(dataset: str, config: Path) -> str:
-    """A relative dataset folder found beside the config but not under the working folder: the one beside it.
+def resolve_dataset(dataset: str, config: Path | None = None) -> str:
+    """A built-in dataset's name as it is; any other ``dataset`` as the absolute path of its folder.
 
-    A config's other paths (``output``, ``cache``) are relative to the working
-    folder; a dataset folder kept next to its config is found from anywhere.
+    ``demo``, ``metatool`` and ``taubench`` always name the built-in datasets,
+    whatever folder of that name the working folder holds (``./demo`` names
+    the folder). A relative folder is read from the working folder, like a
+    config's ``output`` and ``cache``; one not there but beside ``config`` is
+    the one beside it, so a dataset kept next to its config is found from
+    anywhere. The path is made absolute here, once, so that the experiment
+    driver and its Flower clients (in another working folder) read the same
+    folder, and a folder is never taken for a built-in name.
+
+    Parameters
+    ----------
+    dataset : str
+        The config's ``dataset``.
+    config : Path or None
+        The config file, if any.
+
+    Returns
+    -------
+    str
+        The name, or the folder's absolute path (symbolic links kept).
     """
-    beside = config.parent / dataset
-    if dataset in KNOWN_DATASETS or Path(dataset).exists() or not beside.is_dir():
+    if dataset in KNOWN_DATASETS:
         return dataset
-    return str(beside)
+    path = Path(dataset)
+    if config is not None and not path.is_absolute() and not path.exists() and (config.parent / path).is_dir():
+        path = config.parent / path
+    return os.path.abspath(path)
 
 
 @dataclass(frozen=True)
@@ -57,7 +78,8 @@ class ExperimentConfig:
     Parameters
     ----------
     dataset : str
-        ``metatool``, ``taubench``, ``demo`` or a dataset folder.
+        ``metatool``, ``taubench``, ``demo`` or a dataset folder (made
+        absolute, see :func:`resolve_dataset`).
     name : str
         Title of the tables (default: the dataset's name).
     seeds : list of int
@@ -143,10 +165,11 @@ class ExperimentConfig:
     def from_toml(cls, path: Path) -> ExperimentConfig:
         """Read and check a config; every mistake is a :class:`SynapseError` naming the key.
 
-        A dataset folder stands for the one-line config ``dataset = "<folder>"``.
+        A dataset folder stands for the one-line config ``dataset = "<folder>"``
+        (a folder, even one named like a built-in dataset).
         """
         if path.is_dir():
-            cfg = cls(dataset=str(path))
+            cfg = cls(dataset=os.path.abspath(path))
             cfg.check(path)
             return cfg
         try:
@@ -170,11 +193,13 @@ class ExperimentConfig:
         annotations = {f.name: str(f.type) for f in fields(cls)}
         if wrong := [p for k, v in table.items() if (p := _wrong_type(k, v, annotations[k]))]:
             raise SynapseError(f"{path}: " + "; ".join(wrong))
-        cfg = cls(**{**table, "dataset": beside_config(table["dataset"], path)})
+        cfg = cls(**{**table, "dataset": resolve_dataset(table["dataset"], path)})
         cfg.check(path)
         return cfg
 
     def __post_init__(self) -> None:
+        # a folder as an absolute path: the same folder for the driver and every Flower client
+        object.__setattr__(self, "dataset", resolve_dataset(str(self.dataset)))
         if not self.orgs:  # keep the organisations a dataset folder comes with
             object.__setattr__(self, "orgs", own_orgs(str(self.dataset)) or DEFAULT_ORGS)
         if not self.name:  # a title only: a config may name just its dataset
@@ -247,7 +272,7 @@ def _fedavg_options() -> set[str]:
     """Keyword options of the fedavg_dp arm a config's ``fedavg`` table may set (not those the experiment sets)."""
     from synapse_flwr.eval.baselines import fedavg_dp_arm
 
-    given = {"embedder", "seed", "extra_tests"}
+    given = {"embedder", "seed", "extra_tests", "k"}
     return {n for n, p in inspect.signature(fedavg_dp_arm).parameters.items()
             if p.default is not p.empty and n not in given}
 

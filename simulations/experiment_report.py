@@ -17,11 +17,14 @@ NO_HARM_MARGIN = 0.005
 
 
 def no_harm(results: dict) -> dict[str, dict[str, float]]:
-    """Federated arms minus docs_only, per split: the no-harm check every dataset reports."""
+    """Federated arms minus docs_only, per split: the no-harm check every dataset reports.
+
+    Unrounded: a gap just past the margin must not round onto it (round for display only).
+    """
     arms = results["arms"]
     docs = arms.get("docs_only", {})
     # splits in one order, whether an arm's metrics came fresh or from the (sorted) cache
-    return {arm: {split: round(m["acc_mean"] - docs[split]["acc_mean"], 4)
+    return {arm: {split: m["acc_mean"] - docs[split]["acc_mean"]
                   for split, m in sorted(arms[arm].items(), key=lambda sm: (sm[0] != "seen", sm[0]))
                   if split in docs and "acc_mean" in m}
             for arm in ("federated", "federated_private") if arm in arms and docs}
@@ -57,9 +60,11 @@ def targets(results: dict) -> list[dict]:
                 lambda v: v >= 0.05)
     rates = results["contradiction"]
     if "0" in rates and (top := max(rates, key=float)) != "0":
-        drop = acc("typed/typed", seen, rates[top]) - acc("typed/typed", seen, rates["0"])
-        add(f"typed arm change at {float(top):.0%} contradiction ({seen})", drop, ">= -0.03",
-            lambda v: v >= -0.03)
+        # a test set without seen queries has no seen row at either rate: no target, as for the rows above
+        high, clean = acc("typed/typed", seen, rates[top]), acc("typed/typed", seen, rates["0"])
+        if high is not None and clean is not None:
+            add(f"typed arm change at {float(top):.0%} contradiction ({seen})", high - clean, ">= -0.03",
+                lambda v: v >= -0.03)
     if fed is not None and acc("classifier", seen) is not None:
         add(f"federated - classifier ({seen}, moonshot)", fed - acc("classifier", seen), ">= 0",
             lambda v: v >= 0)

@@ -219,3 +219,29 @@ def test_flowers_notices_about_the_baselines_own_choices_are_filtered() -> None:
     notice = logging.LogRecord("flwr", logging.WARNING, "", 0, "Manually terminating %s", ("ClientAppActor",), None)
     error = logging.LogRecord("flwr", logging.ERROR, "", 0, "ClientApp raised: %s", ("boom",), None)
     assert not _not_chosen(notice) and _not_chosen(error)
+
+
+def test_the_baselines_recall_is_at_the_k_asked_for(embedder: TfidfEmbedder) -> None:
+    """Regression: both baselines ranked their top 5 whatever ``k`` (the experiment's tables say recall@k)."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from synapse_flwr.eval.baselines import fedavg_job
+    from synapse_flwr.flower.fedavg_dp import JOB_FILE, TrainSettings, run_in_process
+
+    # queries of one tool whose gold is another: never first, always within 5 of the 3 labelled tools
+    wrong = [TestItem(query=e.query, gold=("book_hotel" if e.tool != "book_hotel" else "get_weather",))
+             for e in toy_events(20, 5)]
+    at5, at1 = (tfidf_svm_arm(toy_events(60, 1), CATALOG, {"wrong": wrong}, k=k)["wrong"] for k in (5, 1))
+    assert at5["acc"] == at1["acc"] == at1["r5"] == 0.0 and at5["r5"] == 1.0
+    settings = TrainSettings(8, 1, 0.05, 1.0, 0.05, 1e-5, 1)
+    for k, below_all in ((1, True), (4, False)):
+        job = fedavg_job(orgs(), CATALOG, {"test": toy_test(20, 3)}, embedder, settings, math.inf, 1, k=k)
+        for by_split in run_in_process(job).evaluations.values():
+            m = by_split["test"]
+            assert (m["r5"] == m["acc"]) if below_all else m["r5"] == 1.0  # 4 tools: all within 4
+    with tempfile.TemporaryDirectory() as tmp:  # the job folder the Flower ServerApp reads carries k
+        assert json.loads((job.save(Path(tmp)) / JOB_FILE).read_text())["k"] == 4
+    with pytest.raises(ValueError, match="k must be an integer >= 1"):
+        fedavg_dp_arm(orgs(), CATALOG, UNSEEN, 1.0, 1e-5, 1, embedder=embedder, k=0)

@@ -7,6 +7,7 @@ import math
 import subprocess
 import sys
 import tomllib
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -289,10 +290,10 @@ def test_a_dataset_folder_beside_its_config_is_found_from_any_working_folder(tmp
     monkeypatch.chdir(elsewhere)
     cfg = ExperimentConfig.from_toml(path)
     assert cfg.dataset == str(folder) and cfg.orgs == 3
-    # one under the working folder is the one meant, as for the config's other paths
+    # one under the working folder is the one meant, as for the config's other paths (made absolute)
     (elsewhere / "tools92").mkdir()
     (elsewhere / "tools92" / "org_a.jsonl").write_text("")
-    assert ExperimentConfig.from_toml(path).dataset == "tools92"
+    assert ExperimentConfig.from_toml(path).dataset == str(elsewhere / "tools92")
 
 
 def test_a_dataset_found_nowhere_is_named_with_the_folder_looked_for(tmp_path, monkeypatch):
@@ -603,3 +604,244 @@ def test_the_cache_counts_as_hits_only_units_an_earlier_run_wrote(tmp_path):
     second = UnitCache(tmp_path, "fp")
     assert second.get("a", lambda: 3) == 1 and (second.misses, second.hits) == (0, 1)
     assert UnitCache(tmp_path, "other").get("a", lambda: 4) == 4  # another fingerprint recomputes
+
+
+# ---------------------------------------------------------------- cache keys: what a code change recomputes
+def _package_imports(module: str) -> set[str]:
+    """The synapse_flwr modules ``module`` imports, at the top or inside a function (names under the package)."""
+    import ast
+
+    package = ROOT / "synapse_flwr"
+    found = set()
+    for node in ast.walk(ast.parse((package / (module.replace(".", "/") + ".py")).read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("synapse_flwr."):
+            name = node.module.removeprefix("synapse_flwr.")
+            if (package / (name.replace(".", "/") + ".py")).is_file():
+                found.add(name)
+            found |= {f"{name}.{a.name}" for a in node.names
+                      if (package / name.replace(".", "/") / f"{a.name}.py").is_file()}
+    return found
+
+
+def _import_closure(roots: Sequence[str]) -> set[str]:
+    """Every synapse_flwr module ``roots`` import, directly or not, the roots included."""
+    seen, todo = set(), list(roots)
+    while todo:
+        if (module := todo.pop()) not in seen:
+            seen.add(module)
+            todo += _package_imports(module)
+    return seen
+
+
+# modules that cannot change a score: error texts, atomic file writes, the progress bar, BLAS threads
+NOT_SCORING = {"core.errors", "core.files", "core.progress", "flower.processes"}
+
+
+def test_the_routing_code_hash_covers_every_module_the_router_and_the_baselines_read():
+    """Regression: core.prototypes, core.privacy, core.scenarios and core.sanitize, which the Router calls,
+    were not hashed, so a change there left every cached evaluation standing."""
+    from synapse_flwr.simulations.experiment import ROUTER_MODULES, ROUTING_MODULES
+
+    assert _import_closure(["core.router", "core.votes"]) - NOT_SCORING <= set(ROUTER_MODULES)
+    assert _import_closure(ROUTING_MODULES) - NOT_SCORING <= set(ROUTING_MODULES)
+    assert {"core.prototypes", "core.privacy", "core.scenarios", "core.sanitize"} <= set(ROUTER_MODULES)
+
+
+def test_baseline_and_verify_keys_carry_the_routing_code_and_a_flower_run_that_votes_the_router_s():
+    from synapse_flwr.simulations.experiment import (
+        classifier_key,
+        fedavg_key,
+        flower_key,
+        verify_key,
+    )
+
+    for key in (classifier_key, lambda seed, code: fedavg_key(4.0, seed, code),
+                lambda seed, code: verify_key(math.inf, 0.2, seed, code)):
+        assert key(42, "aaa") != key(42, "bbb") and key(42, "aaa").endswith("/seed42/codeaaa")
+    assert flower_key("typed", math.inf, 0.0, False, 42) == "flower/typed/epsinf/rate0/seed42"  # cached as before
+    assert flower_key("typed", 4.0, 0.2, True, 42, "aaa") == "flower/typed/eps4/rate0.2/replay-seed42/codeaaa"
+
+
+def test_a_routing_code_change_rescores_the_baselines_and_reruns_only_the_flower_runs_that_vote(tmp_path):
+    """Regression: the classifier, fedavg_dp and verify units, and the Flower runs whose fusion votes a Router
+    scores, stayed cached after a router change (docs/experiments.md promises every arm is re-scored)."""
+    from synapse_flwr.simulations.experiment import Experiment
+
+    from synapse_flwr.core.merge import FLAT_MAJORITY, TYPED
+
+    cfg = ExperimentConfig(dataset="demo", seeds=[42], arms=["classifier", "fedavg_dp"],
+                           cache=str(tmp_path / "cache"))
+    calls = []
+    exp = Experiment(cfg)
+    exp._classifier = lambda ds: calls.append("classifier") or {"seen": {"acc": 1.0}}
+    exp._fedavg = lambda ds, seed: calls.append("fedavg_dp") or {"seen": {"acc": 1.0}}
+    exp.arms_for_seed(42)
+    again = Experiment(cfg)
+    again._classifier, again._fedavg = exp._classifier, exp._fedavg
+    again.arms_for_seed(42)
+    assert calls == ["classifier", "fedavg_dp"]  # same code: cached
+    again.code = "changed"
+    again.arms_for_seed(42)
+    assert calls == ["classifier", "fedavg_dp"] * 2  # the router changed: both baselines re-scored
+    exp.unit = lambda key, compute: key  # the key each unit is cached under, computing nothing
+    assert exp.verify_inputs(42, 0.2, math.inf, {}).endswith(f"/code{exp.code}")
+    assert exp.federate(42, TYPED, math.inf, 0.0).endswith(f"/seed42/code{exp.router_code}")  # votes
+    assert exp.federate(42, FLAT_MAJORITY, math.inf, 0.0) == "flower/flat-majority/epsinf/rate0/seed42"
+
+
+# ---------------------------------------------------------------- contradiction injection keeps the split
+def test_injected_wrong_tools_are_tools_with_experience_so_held_out_tools_stay_held_out():
+    """Regression: a wrong tool was drawn from the whole catalog, crediting held-out tools (scored as tools
+    without experience) with successful calls."""
+    from synapse_flwr.core.experience import event_label
+    from synapse_flwr.data.federation import experienced_tools, load_federated
+
+    clean = load_federated("demo", 3, 42, 0.5, 0.0)
+    held_out = {tool for item in clean.heldout_test for tool in item.gold}
+    assert held_out and experienced_tools(clean.catalog, clean.all_events) == [
+        t for t in clean.catalog.ids if t not in held_out]
+    for seed in (42, 123):
+        injected = load_federated("demo", 3, seed, 0.5, 0.6)
+        assert injected.info["injection"].counts["wrong_tool"] > 0
+        taught = {event_label(e, injected.catalog) for e in injected.all_events}
+        assert not taught & held_out
+        assert injected.all_events == load_federated.__wrapped__("demo", 3, seed, 0.5, 0.6).all_events  # seeded
+
+
+# ---------------------------------------------------------------- report
+def _summary(acc: float) -> dict:
+    return {"acc": acc, "r5": acc, "n": 10}
+
+
+def test_the_report_aggregates_a_contradiction_sweep_of_a_test_set_without_seen_queries():
+    """Regression: with no seen queries the contradiction target subtracted None from None (TypeError)."""
+    from synapse_flwr.simulations.experiment import aggregate
+
+    row = {"typed/typed": {"heldout": _summary(0.5)}, "centralized": {"heldout": _summary(0.5)}}
+    per_seed = {42: {"arms": {"docs_only": {"heldout": _summary(0.5)}}, "2x2": {}, "injection": {},
+                     "rates": {"0": row, "0.4": row}, "per_round": {},
+                     "info": {"leak_filter": None, "orgs_as_given": True}}}
+    results = aggregate(ExperimentConfig(dataset="demo", seeds=[42], rates=[0.0, 0.4]), per_seed, {})
+    assert results["contradiction"]["0.4"]["typed/typed"]["heldout"]["acc_mean"] == 0.5
+    assert not any("contradiction" in t["target"] for t in results["targets"])
+
+
+def test_no_harm_compares_the_unrounded_gap_and_rounds_it_only_to_show_it():
+    """Regression: a held-out gap of -0.00504 rounded to -0.005 and passed the 0.005 margin."""
+    from synapse_flwr.simulations.experiment_report import no_harm
+
+    def arm(heldout):
+        return {"heldout": {"acc_mean": heldout, "acc_sd": 0.0, "r5_mean": 0.0}}
+
+    results = {"arms": {"docs_only": arm(0.52), "federated": arm(0.51496)}, "ablation_2x2": {},
+               "contradiction": {}}
+    assert no_harm(results)["federated"]["heldout"] < -0.005
+    row = next(t for t in targets(results) if t["target"] == "no harm: federated - docs_only (heldout)")
+    assert row == {"target": "no harm: federated - docs_only (heldout)", "value": -0.005, "goal": ">= -0.005",
+                   "met": False}
+
+
+# ---------------------------------------------------------------- the dataset: a built-in name or a folder
+def _org_folder(folder: Path, orgs: str = "ab") -> Path:
+    folder.mkdir(parents=True)
+    for org in orgs:
+        (folder / f"org_{org}.jsonl").write_text("")
+    return folder
+
+
+def test_a_folder_named_like_a_built_in_dataset_is_read_as_the_folder(tmp_path, monkeypatch):
+    """Regression: `./demo` (and the folder `demo` given as the config) became "demo", the built-in dataset."""
+    monkeypatch.chdir(tmp_path)
+    folder = _org_folder(tmp_path / "demo", "abcd")
+    path = _write(tmp_path, '[experiment]\ndataset = "./demo"\n')
+    for cfg in (ExperimentConfig.from_toml(path), ExperimentConfig.from_toml(Path("demo"))):
+        assert cfg.dataset == str(folder) and cfg.orgs == 4  # the folder's four logs, not the demo's three
+    relative = _org_folder(tmp_path / "data" / "bench")
+    assert ExperimentConfig.from_toml(_write(tmp_path, '[experiment]\ndataset = "data/bench"\n')).dataset == \
+        str(relative)  # a relative folder: from the working folder, absolute
+
+
+def test_a_built_in_name_never_reads_a_folder_of_that_name(tmp_path, monkeypatch):
+    """Regression: with a folder `demo` (or `metatool`) in the working folder, `dataset = "demo"` sent that
+    folder to the Flower clients and checked it, while the driver scored the built-in dataset."""
+    from synapse_flwr.simulations import experiment as experiment_module
+    from synapse_flwr.simulations.experiment import Experiment
+
+    from synapse_flwr.core.merge import TYPED
+
+    monkeypatch.chdir(tmp_path)
+    (_org_folder(tmp_path / "demo") / "org_a.jsonl").write_text("not json\n")
+    _org_folder(tmp_path / "metatool")
+    assert ExperimentConfig(dataset="metatool").orgs == 5 and ExperimentConfig(dataset="demo").orgs == 3
+    cfg = ExperimentConfig.from_toml(_write(tmp_path, '[experiment]\ndataset = "demo"\nseeds = [42]\n'))
+    assert cfg.dataset == "demo"
+    assert Experiment(cfg).run_config(42, TYPED, math.inf, 0.0, False, tmp_path).dataset == "demo"
+
+    class Reached(Exception):
+        pass
+
+    def reached(self):
+        raise Reached
+
+    monkeypatch.setattr(Experiment, "run", reached)  # no Flower run: only the checks before it
+    monkeypatch.setattr(experiment_module, "data_hashes", lambda dataset: {})
+    with pytest.raises(Reached):  # the broken folder ./demo is not checked (it raised DataError)
+        run_experiment(_write(tmp_path, '[experiment]\ndataset = "demo"\nseeds = [42]\n'
+                                        f'cache = "{tmp_path / "cache"}"\n'), output=tmp_path / "out")
+
+
+def test_results_name_a_folder_under_the_working_folder_relative_to_it(tmp_path):
+    from synapse_flwr.simulations.experiment import shown_dataset
+
+    assert shown_dataset(str(tmp_path / "runs" / "bench"), tmp_path) == "runs/bench"
+    assert shown_dataset(str(tmp_path / "demo"), tmp_path) == "./demo"  # not the built-in name
+    assert shown_dataset("/elsewhere/bench", tmp_path) == "/elsewhere/bench"
+    assert shown_dataset("demo", tmp_path) == "demo"
+
+
+# ---------------------------------------------------------------- the baselines rank at the experiment's k
+def test_the_baselines_rank_at_the_config_s_k(tmp_path, monkeypatch):
+    """Regression: the classifier and fedavg_dp ranked their top 5 whatever k the tables name (recall@k)."""
+    from synapse_flwr.simulations.experiment import Experiment
+
+    from synapse_flwr.eval import baselines
+
+    seen = {}
+
+    def svm(train, catalog, tests, C=1.0, k=5):
+        seen["classifier"] = k
+        return {}
+
+    def fedavg(org_events, catalog, test, *args, k=5, extra_tests=None, **kwargs):
+        seen["fedavg_dp"] = k
+        return {"acc": 0.0, "r5": 0.0, "n": 0, "epsilon_spent": 1.0,
+                "extra": {s: {"acc": 0.0, "r5": 0.0, "n": 0} for s in extra_tests or {}}}
+
+    monkeypatch.setattr(baselines, "tfidf_svm_arm", svm)
+    monkeypatch.setattr(baselines, "fedavg_dp_arm", fedavg)
+    exp = Experiment(ExperimentConfig(dataset="demo", seeds=[42], k=3, cache=str(tmp_path / "cache")))
+    exp._embedder = object()  # not read by the stand-in
+    ds = exp.dataset(42)
+    exp._classifier(ds)
+    exp._fedavg(ds, 42)
+    assert seen == {"classifier": 3, "fedavg_dp": 3}
+
+
+# ---------------------------------------------------------------- seed info
+def test_held_out_tools_are_counted_from_the_held_out_test_queries(tmp_path):
+    """Regression: results.json said 0 held-out tools for every folder (only MetaTool's loader named them)."""
+    import shutil
+
+    from synapse_flwr.simulations.experiment import Experiment, heldout_tool_count
+
+    from synapse_flwr.core.experience import TestItem
+    from synapse_flwr.data.federation import demo_dir
+
+    items = [TestItem(query="q", gold=("a", "b")), TestItem(query="r", gold=("b",)), TestItem(query="s", gold=("c",))]
+    assert heldout_tool_count(items) == 3 and heldout_tool_count([]) == 0
+    folder = tmp_path / "bench"
+    shutil.copytree(demo_dir(), folder)
+    exp = Experiment(ExperimentConfig(dataset=str(folder), seeds=[42], cache=str(tmp_path / "cache")))
+    exp.votes_chose = lambda seed: {}  # a Flower run's
+    exp.unit = lambda key, compute: {}  # the paraphrase diagnostic embeds every query
+    assert exp.seed_info(42)["heldout_tools"] == 3  # the demo's three tools without experience

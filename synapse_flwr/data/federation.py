@@ -14,6 +14,7 @@ A dataset is named by the run config (``dataset``):
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -159,6 +160,29 @@ def packaged_examples(name: str, catalog: Catalog) -> Catalog:
     return with_examples_file(catalog, EXAMPLES_DIR / f"{name}.json")
 
 
+def experienced_tools(catalog: Catalog, events: Sequence[Event]) -> list[str]:
+    """Ids of the tools some event teaches (:func:`event_label`), in catalog order.
+
+    The tools a contradiction may wrongly credit: one drawn among every
+    catalog tool would give a held-out tool (scored as a tool without
+    experience) successful calls.
+
+    Parameters
+    ----------
+    catalog : Catalog
+        The tools; labels resolve through it.
+    events : sequence of Event
+        The experience (every organisation's, pooled).
+
+    Returns
+    -------
+    list of str
+        Tool ids with at least one labelled event.
+    """
+    taught = {label for e in events if (label := event_label(e, catalog)) is not None}
+    return [tool_id for tool_id in catalog.ids if tool_id in taught]
+
+
 def own_orgs(name: str) -> int:
     """Organisations a dataset comes with (its ``org_*.jsonl`` logs), 0 for pooled experience.
 
@@ -217,7 +241,9 @@ def load_federated(
     A dataset that already has ``num_orgs`` orgs (the demo has three) keeps
     them; otherwise the pooled experience is re-partitioned non-IID. With
     ``inject`` > 0 a share of every org's events is corrupted
-    (:func:`~synapse_flwr.data.inject.inject_contradictions`), and
+    (:func:`~synapse_flwr.data.inject.inject_contradictions`; a wrong tool is
+    one with experience, :func:`experienced_tools`, so the held-out test
+    tools stay without any), and
     ``info["injection"]`` records what was injected.
 
     Parameters
@@ -245,7 +271,11 @@ def load_federated(
     if inject:
         from synapse_flwr.data.inject import inject_contradictions
 
-        orgs, injection = inject_contradictions(ds.orgs, inject, seed, [d.tool_id for d in ds.catalog.tools])
+        tools = experienced_tools(ds.catalog, ds.all_events)
+        if len(tools) < 2:
+            raise SynapseError(f"dataset {name}: contradiction injection credits events to another tool with "
+                               f"experience and needs two such tools, found {len(tools)}; drop the non-zero rates")
+        orgs, injection = inject_contradictions(ds.orgs, inject, seed, tools)
         ds = FederatedDataset(ds.name, ds.catalog, orgs, ds.seen_test, ds.heldout_test,
                               {**ds.info, "injection": injection})
         log.info("injected contradictions at %.0f%%: %s (sha256 %s)", 100 * inject, injection.counts,

@@ -5,7 +5,10 @@ events is corrupted, half of them each way:
 
 ``wrong_tool``
     the query is credited to a different tool, as a success (an
-    organisation's scenario assigned to the wrong tool);
+    organisation's scenario assigned to the wrong tool); the tools drawn
+    from are those with experience
+    (:func:`~synapse_flwr.data.federation.experienced_tools`), so a tool
+    held out of the experience stays without any;
 ``inverted``
     the outcome is flipped (a success logged as a failure of the right
     tool, which turns into a ``when_not`` clause).
@@ -77,7 +80,8 @@ def corrupt_org(
     seed : int
         Seed of the choice.
     tools : sequence of str
-        Catalog tool ids, for wrong-tool reassignments (at least two).
+        Tool ids a wrong-tool reassignment may credit (at least two): the
+        tools with experience, so that held-out tools stay without any.
     kinds : sequence of str
         The corruptions, taken in turn (the default: half each way;
         ``("wrong_tool",)``: every corrupted event is credited to a wrong tool).
@@ -127,7 +131,7 @@ def inject_contradictions(
     seed : int
         Seed of the choice.
     tools : sequence of str
-        Catalog tool ids.
+        Tool ids a wrong-tool reassignment may credit (see :func:`corrupt_org`).
 
     Returns
     -------

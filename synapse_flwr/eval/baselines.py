@@ -118,12 +118,13 @@ def ranking_metrics(
 
 
 def tfidf_svm_arm(
-    train: Sequence[Event], catalog: Catalog, tests: Mapping[str, Sequence[TestItem]], C: float = 1.0
+    train: Sequence[Event], catalog: Catalog, tests: Mapping[str, Sequence[TestItem]], C: float = 1.0,
+    k: int = TOP_K,
 ) -> dict[str, dict[str, float]]:
     """Centralised TF-IDF + linear SVM query classifier (the MetaTool paper's baseline).
 
     The classes are the tools that have at least one labelled training event;
-    ranking (top-1 and top-5) runs over those classes only, so a tool without
+    ranking (top-1 and top-k) runs over those classes only, so a tool without
     a training label can never be predicted and its queries score 0 by
     construction: on held-out-tool test sets the arm's accuracy and recall
     are 0. One fit scores every test set (a fit over 2,400 tools takes
@@ -139,11 +140,13 @@ def tfidf_svm_arm(
         Test sets by name (``seen``, ``heldout``): queries with their gold ids.
     C : float
         SVM regularisation (inverse strength), ``> 0``.
+    k : int
+        Recall cut-off (the experiment's ``k``: its tables say recall@k).
 
     Returns
     -------
     dict
-        Per test set: ``acc``, ``r5`` (from the top 5 of ``decision_function``) and ``n``.
+        Per test set: ``acc``, ``r5`` (recall@k, from the top ``k`` of ``decision_function``) and ``n``.
 
     Raises
     ------
@@ -157,7 +160,7 @@ def tfidf_svm_arm(
     scores, classes = tfidf_svm_scores(queries, labels, [item.query for item in items], C)
     out, start = {}, 0
     for name, test in tests.items():
-        out[name] = ranking_metrics(scores[start:start + len(test)], classes, test)
+        out[name] = ranking_metrics(scores[start:start + len(test)], classes, test, k)
         start += len(test)
     return out
 
@@ -303,6 +306,7 @@ def fedavg_dp_arm(
     temperature: float = 0.05,
     extra_tests: Mapping[str, Sequence[TestItem]] | None = None,
     backend_config: Mapping[str, Any] | None = None,
+    k: int = TOP_K,
 ) -> dict[str, Any]:
     """Federated DP-SGD baseline: a cosine head over frozen embeddings, trained with Flower FedAvg.
 
@@ -347,11 +351,13 @@ def fedavg_dp_arm(
         More test sets evaluated with the same models (e.g. held-out tools).
     backend_config : mapping or None
         Flower simulation backend config; default one CPU per ClientApp.
+    k : int
+        Recall cut-off of ``r5`` (the experiment's ``k``).
 
     Returns
     -------
     dict
-        ``acc``, ``r5``, ``n`` of the final global head on ``test``;
+        ``acc``, ``r5`` (recall@k), ``n`` of the final global head on ``test``;
         ``init_acc``, ``init_r5`` of the untrained head (identity map:
         description retrieval); ``epsilon_spent`` (largest over organisations,
         from opacus' RDP accountant; ``inf`` without privacy), ``delta``,
@@ -369,6 +375,7 @@ def fedavg_dp_arm(
     """
     _check_args(epsilon, delta, rounds, local_epochs, batch_size, learning_rate,
                 max_grad_norm, temperature)
+    _check_int("k", k, 1)
     if not org_events:
         raise ValueError("org_events holds no organisations")
     t0 = time.perf_counter()
@@ -378,7 +385,7 @@ def fedavg_dp_arm(
     settings = TrainSettings(batch_size, local_epochs, learning_rate, max_grad_norm,
                              temperature, delta, seed)
     job = fedavg_job(org_events, catalog, {"test": test, **(extra_tests or {})}, embedder, settings,
-                     epsilon, rounds)
+                     epsilon, rounds, k)
     log.info("embedded %d orgs, %d tools and %d test queries in %.1f s", len(job.shards),
              len(catalog), sum(len(s.golds) for s in job.splits.values()), time.perf_counter() - t0)
     out = fedavg_results(run_job(job, backend_config), job, list(extra_tests or {}), t0)
@@ -436,7 +443,7 @@ def org_shard(
 
 def fedavg_job(
     org_events: Sequence[Sequence[Event]], catalog: Catalog, splits: Mapping[str, Sequence[TestItem]],
-    embedder: Embedder, settings: TrainSettings, epsilon: float, rounds: int,
+    embedder: Embedder, settings: TrainSettings, epsilon: float, rounds: int, k: int = TOP_K,
 ) -> FedAvgJob:
     """The FedAvg + DP-SGD job of :func:`fedavg_dp_arm`: shards, tool and test embeddings.
 
@@ -456,6 +463,8 @@ def fedavg_job(
         Per-organisation epsilon over all rounds.
     rounds : int
         Federation rounds.
+    k : int
+        Recall cut-off of the evaluations.
 
     Returns
     -------
@@ -478,7 +487,7 @@ def fedavg_job(
                         tuple(tuple(i.gold) for i in items))
         for name, items in splits.items()
     }
-    return FedAvgJob(shards, tools, tuple(catalog.ids), eval_splits, settings, rounds)
+    return FedAvgJob(shards, tools, tuple(catalog.ids), eval_splits, settings, rounds, k)
 
 
 def fedavg_results(

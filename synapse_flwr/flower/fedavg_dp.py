@@ -246,6 +246,8 @@ class FedAvgJob:
         Training hyper-parameters.
     rounds : int
         Federation rounds.
+    k : int
+        Recall cut-off of the evaluations (``r5`` is recall@k).
     """
 
     shards: tuple[OrgShard, ...]
@@ -254,6 +256,7 @@ class FedAvgJob:
     splits: Mapping[str, EvalSplit]
     settings: TrainSettings
     rounds: int
+    k: int = 5
 
     def save(self, folder: Path) -> Path:
         """Write the job folder: ``job.json``, ``tools.npy``, ``org_<i>.npz``, ``split_<i>.npy``.
@@ -275,7 +278,7 @@ class FedAvgJob:
                      noise_multiplier=np.float64(shard.noise_multiplier))
         for i, split in enumerate(self.splits.values()):
             np.save(folder / f"split_{i}.npy", split.queries)
-        meta = {"rounds": self.rounds, "orgs": len(self.shards), "tool_ids": list(self.tool_ids),
+        meta = {"rounds": self.rounds, "k": self.k, "orgs": len(self.shards), "tool_ids": list(self.tool_ids),
                 "settings": self.settings.to_config(),
                 "splits": [[name, [list(g) for g in split.golds]] for name, split in self.splits.items()]}
         (folder / JOB_FILE).write_text(json.dumps(meta), encoding="utf-8")
@@ -582,16 +585,20 @@ class HeadEvaluator:
         Tool id of each row of ``tools``.
     splits : mapping of str to EvalSplit
         Test sets, by name.
+    k : int
+        Recall cut-off.
     """
 
-    def __init__(self, tools: np.ndarray, tool_ids: Sequence[str], splits: Mapping[str, EvalSplit]) -> None:
+    def __init__(self, tools: np.ndarray, tool_ids: Sequence[str], splits: Mapping[str, EvalSplit],
+                 k: int = 5) -> None:
         self.tools = tools
         self.tool_ids = list(tool_ids)
         self.splits = dict(splits)
+        self.k = k
         self.evaluations: dict[int, dict[str, dict[str, float]]] = {}
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        """Top-1 accuracy and recall@5 of the head in ``arrays`` on every split.
+        """Top-1 accuracy and recall@k of the head in ``arrays`` on every split.
 
         Parameters
         ----------
@@ -608,8 +615,8 @@ class HeadEvaluator:
         """
         weight = arrays.to_numpy_ndarrays()[0]
         self.evaluations[server_round] = {
-            name: ranking_metrics(top_ids(head_scores(weight, split.queries, self.tools), self.tool_ids),
-                                  split.golds)
+            name: ranking_metrics(top_ids(head_scores(weight, split.queries, self.tools), self.tool_ids, self.k),
+                                  split.golds, self.k)
             for name, split in self.splits.items()
         }
         return MetricRecord({f"{name}-{key}": float(value)
@@ -632,7 +639,7 @@ def serve_job(grid: Grid, context: Context, job_dir: Path) -> None:
     meta = json.loads((job_dir / JOB_FILE).read_text(encoding="utf-8"))
     tools = np.load(job_dir / TOOLS_FILE)
     settings = TrainSettings.from_config(meta["settings"])
-    evaluator = HeadEvaluator(tools, meta["tool_ids"], read_splits(job_dir, meta))
+    evaluator = HeadEvaluator(tools, meta["tool_ids"], read_splits(job_dir, meta), int(meta["k"]))
     orgs = int(meta["orgs"])
     strategy = FedAvg(
         fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=orgs,
@@ -732,7 +739,7 @@ def run_in_process(job: FedAvgJob) -> FedAvgOutcome:
         Per-round train metrics and evaluations, as the ServerApp records them.
     """
     tools = torch.from_numpy(job.tools)
-    evaluator = HeadEvaluator(job.tools, job.tool_ids, job.splits)
+    evaluator = HeadEvaluator(job.tools, job.tool_ids, job.splits, job.k)
     weight = CosineHead(tools, job.settings.temperature).state_dict()["proj.weight"]
     evaluator(0, ArrayRecord({"proj.weight": weight}))
     states = [RecordDict() for _ in job.shards]
