@@ -779,29 +779,26 @@ def test_a_release_cache_releases_each_record_once_across_builds_and_counts_each
     v4 = load_artifact(tmp_path / "v4.json")
     assert abs(v4.votes.records - v1.votes.records - 5) < 6 * v4.votes.sd  # the five new records only
     assert v4.privacy.epsilon == pytest.approx(4.0, abs=1e-5)
+    def rebuilt_under(catalog: list, out: str):
+        """The grown log built again under another catalog: nothing released again, the cache re-sent."""
+        (tmp_path / f"{out}.catalog.json").write_text(json.dumps(catalog))
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="synapse_flwr"):
+            ok(invoke("build", "--experience", more, "--catalog", tmp_path / f"{out}.catalog.json", "--org", "acme",
+                      "--embedder", "static", "--epsilon", "4", "--release-cache", cache, "-o", tmp_path / out))
+        assert "0 records released now; 35 released before" in caplog.text
+        return load_artifact(tmp_path / out)
+
     # the catalog documents a tool anew: the cache is kept, nothing is released again, the new text is sent
-    renewed = json.dumps(CATALOG).replace("Current weather for a city.", "Weather now and ahead for a city.")
-    (tmp_path / "catalog.json").write_text(renewed)
-    caplog.clear()
-    with caplog.at_level(logging.INFO, logger="synapse_flwr"):
-        ok(invoke("build", "--experience", more, "--catalog", tmp_path / "catalog.json", "--org", "acme",
-                  "--embedder", "static", "--epsilon", "4", "--release-cache", cache, "-o", tmp_path / "a5.json"))
-    assert "0 records released now; 35 released before" in caplog.text
-    a5 = load_artifact(tmp_path / "a5.json")
+    a5 = rebuilt_under(json.loads(json.dumps(CATALOG).replace("Current weather for a city.",
+                                                               "Weather now and ahead for a city.")), "a5.json")
     assert a5.tool("get_weather").description == "Weather now and ahead for a city."
     assert [t.prototype for t in a5.tools] == [t.prototype for t in v4.tools]
     assert not (tmp_path / "x.json").exists()
     # the catalog renames the tool and keeps its old name as an alias: the log still loads, its records keep
     # their keys (regression: they were keyed as resolved, and released again), the cached entry follows
-    renamed = [{"name": "weather_now", "description": "Current weather for a city.", "aliases": ["get_weather"]},
-               *CATALOG[1:]]
-    (tmp_path / "renamed.json").write_text(json.dumps(renamed))
-    caplog.clear()
-    with caplog.at_level(logging.INFO, logger="synapse_flwr"):
-        ok(invoke("build", "--experience", more, "--catalog", tmp_path / "renamed.json", "--org", "acme",
-                  "--embedder", "static", "--epsilon", "4", "--release-cache", cache, "-o", tmp_path / "a6.json"))
-    assert "0 records released now; 35 released before" in caplog.text
-    a6 = load_artifact(tmp_path / "a6.json")
+    a6 = rebuilt_under([{"name": "weather_now", "description": "Current weather for a city.",
+                         "aliases": ["get_weather"]}, *CATALOG[1:]], "a6.json")
     assert a6.tool("weather_now").prototype == v4.tool("get_weather").prototype is not None
     assert a6.tool("get_weather") is None
 
