@@ -281,7 +281,7 @@ def test_the_release_cache_is_readable_by_its_owner_only(tmp_path):
     """Regression: the cache (what was released, the last artifact) was written world-readable (0o644)."""
     import stat
 
-    from synapse_flwr.flower.client_app import save_state
+    from synapse_flwr.core.release import save_release_state as save_state
 
     path = save_state(tmp_path / "cache" / "acme.json", ReleaseState(fingerprint="f"))
     assert stat.S_IMODE(path.stat().st_mode) == 0o600

@@ -3,7 +3,8 @@
 Everything here reads released artifacts only (post-processing of the DP
 releases: no raw data, privacy unchanged) and is order-independent: a
 per-tool cap is a median over the orgs, and every sum is taken over orgs in
-sorted order (:func:`math.fsum` in :func:`saturated_prototype`).
+sorted order (:func:`math.fsum` in
+:func:`~synapse_flwr.core.prototypes.merge_prototypes`).
 
 Three steps, applied by :func:`~synapse_flwr.core.merge.merge_robust` after
 the ``support-weighted`` cap on each org's total mass:
@@ -43,13 +44,11 @@ import numpy as np
 from synapse_flwr.core.prototypes import (
     above_noise,
     decode_prototype,
-    encode_prototype,
+    merge_prototypes,
     prototype_cosine,
     scale_prototype,
 )
 from synapse_flwr.core.schema import (
-    MAX_COUNT,
-    MAX_SCALE,
     Compendium,
     FusionVotes,
     Prototype,
@@ -63,36 +62,6 @@ PROTOTYPE_NOISE_SDS = 3.0
 
 def _r(x: float) -> float:
     return round(x, 4)
-
-
-def saturated_prototype(protos: Sequence[Prototype]) -> Prototype:
-    """Several prototypes of one tool summed as :func:`~synapse_flwr.core.prototypes.merge_prototypes` does, saturated.
-
-    Sums and counts add (:func:`math.fsum`, order-independent), noise SDs add
-    in quadrature; a count or SD past :data:`MAX_COUNT` is clamped there,
-    and a sum whose largest coordinate passes the int8 range
-    (``127 * MAX_SCALE``) is shrunk whole, its direction kept. Within the
-    bounds it equals ``merge_prototypes``.
-
-    Raises
-    ------
-    ValueError
-        If ``protos`` is empty.
-    """
-    if not protos:
-        raise ValueError("no prototypes to merge")
-    stacked = np.stack([decode_prototype(p) for p in protos])
-    total = np.array(list(map(math.fsum, stacked.T.tolist())))
-    peak = float(np.abs(total).max())
-    top = 127 * MAX_SCALE * (1 - 1e-9)  # the margin keeps the int8 step (peak / 127) within MAX_SCALE after rounding
-    if peak > top:
-        total = total * (top / peak)
-    return encode_prototype(
-        total,
-        min(math.fsum(p.count for p in protos), MAX_COUNT),
-        min(math.sqrt(math.fsum(p.sum_sd**2 for p in protos)), MAX_COUNT),
-        min(math.sqrt(math.fsum(p.count_sd**2 for p in protos)), MAX_COUNT),
-    )
 
 
 def scale_entry(e: ToolEntry, factor: float) -> ToolEntry:
@@ -240,7 +209,7 @@ def lone_dissenters(
         others = [(o, q) for o, q in rated if o != org]
         if len(others) < 2:
             continue
-        cos = prototype_cosine(p, saturated_prototype([q for _, q in others]))
+        cos = prototype_cosine(p, merge_prototypes([q for _, q in others]))
         if cos < cosine:
             out[org] = (cos, [o for o, _ in others])
     # two or more dissenters disagree among themselves as much as with the rest: no lone claim

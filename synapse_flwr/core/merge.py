@@ -81,13 +81,13 @@ from synapse_flwr.core.influence import (
     entry_counts,
     lone_dissenters,
     pooled_dissenter,
-    saturated_prototype,
     scale_compendium,
 )
 from synapse_flwr.core.phrases import normalize_text, set_jaccard, token_set
 from synapse_flwr.core.prototypes import (
     above_noise,
     decode_prototype,
+    merge_prototypes,
     prototype_cosine,
 )
 from synapse_flwr.core.render import (
@@ -698,7 +698,7 @@ def merge_tool(
             orgs=_sorted_union(e.provenance.orgs for _, e in entries),
             rounds=sorted({r for _, e in entries for r in e.provenance.rounds})[:10_000],
         ),
-        prototype=saturated_prototype([p for _, p in protos]) if protos else None,
+        prototype=merge_prototypes([p for _, p in protos]) if protos else None,
     )
     return entry, conflicts
 

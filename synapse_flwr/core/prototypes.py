@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from synapse_flwr.core.schema import EmbeddingSpace, Prototype
+from synapse_flwr.core.schema import MAX_COUNT, MAX_SCALE, EmbeddingSpace, Prototype
 
 #: Counters a prototype adds to one record's contribution: its count.
 PROTOTYPE_COUNTERS = 1
@@ -161,17 +161,25 @@ def merge_prototypes(protos: Sequence[Prototype]) -> Prototype:
     """Sum several orgs' prototypes of one tool: sums and counts add, noise SDs add in quadrature.
 
     Coordinates are summed with :func:`math.fsum` (exactly rounded), so the
-    result does not depend on the order of ``protos``.
+    result does not depend on the order of ``protos``. Inputs each within the
+    schema's bounds may sum past them: a count or SD past
+    :data:`~synapse_flwr.core.schema.MAX_COUNT` saturates there, and a sum
+    whose largest coordinate passes the int8 range (``127 * MAX_SCALE``) is
+    shrunk whole, its direction kept, rather than fail the merge.
     """
     if not protos:
         raise ValueError("no prototypes to merge")
     stacked = np.stack([decode_prototype(p) for p in protos])
     total = np.array(list(map(math.fsum, stacked.T.tolist())))
+    peak = float(np.abs(total).max())
+    top = _INT8_MAX * MAX_SCALE * (1 - 1e-9)  # the margin keeps the step (peak / 127) within MAX_SCALE once rounded
+    if peak > top:
+        total = total * (top / peak)
     return encode_prototype(
         total,
-        math.fsum(p.count for p in protos),
-        math.sqrt(math.fsum(p.sum_sd**2 for p in protos)),
-        math.sqrt(math.fsum(p.count_sd**2 for p in protos)),
+        min(math.fsum(p.count for p in protos), MAX_COUNT),
+        min(math.sqrt(math.fsum(p.sum_sd**2 for p in protos)), MAX_COUNT),
+        min(math.sqrt(math.fsum(p.count_sd**2 for p in protos)), MAX_COUNT),
     )
 
 

@@ -184,9 +184,17 @@ def _differences(cached: Mapping[str, str], now: Mapping[str, str]) -> str:
     return "; ".join(shown) or "another run"
 
 
-def save_release_state(path: Path, state: ReleaseState) -> None:
-    """Write the cache atomically (before the release leaves: a crash never makes a record go out twice)."""
-    write_atomic(path, state.model_dump_json())
+#: Mode of an organisation's own files (the release cache, the last artifact it sent): its account only.
+PRIVATE_FILE_MODE = 0o600
+
+
+def save_release_state(path: Path, state: ReleaseState) -> Path:
+    """Write the cache atomically (before the release leaves: a crash never makes a record go out twice).
+
+    Readable by its owner only (:data:`PRIVATE_FILE_MODE`): it lists which
+    records were released and holds the last artifact.
+    """
+    return write_atomic(path, state.model_dump_json(), mode=PRIVATE_FILE_MODE)
 
 
 def without_votes(before: ReleaseState, after: ReleaseState) -> ReleaseState:

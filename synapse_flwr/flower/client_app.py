@@ -42,6 +42,7 @@ from synapse_flwr.core.errors import InputError
 from synapse_flwr.core.experience import Event, load_experience
 from synapse_flwr.core.files import write_atomic
 from synapse_flwr.core.release import (
+    PRIVATE_FILE_MODE,
     ReleaseCacheError,
     ReleaseState,
     add_votes,
@@ -54,6 +55,7 @@ from synapse_flwr.core.release import (
     record_keys,
     release_round,
     release_settings,
+    save_release_state,
     vote_refusal,
     with_votes,
     without_votes,
@@ -78,8 +80,6 @@ from synapse_flwr.strategies.records import (
 )
 
 log = logging.getLogger(__name__)
-
-PRIVATE_FILE_MODE = 0o600  # the release cache and the last artifact sent: this organisation's own account only
 
 app = ClientApp(mods=[capture_mod])  # the mod is a pass-through unless run config capture-dir is set
 
@@ -157,15 +157,6 @@ def cache_path(cfg: RunConfig, context: Context, org: str) -> Path:
     """Where this org keeps its release cache: node config, else run config, else under the output dir."""
     folder = str(context.node_config.get("release-cache", "")) or cfg.release_cache
     return Path(folder or Path(cfg.output_dir) / "release-cache") / f"{org}.json"
-
-
-def save_state(path: Path, state: ReleaseState) -> Path:
-    """Write the release cache at ``path``, readable by its owner only (mode 0o600).
-
-    It lists which records were released and holds the last artifact: what
-    this organisation's account on its host may read, not every local user.
-    """
-    return write_atomic(path, state.model_dump_json(), mode=PRIVATE_FILE_MODE)
 
 
 def fails_now(cfg: RunConfig, org: str, server_round: int) -> bool:
@@ -598,7 +589,7 @@ def respond(msg: Message, context: Context, vote_phase: bool) -> Message:
         artifact, new_state, released = org_release(data, cfg, state, server_round, replayed, embedder, incoming)
         done = f"{len(data.events)} events, {released} released now, {len(replayed)} replayed"
     if new_state is not state:
-        save_state(path, new_state)  # before replying: a restart never re-releases
+        save_release_state(path, new_state)  # before replying: a restart never re-releases
     if not vote_phase and fails_now(cfg, data.org, server_round):
         raise ReasonForServer(f"fault injection: org {data.org} fails in round {server_round} (run config fail-orgs)")
     wire = encode(artifact)
