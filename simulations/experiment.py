@@ -781,8 +781,11 @@ def run_experiment(config: Path, fresh: bool = False, output: Path | None = None
     """
     cfg = ExperimentConfig.from_toml(config)
     out_dir = Path(output or cfg.output)
-    if problem := write_problem(out_dir, folder=True):  # before any unit: the results must have a place
-        raise SynapseError(f"results folder {out_dir} {problem}")
+    # before any unit: the results and every unit's cache must have a place (a cache under a file failed at the
+    # first unit, a Flower run)
+    for what, folder in (("results folder", out_dir), ("cache folder", Path(cfg.cache))):
+        if problem := write_problem(folder, folder=True):
+            raise SynapseError(f"{what} {folder} {problem}")
     if cfg.dataset == "taubench":  # its own per-step protocols (cross-validated and train-only)
         from synapse_flwr.simulations.taubench import run_taubench
 

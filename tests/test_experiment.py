@@ -109,6 +109,16 @@ def _write(tmp_path: Path, body: str) -> Path:
         ('[experiment]\ndataset="demo"\nreranker="feilds"\n', "reranker: unknown 'feilds'"),
         ('[experiment]\ndataset="demo"\nfedavg={batchsize=8}\n', "fedavg: unknown \\['batchsize'\\].*batch_size"),
         ('[experiment]\ndataset="demo"\ndelta=2.0\n', "delta in \\(0, 1\\)"),
+        # regressions: each of these was accepted, then failed (or drew garbage) after the Flower runs
+        ('[experiment]\ndataset="demo"\nseeds=[42, -1]\n', "seeds: each must be an integer >= 0, got -1"),
+        ('[experiment]\ndataset="demo"\nseeds=[7, 7]\n', "seeds: .*7 is listed 2 times"),
+        ('[experiment]\ndataset="demo"\nalpha=inf\n', "alpha must be a finite number > 0"),
+        ('[experiment]\ndataset="demo"\nllm_sample=-1\n', "llm_sample: queries per split, 0 \\(off\\) or more"),
+        ('[experiment]\ndataset="demo"\nllm_sample=5\nllm_model="local/smolm2"\n',
+         "llm_model: unknown local model 'local/smolm2'; valid: .*local/smollm2"),
+        ('[experiment]\ndataset="demo"\nreranker="llm"\nllm_model="local/nope"\n', "llm_model: unknown local model"),
+        ('[experiment]\ndataset="demo"\nfedavg={batch_size="8"}\n', "fedavg.batch_size: expected int, got '8'"),
+        ('[experiment]\ndataset="demo"\nfedavg={learning_rate=0}\n', "fedavg.learning_rate: must be a finite number > 0"),
     ],
 )
 def test_config_mistakes_are_named(tmp_path, body, message):
@@ -354,6 +364,20 @@ def test_a_results_folder_that_cannot_be_written_is_refused_before_any_unit(tmp_
         with pytest.raises(SynapseError, match=f"results folder {out} "):
             run_experiment(config, output=out, on_start=started.append)
     assert not started and not (tmp_path / "cache").exists() and taken.read_text() == "{}\n"
+
+
+def test_a_cache_folder_that_cannot_be_written_is_refused_before_any_unit(tmp_path):
+    """Regression: a `cache` naming a file passed every check and failed at the first unit, a Flower run."""
+    from synapse_flwr.data.federation import demo_dir
+
+    taken = tmp_path / "cache"
+    taken.write_text("{}\n")
+    config = tmp_path / "exp.toml"
+    config.write_text(f'[experiment]\ndataset = "{demo_dir()}"\ncache = "{taken}"\n')
+    started = []
+    with pytest.raises(SynapseError, match=f"cache folder {taken} is a file; name a folder"):
+        run_experiment(config, output=tmp_path / "results", on_start=started.append)
+    assert not started and taken.read_text() == "{}\n"
 
 
 def test_arms_the_data_cannot_train_are_left_out_by_default_and_refused_by_name(tmp_path, caplog):
