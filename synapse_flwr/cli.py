@@ -640,6 +640,7 @@ def merge(
     flat = [a for a in artifacts if isinstance(a, FlatCompendium)]
     if flat and policy != "flat-majority":
         raise SynapseError(f"{len(flat)} flat artifact(s) can only be merged with --policy flat-majority")
+    _check_one_per_org(files, artifacts)
     distinct = _warn_merge_inputs(files, artifacts)
     try:
         merged = merge_artifacts(artifacts, policy)
@@ -668,6 +669,28 @@ def _log_votes_step(output: Path, artifacts: list, merged) -> None:
         log.info("next: each organisation runs `synapse vote --artifact ITS_ARTIFACT --global %s ...` and the "
                  "voted artifacts are merged again; until then a router adds experience at the default weights, "
                  "which can route below the documentation alone on data unlike MetaTool", output)
+
+
+def _check_one_per_org(files: list[Path], artifacts: list) -> None:
+    """Refuse two different artifacts of one organisation (two builds of its log, an artifact and its voted copy).
+
+    Merged together its records would count twice, with twice its weight; a
+    Flower round keeps one artifact per organisation. An artifact a global
+    input already contains is merged once (``merge.unique_inputs``) and passes.
+    """
+    from synapse_flwr.core.wire import content_hash
+
+    hashes = [content_hash(a) for a in artifacts]
+    contained = {h for a in artifacts if a.kind == "global" for h in getattr(a, "inputs", ())}
+    first: dict[str, tuple[str, Path]] = {}
+    for path, art, digest in zip(files, artifacts, hashes):
+        if art.kind != "org" or digest in contained:
+            continue
+        other_digest, other = first.setdefault(art.issuer.org, (digest, path))
+        if other_digest != digest:
+            raise SynapseError(f"{other} and {path} are both artifacts of organisation {art.issuer.org!r}: merged "
+                               "together its records would count twice; merge one artifact per organisation (its "
+                               "latest, or the copy `synapse vote` wrote)")
 
 
 def _warn_merge_inputs(files: list[Path], artifacts: list) -> int:

@@ -207,3 +207,16 @@ def test_merge_counts_repeats_once_and_names_an_empty_artifact(folder, tmp_path,
     res = refused(invoke("merge", empty, "-o", tmp_path / "x.json"), f"{empty} is empty (0 bytes)")
     assert "Expecting value" not in str(res.exception)
     assert not (tmp_path / "x.json").exists()
+
+
+def test_merge_refuses_two_artifacts_of_one_organisation(folder, tmp_path):
+    """Regression: two builds of one log (or an artifact and its voted copy) merged silently, counting it twice."""
+    again = tmp_path / "again.json"
+    ok(invoke("build", "--experience", folder / "train.jsonl", "--catalog", folder / "catalog.json", "--org", "acme",
+              "--embedder", "none", "--epsilon", "inf", "--round", "1", "-o", again))
+    refused(invoke("merge", folder / "docs.json", again, "-o", tmp_path / "m.json"),
+            f"{folder / 'docs.json'} and {again} are both artifacts of organisation 'acme'")
+    assert not (tmp_path / "m.json").exists()
+    # an artifact the global already holds is merged once, as before
+    ok(invoke("merge", folder / "docs.json", "-o", tmp_path / "g.json"))
+    ok(invoke("merge", tmp_path / "g.json", folder / "docs.json", "-o", tmp_path / "g2.json"))
