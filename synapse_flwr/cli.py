@@ -606,7 +606,8 @@ def examples(
     if out.exists() and not overwrite:
         raise SynapseError(f"{out} exists; pass --overwrite to replace it")
     check_model(model)
-    catalog = load_catalog(path) if path else load_dataset(dataset).catalog
+    # the table beside the catalog is what this command (re)writes: it is not read, so a broken one is replaced
+    catalog = load_catalog(path, examples=False) if path else load_dataset(dataset).catalog
     columns = (TextColumn("examples"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True)) as bar:
         task = bar.add_task("examples", total=len(catalog))

@@ -74,6 +74,20 @@ def test_examples_checks_its_output_and_model_before_the_model_runs(folder, tmp_
     assert "about 25 s to load, then about 5 s a tool" in shown  # as measured on idle cores
 
 
+def test_examples_overwrites_a_broken_table_it_was_asked_to_replace(tmp_path, monkeypatch):
+    """Regression: `examples FOLDER --overwrite` read the old examples.json first and stopped on its error."""
+    from synapse_flwr.core import examples
+
+    monkeypatch.setattr(examples, "generate_examples",
+                        lambda catalog, *args, **kwargs: {t: [f"a request for {t}"] for t in catalog.ids})
+    (tmp_path / "catalog.json").write_text(json.dumps(CATALOG))
+    table = tmp_path / "examples.json"
+    table.write_text('{"get_weather": "one string, not a list"}')
+    refused(invoke("examples", tmp_path), f"{table} exists; pass --overwrite")
+    ok(invoke("examples", tmp_path, "--overwrite"))
+    assert json.loads(table.read_text())["get_weather"] == ["a request for get_weather"]
+
+
 def test_build_refuses_an_unknown_summarise_model_before_any_work(folder, tmp_path):
     """Regression: a misspelt local model failed once per scenario, in a litellm traceback each, and exited 0."""
     refused(invoke("build", "--experience", folder / "train.jsonl", "--catalog", folder / "catalog.json", "--org",

@@ -401,7 +401,7 @@ def with_examples_file(catalog: Catalog, path: Path) -> Catalog:
     return with_examples(catalog, read_examples(path), path)
 
 
-def load_catalog(path: str | Path, aliases: Mapping[str, str] | None = None) -> Catalog:
+def load_catalog(path: str | Path, aliases: Mapping[str, str] | None = None, examples: bool = True) -> Catalog:
     """Load a catalog from a JSON list or JSONL file.
 
     Parameters
@@ -412,6 +412,9 @@ def load_catalog(path: str | Path, aliases: Mapping[str, str] | None = None) -> 
         Alias table (see :func:`make_catalog`); None reads ``aliases.json``
         beside the catalog, if there is one. ``examples.json`` beside it
         adds example requests (:func:`with_examples`).
+    examples : bool
+        False: ``examples.json`` is not read (``synapse examples`` rewrites
+        it, so a broken one must not stop it).
 
     Raises
     ------
@@ -438,8 +441,9 @@ def load_catalog(path: str | Path, aliases: Mapping[str, str] | None = None) -> 
     except ToolCollision as exc:
         where = f"entries at lines {lines[id(exc.first)]} and {lines[id(exc.second)]}"
         raise InputError(path, f"{where}: {exc}", field="name") from None
-    catalog = with_examples_file(catalog, Path(path).parent / EXAMPLES_FILE)
-    warn_undocumented(catalog, path, unread)
+    if examples:
+        catalog = with_examples_file(catalog, Path(path).parent / EXAMPLES_FILE)
+        warn_undocumented(catalog, path, unread)
     return catalog
 
 
