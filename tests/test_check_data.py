@@ -161,6 +161,15 @@ def test_mismatched_test_gold(folder):
     assert "test.jsonl:2: field 'gold': tool 'pay_bill' is not in the catalog" in problem
 
 
+def test_a_gold_of_the_wrong_shape_is_named_in_the_format_s_words(folder):
+    """Regression: a gold of 5 or [] was "Input should be a valid tuple" / "Tuple should have at least 1 item"."""
+    _jsonl(folder / "test.jsonl", [{"query": "pay", "gold": 5}, {"query": "pay", "gold": []}])
+    problems = _problems(folder)
+    assert "test.jsonl:1: field 'gold': expected a tool id or a list of tool ids, got 5" in problems[0]
+    assert "test.jsonl:2: field 'gold': expected at least one tool id, got []" in problems[1]
+    assert not any("tuple" in p.lower() for p in problems)
+
+
 def test_train_without_org_files_suggests_split_orgs(folder):
     for p in folder.glob("org_*.jsonl"):
         p.unlink()
