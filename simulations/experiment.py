@@ -799,6 +799,10 @@ def run_experiment(config: Path, fresh: bool = False, output: Path | None = None
     if not exp.splits(first):  # before any Flower run: nothing could be scored
         raise SynapseError(f"{cfg.dataset}: no test queries to score the arms on; add a test.jsonl "
                            "(docs/formats.md: a query and its gold tool per line)")
+    events = len(first.all_events)
+    if not first.info.get("orgs_as_given") and cfg.orgs > events:  # before any Flower run: a node per empty org
+        raise SynapseError(f"orgs: {cfg.orgs} organisations re-partition {events} events of {cfg.dataset}, "
+                           f"leaving at least {cfg.orgs - events} of them empty; use orgs = {events} or fewer")
     runnable, left_out = runnable_arms(cfg, first)
     if left_out:  # the cache, if fresh, is emptied already
         cfg, exp = runnable, Experiment(runnable, progress=progress)

@@ -380,6 +380,22 @@ def test_a_cache_folder_that_cannot_be_written_is_refused_before_any_unit(tmp_pa
     assert not started and taken.read_text() == "{}\n"
 
 
+def test_more_organisations_than_events_are_refused_before_any_flower_run(tmp_path):
+    """Regression: orgs = 1000 over a folder of 20 events re-partitioned them, 982 organisations empty, and started
+    a Flower simulation of 1000 nodes."""
+    folder = tmp_path / "small"
+    folder.mkdir()
+    (folder / "catalog.json").write_text(json.dumps([{"name": t, "description": f"does {t}"} for t in TOOLS]))
+    for org in ("a", "b"):
+        (folder / f"org_{org}.jsonl").write_text("".join(e.model_dump_json() + "\n" for e in _events(10, org)))
+    (folder / "test.jsonl").write_text(json.dumps({"query": "which tool", "gold": TOOLS[0]}) + "\n")
+    config = _write(tmp_path, f'[experiment]\ndataset = "{folder}"\norgs = 1000\ncache = "{tmp_path / "cache"}"\n')
+    started = []
+    with pytest.raises(SynapseError, match="orgs: 1000 organisations re-partition 20 events .* use orgs = 20 or fewer"):
+        run_experiment(config, output=tmp_path / "results", on_start=started.append)
+    assert not started
+
+
 def test_arms_the_data_cannot_train_are_left_out_by_default_and_refused_by_name(tmp_path, caplog):
     import json
     import shutil
