@@ -173,7 +173,8 @@ class ExperimentConfig:
             cfg.check(path)
             return cfg
         try:
-            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+            # utf-8-sig: an editor's byte order mark is no TOML mistake (it read as 'Invalid statement' at 1:1)
+            raw = tomllib.loads(path.read_text(encoding="utf-8-sig"))
         except OSError as exc:
             raise SynapseError(f"cannot read experiment config {path}: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
@@ -235,9 +236,10 @@ class ExperimentConfig:
         if self.orgs < 2:
             problems.append(f"orgs: a federation needs at least 2 organisations, got {self.orgs}")
         if self.rounds < 1 or self.k < 1:
-            problems.append("rounds and k must be at least 1")
+            problems.append(f"rounds and k must be at least 1, got rounds {self.rounds}, k {self.k}")
         if not self.epsilon > 0 or not self.sweep_epsilon > 0:
-            problems.append("epsilon and sweep_epsilon must be positive ('inf' turns privacy off)")
+            problems.append("epsilon and sweep_epsilon must be positive ('inf' turns privacy off), got epsilon "
+                            f"{self.epsilon}, sweep_epsilon {self.sweep_epsilon}")
         if TYPED not in self.merges:
             problems.append("merges: must include 'typed' (the main arm)")
         # an infinite alpha gives NaN Dirichlet shares: a partition of garbage, not an IID one

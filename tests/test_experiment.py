@@ -119,6 +119,10 @@ def _write(tmp_path: Path, body: str) -> Path:
         ('[experiment]\ndataset="demo"\nreranker="llm"\nllm_model="local/nope"\n', "llm_model: unknown local model"),
         ('[experiment]\ndataset="demo"\nfedavg={batch_size="8"}\n', "fedavg.batch_size: expected int, got '8'"),
         ('[experiment]\ndataset="demo"\nfedavg={learning_rate=0}\n', "fedavg.learning_rate: must be a finite number > 0"),
+        ('[experiment]\ndataset="demo"\nk=0\n', "rounds and k must be at least 1, got rounds 3, k 0"),
+        ('[experiment]\ndataset="demo"\nepsilon=-1\n', "must be positive .*got epsilon -1, sweep_epsilon inf"),
+        # a byte order mark (Windows editors) is read past, so the config's own mistake is the one named
+        ('\ufeff[experiment]\ndataset="demo"\nbogus=1\n', "unknown keys in \\[experiment\\]: bogus"),
     ],
 )
 def test_config_mistakes_are_named(tmp_path, body, message):
@@ -312,6 +316,15 @@ def test_a_dataset_found_nowhere_is_named_with_the_folder_looked_for(tmp_path, m
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SynapseError, match=f"or a dataset folder \\(no folder {tmp_path / 'tools92'}\\)"):
         load_dataset("tools92", 42)
+
+
+def test_a_dataset_naming_a_file_of_the_folder_names_the_folder(tmp_path):
+    """Regression: dataset = ".../catalog.json" was refused as "no folder .../catalog.json", a path that exists."""
+    from synapse_flwr.data.federation import load_dataset
+
+    (tmp_path / "catalog.json").write_text("[]")
+    with pytest.raises(SynapseError, match=f"catalog.json is a file: name the folder that holds it, {tmp_path}\\)"):
+        load_dataset(str(tmp_path / "catalog.json"))
 
 
 def test_a_folder_without_test_queries_is_refused_before_any_flower_run(tmp_path):
