@@ -540,7 +540,8 @@ def split_orgs(
     alpha: Annotated[
         float | None, typer.Option(help="Dirichlet concentration of a non-IID split over tools (default: IID).")
     ] = None,
-    seed: Annotated[int, typer.Option(help="Shuffle / partition seed.")] = 0,
+    # min: numpy's generators refuse a negative seed, in a traceback
+    seed: Annotated[int, typer.Option(min=0, help="Shuffle / partition seed.")] = 0,
     out: Annotated[Path | None, typer.Option(help="Folder of the org logs (default: beside the log).")] = None,
     overwrite: Annotated[bool, typer.Option(
         help="Replace existing logs: every org_*.jsonl in the folder is removed first, so it holds this split alone."

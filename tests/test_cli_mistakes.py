@@ -58,6 +58,14 @@ def test_split_orgs_never_removes_its_input_and_says_why_a_log_cannot_be_split(t
             "(org_org0.jsonl, org_org1.jsonl); pass --overwrite")
 
 
+def test_split_orgs_refuses_a_negative_seed_in_one_line(tmp_path):
+    """Regression: --seed -1 reached numpy's generator and ended in a ValueError traceback."""
+    log = write_jsonl(tmp_path / "train.jsonl", org_events("acme", True))
+    res = invoke("split-orgs", log, "--orgs", "2", "--seed", "-1")
+    assert res.exit_code == 2 and "--seed" in res.output and "x>=0" in res.output
+    assert not list(tmp_path.glob("org_*.jsonl"))
+
+
 def test_examples_checks_its_output_and_model_before_the_model_runs(folder, tmp_path, monkeypatch):
     no_model(monkeypatch)
     catalog = folder / "catalog.json"
