@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from synapse_flwr.core.errors import InputError, log_once, warn_once
-from synapse_flwr.core.files import json_kind, read_problem, read_records
+from synapse_flwr.core.files import DuplicateKey, json_kind, loads_records, read_problem, read_records
 from synapse_flwr.core.schema import MAX_DESCRIPTION, MAX_TEXT, MAX_TOOL_ID
 
 log = logging.getLogger(__name__)
@@ -346,10 +346,10 @@ def _read_table(path: Path, valid: Callable[[Any], bool], expected: str) -> dict
     if not path.exists():
         return {}
     try:
-        table = json.loads(path.read_text(encoding="utf-8-sig"))
+        table = loads_records(path.read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(path, read_problem(exc)) from None
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, DuplicateKey) as exc:
         raise InputError(path, f"invalid JSON: {exc}") from None
     if not isinstance(table, dict):
         raise InputError(path, f"{expected}; found {json_kind(table)}")
