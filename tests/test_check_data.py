@@ -174,8 +174,8 @@ def test_a_gold_of_the_wrong_shape_is_named_in_the_format_s_words(folder):
 
 def test_a_key_given_twice_in_one_object_is_named_not_read_as_the_last(folder):
     """Regression: {"tool": "a", "tool": "b"} passed as an event of tool b, as json.loads keeps the last key."""
-    _jsonl(folder / "org_a.jsonl", ['{"query": "the weather", "tool": "get_weather", "success": true, '
-                                    '"success": false}'])
+    twice = '{"query": "the weather", "tool": "get_weather", "success": true, "success": false}'
+    _jsonl(folder / "org_a.jsonl", [twice])
     (folder / "aliases.json").write_text('{"GetWeather": "get_weather", "GetWeather": "book_hotel"}')
     problems = _problems(folder)
     assert any("org_a.jsonl:1: invalid JSON: key 'success' appears twice in one object" in p for p in problems)
