@@ -184,6 +184,20 @@ def test_a_key_given_twice_in_one_object_is_named_not_read_as_the_last(folder):
         load_experience(folder / "org_a.jsonl")
 
 
+def test_an_alias_without_letters_or_digits_is_refused(folder):
+    """Regression: an alias "!!!" (table or entry) made an event's tool "???" resolve to its tool, unsaid."""
+    _jsonl(folder / "org_a.jsonl", [{"query": "the weather", "tool": "???", "success": True}])
+    (folder / "aliases.json").write_text('{"!!!": "get_weather"}')
+    (problem,) = _problems(folder)
+    assert "aliases.json: alias '!!!' -> 'get_weather': '!!!' has no letters or digits" in problem
+    (folder / "aliases.json").unlink()
+    catalog = json.loads((folder / "catalog.json").read_text())
+    catalog[0]["aliases"] = ["-"]
+    (folder / "catalog.json").write_text(json.dumps(catalog))
+    (problem,) = _problems(folder)
+    assert "catalog.json:1 (item 1): field 'aliases': '-' has no letters or digits" in problem
+
+
 def test_train_without_org_files_suggests_split_orgs(folder):
     for p in folder.glob("org_*.jsonl"):
         p.unlink()

@@ -51,6 +51,9 @@ _ID_JUNK = re.compile(r"[^a-z0-9_.\-]+")
 _TOOL_KEYS = frozenset({"name", "description", "function", "type", "inputSchema", "parameters"})
 #: Keys :func:`parse_tool` reads of a tool (a plain or MCP entry, or an OpenAI tool's ``function``).
 _READ_KEYS = frozenset({"name", "description", "parameters", "inputSchema", "aliases", "examples"})
+#: An alias without letters or digits would resolve every name without them ("?", "-") to its tool.
+_NAMELESS_ALIAS = ("{alias!r} has no letters or digits, so any record's tool without them ('?', '-') would "
+                   "resolve to it; remove it")
 
 
 def _ascii_name(name: str) -> str:
@@ -185,6 +188,8 @@ def parse_tool(obj: Mapping[str, Any]) -> ToolDoc:
     aliases = body.get("aliases", [])
     if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
         raise ValueError(f"{prefix}aliases: not a list of strings")
+    if (bad := next((a for a in aliases if not alias_key(a)), None)) is not None:
+        raise ValueError(f"{prefix}aliases: {_NAMELESS_ALIAS.format(alias=bad)}")
     examples = body.get("examples", [])
     if not isinstance(examples, list) or not all(isinstance(a, str) for a in examples):
         raise ValueError(f"{prefix}examples: not a list of strings")
@@ -259,6 +264,8 @@ def _with_table_aliases(tools: Iterable[ToolDoc], aliases: Mapping[str, str], so
     by_id = {d.tool_id: d for d in base.tools}
     added: dict[str, str] = {}  # alias key -> tool id, for the table's aliases seen so far
     for alias, name in aliases.items():
+        if not alias_key(alias):
+            raise AliasError(source, f"alias {alias!r} -> {name!r}: {_NAMELESS_ALIAS.format(alias=alias)}")
         target = base.resolve(name) or added.get(alias_key(name))
         if target is None:
             raise AliasError(source, f"alias {alias!r} -> {name!r}: no tool {name!r} in the catalog")
