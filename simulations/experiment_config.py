@@ -250,7 +250,7 @@ class ExperimentConfig:
             problems.append(f"embedder: unknown {self.embedder!r}; choose from {', '.join(sorted(EMBEDDERS))}")
         if self.reranker not in RERANKERS:
             problems.append(f"reranker: unknown {self.reranker!r}; choose from {', '.join(RERANKERS)}")
-        problems += self._llm_problems() + _fedavg_problems(self.fedavg)
+        problems += self._llm_problems() + self._run_problems() + _fedavg_problems(self.fedavg)
         if problems:
             raise SynapseError(f"{where}: " + "; ".join(problems))
 
@@ -267,6 +267,30 @@ class ExperimentConfig:
         except ValueError as exc:
             return [f"llm_model: {exc}"]
         return []
+
+    def _run_problems(self) -> list[str]:
+        """What every Flower run of the experiment would refuse, named by this config's keys.
+
+        A run config is first made after the dataset loads, and a budget that
+        no noise meets fails inside the ClientApps, after the first Flower run.
+        """
+        from synapse_flwr.core.privacy import gaussian_noise_multiplier
+        from synapse_flwr.flower.config import RunConfig
+
+        problems = []
+        for key, run_key in (("rounds", "num-rounds"), ("orgs", "min-nodes"), ("delta", "delta"), ("alpha", "alpha")):
+            try:
+                RunConfig.from_mapping({run_key: getattr(self, key)})
+            except SynapseError as exc:
+                problems.append(f"{key}: {exc}")
+        for key in ("epsilon", "sweep_epsilon"):
+            budget = getattr(self, key)
+            if 0 < budget < math.inf and 0 < self.delta < 1:
+                try:  # the calibration depends on epsilon and delta only, not on the releases
+                    gaussian_noise_multiplier(budget, self.delta, 1)
+                except ValueError as exc:
+                    problems.append(f"{key}: {exc}")
+        return problems
 
     def fingerprint(self) -> str:
         """Hash of everything that changes a measurement (not output or cache paths)."""

@@ -120,6 +120,12 @@ def _write(tmp_path: Path, body: str) -> Path:
         ('[experiment]\ndataset="demo"\nfedavg={batch_size="8"}\n', "fedavg.batch_size: expected int, got '8'"),
         ('[experiment]\ndataset="demo"\nfedavg={learning_rate=0}\n', "fedavg.learning_rate: must be a finite number > 0"),
         ('[experiment]\ndataset="demo"\nk=0\n', "rounds and k must be at least 1, got rounds 3, k 0"),
+        # a budget no noise meets failed inside the ClientApps, after the first (non-private) Flower run
+        ('[experiment]\ndataset="demo"\nepsilon=1e9\n', "epsilon: epsilon 1e\\+09 at delta 1e-05 allows almost no noise"),
+        ('[experiment]\ndataset="demo"\nsweep_epsilon=1e7\n', "sweep_epsilon: epsilon 1e\\+07 .*allows almost no noise"),
+        # what a Flower run's config refuses is named by the experiment's key, before the dataset loads
+        ('[experiment]\ndataset="demo"\ndelta=0.5\n', "delta: run config 'delta' must be in \\(0.0, 0.1\\], got 0.5"),
+        ('[experiment]\ndataset="demo"\nrounds=20000\n', "rounds: run config 'num-rounds' must be in \\[1, 10000\\]"),
         ('[experiment]\ndataset="demo"\nepsilon=-1\n', "must be positive .*got epsilon -1, sweep_epsilon inf"),
         # a byte order mark (Windows editors) is read past, so the config's own mistake is the one named
         ('\ufeff[experiment]\ndataset="demo"\nbogus=1\n', "unknown keys in \\[experiment\\]: bogus"),
