@@ -1094,8 +1094,8 @@ def _check_router_options(reranker: str, model: str | None, llm_weight: float | 
 
     Options that only the LLM reranker reads are named when another reranker would silently ignore them.
     """
-    if llm_weight is not None and not llm_weight >= 0:
-        raise SynapseError(f"--llm-weight must be >= 0, got {llm_weight}")
+    if llm_weight is not None and not 0 <= llm_weight < math.inf:  # inf * a zero score is NaN, which argmax picks
+        raise SynapseError(f"--llm-weight must be a finite number >= 0, got {llm_weight}")
     if count_prior is not None and not (math.isfinite(count_prior) and count_prior >= 0):
         raise SynapseError(f"--count-prior must be a finite number >= 0, got {count_prior}")
     if reranker == "llm":

@@ -178,7 +178,9 @@ def test_route_embeds_in_the_compendiums_space_and_refuses_another(folder, caplo
 def test_route_names_its_options_and_the_ones_its_reranker_ignores(folder, tmp_path, caplog):
     absent = tmp_path / "absent.json"  # loading the catalog first would have named it instead
     refused(invoke("route", "rain?", "--catalog", absent, "--reranker", "llm", "--llm-weight", "-1"),
-            "--llm-weight must be >= 0, got -1.0")
+            "--llm-weight must be a finite number >= 0, got -1.0")
+    refused(invoke("route", "rain?", "--catalog", absent, "--reranker", "llm", "--llm-weight", "inf"),
+            "--llm-weight must be a finite number >= 0, got inf")
     refused(invoke("route", "rain?", "--catalog", absent, "--count-prior", "-1"),
             "--count-prior must be a finite number >= 0, got -1.0")
     refused(invoke("route", "rain?", "--catalog", absent, "--k", "0"), "--k")
