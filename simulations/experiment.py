@@ -781,8 +781,11 @@ def run_experiment(config: Path, fresh: bool = False, output: Path | None = None
     """
     cfg = ExperimentConfig.from_toml(config)
     out_dir = Path(output or cfg.output)
-    if problem := write_problem(out_dir, folder=True):  # before any unit: the results must have a place
-        raise SynapseError(f"results folder {out_dir} {problem}")
+    # before any unit: the results and every unit's cache must have a place (a cache under a file failed at the
+    # first unit, a Flower run)
+    for what, folder in (("results folder", out_dir), ("cache folder", Path(cfg.cache))):
+        if problem := write_problem(folder, folder=True):
+            raise SynapseError(f"{what} {folder} {problem}")
     if cfg.dataset == "taubench":  # its own per-step protocols (cross-validated and train-only)
         from synapse_flwr.simulations.taubench import run_taubench
 
@@ -796,6 +799,10 @@ def run_experiment(config: Path, fresh: bool = False, output: Path | None = None
     if not exp.splits(first):  # before any Flower run: nothing could be scored
         raise SynapseError(f"{cfg.dataset}: no test queries to score the arms on; add a test.jsonl "
                            "(docs/formats.md: a query and its gold tool per line)")
+    events = len(first.all_events)
+    if not first.info.get("orgs_as_given") and cfg.orgs > events:  # before any Flower run: a node per empty org
+        raise SynapseError(f"orgs: {cfg.orgs} organisations re-partition {events} events of {cfg.dataset}, "
+                           f"leaving at least {cfg.orgs - events} of them empty; use orgs = {events} or fewer")
     runnable, left_out = runnable_arms(cfg, first)
     if left_out:  # the cache, if fresh, is emptied already
         cfg, exp = runnable, Experiment(runnable, progress=progress)

@@ -173,7 +173,8 @@ class ExperimentConfig:
             cfg.check(path)
             return cfg
         try:
-            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+            # utf-8-sig: an editor's byte order mark is no TOML mistake (it read as 'Invalid statement' at 1:1)
+            raw = tomllib.loads(path.read_text(encoding="utf-8-sig"))
         except OSError as exc:
             raise SynapseError(f"cannot read experiment config {path}: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
@@ -228,29 +229,68 @@ class ExperimentConfig:
             problems.append(f"merges: unknown {bad}; choose from {', '.join(MERGES)}")
         if bad := sorted(set(self.renders) - set(RENDERS)):
             problems.append(f"renders: unknown {bad}; choose from {', '.join(RENDERS)}")
-        if not self.seeds:
-            problems.append("seeds: at least one seed is needed")
+        if problem := _seeds_problem(self.seeds):
+            problems.append(problem)
         if any(not 0.0 <= r < 1.0 for r in self.rates):
             problems.append(f"rates: each must be in [0, 1), got {self.rates}")
         if self.orgs < 2:
             problems.append(f"orgs: a federation needs at least 2 organisations, got {self.orgs}")
         if self.rounds < 1 or self.k < 1:
-            problems.append("rounds and k must be at least 1")
+            problems.append(f"rounds and k must be at least 1, got rounds {self.rounds}, k {self.k}")
         if not self.epsilon > 0 or not self.sweep_epsilon > 0:
-            problems.append("epsilon and sweep_epsilon must be positive ('inf' turns privacy off)")
+            problems.append("epsilon and sweep_epsilon must be positive ('inf' turns privacy off), got epsilon "
+                            f"{self.epsilon}, sweep_epsilon {self.sweep_epsilon}")
         if TYPED not in self.merges:
             problems.append("merges: must include 'typed' (the main arm)")
-        if not self.alpha > 0 or not 0 < self.delta < 1 or not self.timeout > 0:
-            problems.append(f"alpha and timeout must be positive and delta in (0, 1), got alpha {self.alpha}, "
-                            f"delta {self.delta}, timeout {self.timeout}")
+        # an infinite alpha gives NaN Dirichlet shares: a partition of garbage, not an IID one
+        if not 0 < self.alpha < math.inf or not 0 < self.delta < 1 or not self.timeout > 0:
+            problems.append(f"alpha must be a finite number > 0, timeout positive and delta in (0, 1), got alpha "
+                            f"{self.alpha}, delta {self.delta}, timeout {self.timeout}")
         if self.embedder not in EMBEDDERS:
             problems.append(f"embedder: unknown {self.embedder!r}; choose from {', '.join(sorted(EMBEDDERS))}")
         if self.reranker not in RERANKERS:
             problems.append(f"reranker: unknown {self.reranker!r}; choose from {', '.join(RERANKERS)}")
-        if bad := sorted(set(self.fedavg) - (options := _fedavg_options())):
-            problems.append(f"fedavg: unknown {bad}; choose from {', '.join(sorted(options))}")
+        problems += self._llm_problems() + self._run_problems() + _fedavg_problems(self.fedavg)
         if problems:
             raise SynapseError(f"{where}: " + "; ".join(problems))
+
+    def _llm_problems(self) -> list[str]:
+        """The LLM sample's size and model, named now: the model is first loaded after every Flower run."""
+        from synapse_flwr.core.router import DOCS_CANDIDATES, check_router_args
+
+        if self.llm_sample < 0:
+            return [f"llm_sample: queries per split, 0 (off) or more, got {self.llm_sample}"]
+        if not self.llm_sample and self.reranker != "llm":
+            return []
+        try:
+            check_router_args("llm", self.k, "typed", self.llm_model, "auto", None, DOCS_CANDIDATES)
+        except ValueError as exc:
+            return [f"llm_model: {exc}"]
+        return []
+
+    def _run_problems(self) -> list[str]:
+        """What every Flower run of the experiment would refuse, named by this config's keys.
+
+        A run config is first made after the dataset loads, and a budget that
+        no noise meets fails inside the ClientApps, after the first Flower run.
+        """
+        from synapse_flwr.core.privacy import gaussian_noise_multiplier
+        from synapse_flwr.flower.config import RunConfig
+
+        problems = []
+        for key, run_key in (("rounds", "num-rounds"), ("orgs", "min-nodes"), ("delta", "delta"), ("alpha", "alpha")):
+            try:
+                RunConfig.from_mapping({run_key: getattr(self, key)})
+            except SynapseError as exc:
+                problems.append(f"{key}: {exc}")
+        for key in ("epsilon", "sweep_epsilon"):
+            budget = getattr(self, key)
+            if 0 < budget < math.inf and 0 < self.delta < 1:
+                try:  # the calibration depends on epsilon and delta only, not on the releases
+                    gaussian_noise_multiplier(budget, self.delta, 1)
+                except ValueError as exc:
+                    problems.append(f"{key}: {exc}")
+        return problems
 
     def fingerprint(self) -> str:
         """Hash of everything that changes a measurement (not output or cache paths)."""
@@ -268,13 +308,49 @@ _SCALARS: dict[str, Callable[[Any], bool]] = {
 }
 
 
-def _fedavg_options() -> set[str]:
-    """Keyword options of the fedavg_dp arm a config's ``fedavg`` table may set (not those the experiment sets)."""
+def _fedavg_options() -> dict[str, Any]:
+    """Keyword options of the fedavg_dp arm a config's ``fedavg`` table may set (not those the experiment sets),
+    with their defaults."""
     from synapse_flwr.eval.baselines import fedavg_dp_arm
 
     given = {"embedder", "seed", "extra_tests", "k"}
-    return {n for n, p in inspect.signature(fedavg_dp_arm).parameters.items()
+    return {n: p.default for n, p in inspect.signature(fedavg_dp_arm).parameters.items()
             if p.default is not p.empty and n not in given}
+
+
+def _seeds_problem(seeds: list[int]) -> str | None:
+    """Why ``seeds`` cannot be run, or None: each is one split and noise draw, so none may be negative or repeated.
+
+    A negative seed is refused by numpy's generators, first after the first seed's Flower runs; a repeated one
+    would be reported as a draw it is not.
+    """
+    if not seeds:
+        return "seeds: at least one seed is needed"
+    if negative := [s for s in seeds if s < 0]:
+        return f"seeds: each must be an integer >= 0, got {negative[0]}"
+    if repeated := sorted({s for s in seeds if seeds.count(s) > 1}):
+        return f"seeds: each seed is one draw, listed once; {repeated[0]} is listed {seeds.count(repeated[0])} times"
+    return None
+
+
+def _fedavg_problems(table: dict) -> list[str]:
+    """Unknown keys of the ``fedavg`` table, and values that are not the option's type or not positive.
+
+    Checked here because the fedavg_dp arm first reads them after every Flower run of the experiment.
+    """
+    defaults = _fedavg_options()
+    if bad := sorted(set(table) - set(defaults)):
+        return [f"fedavg: unknown {bad}; choose from {', '.join(sorted(defaults))}"]
+    problems = []
+    for key, value in sorted(table.items()):
+        kind = type(defaults[key]).__name__
+        if kind not in ("int", "float"):
+            continue
+        if problem := _wrong_type(f"fedavg.{key}", value, kind):
+            problems.append(problem)
+        elif not 0 < value < math.inf:
+            problems.append(f"fedavg.{key}: must be a finite number > 0, got {value!r}")
+    return problems
 
 
 def _wrong_type(key: str, value: Any, annotation: str) -> str | None:

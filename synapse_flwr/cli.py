@@ -540,7 +540,8 @@ def split_orgs(
     alpha: Annotated[
         float | None, typer.Option(help="Dirichlet concentration of a non-IID split over tools (default: IID).")
     ] = None,
-    seed: Annotated[int, typer.Option(help="Shuffle / partition seed.")] = 0,
+    # min: numpy's generators refuse a negative seed, in a traceback
+    seed: Annotated[int, typer.Option(min=0, help="Shuffle / partition seed.")] = 0,
     out: Annotated[Path | None, typer.Option(help="Folder of the org logs (default: beside the log).")] = None,
     overwrite: Annotated[bool, typer.Option(
         help="Replace existing logs: every org_*.jsonl in the folder is removed first, so it holds this split alone."
@@ -606,7 +607,8 @@ def examples(
     if out.exists() and not overwrite:
         raise SynapseError(f"{out} exists; pass --overwrite to replace it")
     check_model(model)
-    catalog = load_catalog(path) if path else load_dataset(dataset).catalog
+    # the table beside the catalog is what this command (re)writes: it is not read, so a broken one is replaced
+    catalog = load_catalog(path, examples=False) if path else load_dataset(dataset).catalog
     columns = (TextColumn("examples"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True)) as bar:
         task = bar.add_task("examples", total=len(catalog))
@@ -640,6 +642,7 @@ def merge(
     flat = [a for a in artifacts if isinstance(a, FlatCompendium)]
     if flat and policy != "flat-majority":
         raise SynapseError(f"{len(flat)} flat artifact(s) can only be merged with --policy flat-majority")
+    _check_one_per_org(files, artifacts)
     distinct = _warn_merge_inputs(files, artifacts)
     try:
         merged = merge_artifacts(artifacts, policy)
@@ -668,6 +671,28 @@ def _log_votes_step(output: Path, artifacts: list, merged) -> None:
         log.info("next: each organisation runs `synapse vote --artifact ITS_ARTIFACT --global %s ...` and the "
                  "voted artifacts are merged again; until then a router adds experience at the default weights, "
                  "which can route below the documentation alone on data unlike MetaTool", output)
+
+
+def _check_one_per_org(files: list[Path], artifacts: list) -> None:
+    """Refuse two different artifacts of one organisation (two builds of its log, an artifact and its voted copy).
+
+    Merged together its records would count twice, with twice its weight; a
+    Flower round keeps one artifact per organisation. An artifact a global
+    input already contains is merged once (``merge.unique_inputs``) and passes.
+    """
+    from synapse_flwr.core.wire import content_hash
+
+    hashes = [content_hash(a) for a in artifacts]
+    contained = {h for a in artifacts if a.kind == "global" for h in getattr(a, "inputs", ())}
+    first: dict[str, tuple[str, Path]] = {}
+    for path, art, digest in zip(files, artifacts, hashes):
+        if art.kind != "org" or digest in contained:
+            continue
+        other_digest, other = first.setdefault(art.issuer.org, (digest, path))
+        if other_digest != digest:
+            raise SynapseError(f"{other} and {path} are both artifacts of organisation {art.issuer.org!r}: merged "
+                               "together its records would count twice; merge one artifact per organisation (its "
+                               "latest, or the copy `synapse vote` wrote)")
 
 
 def _warn_merge_inputs(files: list[Path], artifacts: list) -> int:
@@ -1069,8 +1094,8 @@ def _check_router_options(reranker: str, model: str | None, llm_weight: float | 
 
     Options that only the LLM reranker reads are named when another reranker would silently ignore them.
     """
-    if llm_weight is not None and not llm_weight >= 0:
-        raise SynapseError(f"--llm-weight must be >= 0, got {llm_weight}")
+    if llm_weight is not None and not 0 <= llm_weight < math.inf:  # inf * a zero score is NaN, which argmax picks
+        raise SynapseError(f"--llm-weight must be a finite number >= 0, got {llm_weight}")
     if count_prior is not None and not (math.isfinite(count_prior) and count_prior >= 0):
         raise SynapseError(f"--count-prior must be a finite number >= 0, got {count_prior}")
     if reranker == "llm":

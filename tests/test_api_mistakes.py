@@ -142,6 +142,9 @@ def test_router_refuses_paths_and_empty_or_non_string_queries(exact):
         with pytest.raises(ValueError, match=r"query is empty: nothing to route"):
             router.route(query)
     assert router.route("do I need an umbrella").tool == "get_weather"
+    # regression: an infinite LLM weight passed, and inf times a zero standardised score is a NaN that argmax picks
+    with pytest.raises(ValueError, match=r"llm_weight must be a finite number >= 0, got inf"):
+        Router(exact, CATALOG, embedder=TfidfEmbedder(), reranker="llm", llm_weight=math.inf)
 
 
 # ------------------------------------------------------------------ 6. documented parameters

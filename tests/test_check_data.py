@@ -11,6 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from synapse_flwr import cli
+from synapse_flwr.core.errors import InputError
+from synapse_flwr.core.experience import load_experience
 from synapse_flwr.data.check import DataError, check_folder, file_hashes, require_valid
 from synapse_flwr.data.federation import demo_dir, load_folder, load_partition
 from synapse_flwr.data.split import split_orgs
@@ -159,6 +161,41 @@ def test_mismatched_test_gold(folder):
     _jsonl(folder / "test.jsonl", [TEST[0], {"query": "pay", "gold": ["book_hotel", "pay_bill"]}])
     (problem,) = _problems(folder)
     assert "test.jsonl:2: field 'gold': tool 'pay_bill' is not in the catalog" in problem
+
+
+def test_a_gold_of_the_wrong_shape_is_named_in_the_format_s_words(folder):
+    """Regression: a gold of 5 or [] was "Input should be a valid tuple" / "Tuple should have at least 1 item"."""
+    _jsonl(folder / "test.jsonl", [{"query": "pay", "gold": 5}, {"query": "pay", "gold": []}])
+    problems = _problems(folder)
+    assert "test.jsonl:1: field 'gold': expected a tool id or a list of tool ids, got 5" in problems[0]
+    assert "test.jsonl:2: field 'gold': expected at least one tool id, got []" in problems[1]
+    assert not any("tuple" in p.lower() for p in problems)
+
+
+def test_a_key_given_twice_in_one_object_is_named_not_read_as_the_last(folder):
+    """Regression: {"tool": "a", "tool": "b"} passed as an event of tool b, as json.loads keeps the last key."""
+    twice = '{"query": "the weather", "tool": "get_weather", "success": true, "success": false}'
+    _jsonl(folder / "org_a.jsonl", [twice])
+    (folder / "aliases.json").write_text('{"GetWeather": "get_weather", "GetWeather": "book_hotel"}')
+    problems = _problems(folder)
+    assert any("org_a.jsonl:1: invalid JSON: key 'success' appears twice in one object" in p for p in problems)
+    assert any("aliases.json: invalid JSON: key 'GetWeather' appears twice" in p for p in problems)
+    with pytest.raises(InputError, match="org_a.jsonl:1: invalid JSON: key 'success' appears twice"):
+        load_experience(folder / "org_a.jsonl")
+
+
+def test_an_alias_without_letters_or_digits_is_refused(folder):
+    """Regression: an alias "!!!" (table or entry) made an event's tool "???" resolve to its tool, unsaid."""
+    _jsonl(folder / "org_a.jsonl", [{"query": "the weather", "tool": "???", "success": True}])
+    (folder / "aliases.json").write_text('{"!!!": "get_weather"}')
+    (problem,) = _problems(folder)
+    assert "aliases.json: alias '!!!' -> 'get_weather': '!!!' has no letters or digits" in problem
+    (folder / "aliases.json").unlink()
+    catalog = json.loads((folder / "catalog.json").read_text())
+    catalog[0]["aliases"] = ["-"]
+    (folder / "catalog.json").write_text(json.dumps(catalog))
+    (problem,) = _problems(folder)
+    assert "catalog.json:1 (item 1): field 'aliases': '-' has no letters or digits" in problem
 
 
 def test_train_without_org_files_suggests_split_orgs(folder):

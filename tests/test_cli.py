@@ -395,7 +395,7 @@ def test_negative_llm_weight_is_a_clear_error(data):
     res = invoke("route", "a forecast", "--catalog", data["catalog"], "--embedder", "tfidf", "--reranker", "llm",
                  "--llm-weight", "-1")
     assert res.exit_code != 0 and isinstance(res.exception, SynapseError)
-    assert "--llm-weight must be >= 0, got -1.0" in str(res.exception)
+    assert "--llm-weight must be a finite number >= 0, got -1.0" in str(res.exception)
 
 
 def test_a_misspelt_local_model_is_named_before_anything_loads(tmp_path):

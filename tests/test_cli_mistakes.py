@@ -58,6 +58,14 @@ def test_split_orgs_never_removes_its_input_and_says_why_a_log_cannot_be_split(t
             "(org_org0.jsonl, org_org1.jsonl); pass --overwrite")
 
 
+def test_split_orgs_refuses_a_negative_seed_in_one_line(tmp_path):
+    """Regression: --seed -1 reached numpy's generator and ended in a ValueError traceback."""
+    log = write_jsonl(tmp_path / "train.jsonl", org_events("acme", True))
+    res = invoke("split-orgs", log, "--orgs", "2", "--seed", "-1")
+    assert res.exit_code == 2 and "--seed" in res.output and "x>=0" in res.output
+    assert not list(tmp_path.glob("org_*.jsonl"))
+
+
 def test_examples_checks_its_output_and_model_before_the_model_runs(folder, tmp_path, monkeypatch):
     no_model(monkeypatch)
     catalog = folder / "catalog.json"
@@ -72,6 +80,20 @@ def test_examples_checks_its_output_and_model_before_the_model_runs(folder, tmp_
     assert not (tmp_path / "x.json").exists()
     shown = " ".join(invoke("examples", "--help").stdout.split())
     assert "about 25 s to load, then about 5 s a tool" in shown  # as measured on idle cores
+
+
+def test_examples_overwrites_a_broken_table_it_was_asked_to_replace(tmp_path, monkeypatch):
+    """Regression: `examples FOLDER --overwrite` read the old examples.json first and stopped on its error."""
+    from synapse_flwr.core import examples
+
+    monkeypatch.setattr(examples, "generate_examples",
+                        lambda catalog, *args, **kwargs: {t: [f"a request for {t}"] for t in catalog.ids})
+    (tmp_path / "catalog.json").write_text(json.dumps(CATALOG))
+    table = tmp_path / "examples.json"
+    table.write_text('{"get_weather": "one string, not a list"}')
+    refused(invoke("examples", tmp_path), f"{table} exists; pass --overwrite")
+    ok(invoke("examples", tmp_path, "--overwrite"))
+    assert json.loads(table.read_text())["get_weather"] == ["a request for get_weather"]
 
 
 def test_build_refuses_an_unknown_summarise_model_before_any_work(folder, tmp_path):
@@ -156,7 +178,9 @@ def test_route_embeds_in_the_compendiums_space_and_refuses_another(folder, caplo
 def test_route_names_its_options_and_the_ones_its_reranker_ignores(folder, tmp_path, caplog):
     absent = tmp_path / "absent.json"  # loading the catalog first would have named it instead
     refused(invoke("route", "rain?", "--catalog", absent, "--reranker", "llm", "--llm-weight", "-1"),
-            "--llm-weight must be >= 0, got -1.0")
+            "--llm-weight must be a finite number >= 0, got -1.0")
+    refused(invoke("route", "rain?", "--catalog", absent, "--reranker", "llm", "--llm-weight", "inf"),
+            "--llm-weight must be a finite number >= 0, got inf")
     refused(invoke("route", "rain?", "--catalog", absent, "--count-prior", "-1"),
             "--count-prior must be a finite number >= 0, got -1.0")
     refused(invoke("route", "rain?", "--catalog", absent, "--k", "0"), "--k")
@@ -207,3 +231,16 @@ def test_merge_counts_repeats_once_and_names_an_empty_artifact(folder, tmp_path,
     res = refused(invoke("merge", empty, "-o", tmp_path / "x.json"), f"{empty} is empty (0 bytes)")
     assert "Expecting value" not in str(res.exception)
     assert not (tmp_path / "x.json").exists()
+
+
+def test_merge_refuses_two_artifacts_of_one_organisation(folder, tmp_path):
+    """Regression: two builds of one log (or an artifact and its voted copy) merged silently, counting it twice."""
+    again = tmp_path / "again.json"
+    ok(invoke("build", "--experience", folder / "train.jsonl", "--catalog", folder / "catalog.json", "--org", "acme",
+              "--embedder", "none", "--epsilon", "inf", "--round", "1", "-o", again))
+    refused(invoke("merge", folder / "docs.json", again, "-o", tmp_path / "m.json"),
+            f"{folder / 'docs.json'} and {again} are both artifacts of organisation 'acme'")
+    assert not (tmp_path / "m.json").exists()
+    # an artifact the global already holds is merged once, as before
+    ok(invoke("merge", folder / "docs.json", "-o", tmp_path / "g.json"))
+    ok(invoke("merge", tmp_path / "g.json", folder / "docs.json", "-o", tmp_path / "g2.json"))

@@ -109,6 +109,26 @@ def _write(tmp_path: Path, body: str) -> Path:
         ('[experiment]\ndataset="demo"\nreranker="feilds"\n', "reranker: unknown 'feilds'"),
         ('[experiment]\ndataset="demo"\nfedavg={batchsize=8}\n', "fedavg: unknown \\['batchsize'\\].*batch_size"),
         ('[experiment]\ndataset="demo"\ndelta=2.0\n', "delta in \\(0, 1\\)"),
+        # regressions: each of these was accepted, then failed (or drew garbage) after the Flower runs
+        ('[experiment]\ndataset="demo"\nseeds=[42, -1]\n', "seeds: each must be an integer >= 0, got -1"),
+        ('[experiment]\ndataset="demo"\nseeds=[7, 7]\n', "seeds: .*7 is listed 2 times"),
+        ('[experiment]\ndataset="demo"\nalpha=inf\n', "alpha must be a finite number > 0"),
+        ('[experiment]\ndataset="demo"\nllm_sample=-1\n', "llm_sample: queries per split, 0 \\(off\\) or more"),
+        ('[experiment]\ndataset="demo"\nllm_sample=5\nllm_model="local/smolm2"\n',
+         "llm_model: unknown local model 'local/smolm2'; valid: .*local/smollm2"),
+        ('[experiment]\ndataset="demo"\nreranker="llm"\nllm_model="local/nope"\n', "llm_model: unknown local model"),
+        ('[experiment]\ndataset="demo"\nfedavg={batch_size="8"}\n', "fedavg.batch_size: expected int, got '8'"),
+        ('[experiment]\ndataset="demo"\nfedavg={learning_rate=0}\n', "fedavg.learning_rate: must be a finite number > 0"),
+        ('[experiment]\ndataset="demo"\nk=0\n', "rounds and k must be at least 1, got rounds 3, k 0"),
+        # a budget no noise meets failed inside the ClientApps, after the first (non-private) Flower run
+        ('[experiment]\ndataset="demo"\nepsilon=1e9\n', "epsilon: epsilon 1e\\+09 at delta 1e-05 allows almost no noise"),
+        ('[experiment]\ndataset="demo"\nsweep_epsilon=1e7\n', "sweep_epsilon: epsilon 1e\\+07 .*allows almost no noise"),
+        # what a Flower run's config refuses is named by the experiment's key, before the dataset loads
+        ('[experiment]\ndataset="demo"\ndelta=0.5\n', "delta: run config 'delta' must be in \\(0.0, 0.1\\], got 0.5"),
+        ('[experiment]\ndataset="demo"\nrounds=20000\n', "rounds: run config 'num-rounds' must be in \\[1, 10000\\]"),
+        ('[experiment]\ndataset="demo"\nepsilon=-1\n', "must be positive .*got epsilon -1, sweep_epsilon inf"),
+        # a byte order mark (Windows editors) is read past, so the config's own mistake is the one named
+        ('\ufeff[experiment]\ndataset="demo"\nbogus=1\n', "unknown keys in \\[experiment\\]: bogus"),
     ],
 )
 def test_config_mistakes_are_named(tmp_path, body, message):
@@ -304,6 +324,15 @@ def test_a_dataset_found_nowhere_is_named_with_the_folder_looked_for(tmp_path, m
         load_dataset("tools92", 42)
 
 
+def test_a_dataset_naming_a_file_of_the_folder_names_the_folder(tmp_path):
+    """Regression: dataset = ".../catalog.json" was refused as "no folder .../catalog.json", a path that exists."""
+    from synapse_flwr.data.federation import load_dataset
+
+    (tmp_path / "catalog.json").write_text("[]")
+    with pytest.raises(SynapseError, match=f"catalog.json is a file: name the folder that holds it, {tmp_path}\\)"):
+        load_dataset(str(tmp_path / "catalog.json"))
+
+
 def test_a_folder_without_test_queries_is_refused_before_any_flower_run(tmp_path):
     import shutil
 
@@ -354,6 +383,36 @@ def test_a_results_folder_that_cannot_be_written_is_refused_before_any_unit(tmp_
         with pytest.raises(SynapseError, match=f"results folder {out} "):
             run_experiment(config, output=out, on_start=started.append)
     assert not started and not (tmp_path / "cache").exists() and taken.read_text() == "{}\n"
+
+
+def test_a_cache_folder_that_cannot_be_written_is_refused_before_any_unit(tmp_path):
+    """Regression: a `cache` naming a file passed every check and failed at the first unit, a Flower run."""
+    from synapse_flwr.data.federation import demo_dir
+
+    taken = tmp_path / "cache"
+    taken.write_text("{}\n")
+    config = tmp_path / "exp.toml"
+    config.write_text(f'[experiment]\ndataset = "{demo_dir()}"\ncache = "{taken}"\n')
+    started = []
+    with pytest.raises(SynapseError, match=f"cache folder {taken} is a file; name a folder"):
+        run_experiment(config, output=tmp_path / "results", on_start=started.append)
+    assert not started and taken.read_text() == "{}\n"
+
+
+def test_more_organisations_than_events_are_refused_before_any_flower_run(tmp_path):
+    """Regression: orgs = 1000 over a folder of 20 events re-partitioned them, 982 organisations empty, and started
+    a Flower simulation of 1000 nodes."""
+    folder = tmp_path / "small"
+    folder.mkdir()
+    (folder / "catalog.json").write_text(json.dumps([{"name": t, "description": f"does {t}"} for t in TOOLS]))
+    for org in ("a", "b"):
+        (folder / f"org_{org}.jsonl").write_text("".join(e.model_dump_json() + "\n" for e in _events(10, org)))
+    (folder / "test.jsonl").write_text(json.dumps({"query": "which tool", "gold": TOOLS[0]}) + "\n")
+    config = _write(tmp_path, f'[experiment]\ndataset = "{folder}"\norgs = 1000\ncache = "{tmp_path / "cache"}"\n')
+    started = []
+    with pytest.raises(SynapseError, match="orgs: 1000 organisations re-partition 20 events .* use orgs = 20 or fewer"):
+        run_experiment(config, output=tmp_path / "results", on_start=started.append)
+    assert not started
 
 
 def test_arms_the_data_cannot_train_are_left_out_by_default_and_refused_by_name(tmp_path, caplog):

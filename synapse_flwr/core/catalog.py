@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from synapse_flwr.core.errors import InputError, log_once, warn_once
-from synapse_flwr.core.files import json_kind, read_problem, read_records
+from synapse_flwr.core.files import DuplicateKey, json_kind, loads_records, read_problem, read_records
 from synapse_flwr.core.schema import MAX_DESCRIPTION, MAX_TEXT, MAX_TOOL_ID
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,9 @@ _ID_JUNK = re.compile(r"[^a-z0-9_.\-]+")
 _TOOL_KEYS = frozenset({"name", "description", "function", "type", "inputSchema", "parameters"})
 #: Keys :func:`parse_tool` reads of a tool (a plain or MCP entry, or an OpenAI tool's ``function``).
 _READ_KEYS = frozenset({"name", "description", "parameters", "inputSchema", "aliases", "examples"})
+#: An alias without letters or digits would resolve every name without them ("?", "-") to its tool.
+_NAMELESS_ALIAS = ("{alias!r} has no letters or digits, so any record's tool without them ('?', '-') would "
+                   "resolve to it; remove it")
 
 
 def _ascii_name(name: str) -> str:
@@ -185,6 +188,8 @@ def parse_tool(obj: Mapping[str, Any]) -> ToolDoc:
     aliases = body.get("aliases", [])
     if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
         raise ValueError(f"{prefix}aliases: not a list of strings")
+    if (bad := next((a for a in aliases if not alias_key(a)), None)) is not None:
+        raise ValueError(f"{prefix}aliases: {_NAMELESS_ALIAS.format(alias=bad)}")
     examples = body.get("examples", [])
     if not isinstance(examples, list) or not all(isinstance(a, str) for a in examples):
         raise ValueError(f"{prefix}examples: not a list of strings")
@@ -259,6 +264,8 @@ def _with_table_aliases(tools: Iterable[ToolDoc], aliases: Mapping[str, str], so
     by_id = {d.tool_id: d for d in base.tools}
     added: dict[str, str] = {}  # alias key -> tool id, for the table's aliases seen so far
     for alias, name in aliases.items():
+        if not alias_key(alias):
+            raise AliasError(source, f"alias {alias!r} -> {name!r}: {_NAMELESS_ALIAS.format(alias=alias)}")
         target = base.resolve(name) or added.get(alias_key(name))
         if target is None:
             raise AliasError(source, f"alias {alias!r} -> {name!r}: no tool {name!r} in the catalog")
@@ -346,10 +353,10 @@ def _read_table(path: Path, valid: Callable[[Any], bool], expected: str) -> dict
     if not path.exists():
         return {}
     try:
-        table = json.loads(path.read_text(encoding="utf-8-sig"))
+        table = loads_records(path.read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(path, read_problem(exc)) from None
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, DuplicateKey) as exc:
         raise InputError(path, f"invalid JSON: {exc}") from None
     if not isinstance(table, dict):
         raise InputError(path, f"{expected}; found {json_kind(table)}")
@@ -401,7 +408,7 @@ def with_examples_file(catalog: Catalog, path: Path) -> Catalog:
     return with_examples(catalog, read_examples(path), path)
 
 
-def load_catalog(path: str | Path, aliases: Mapping[str, str] | None = None) -> Catalog:
+def load_catalog(path: str | Path, aliases: Mapping[str, str] | None = None, examples: bool = True) -> Catalog:
     """Load a catalog from a JSON list or JSONL file.
 
     Parameters
@@ -412,6 +419,9 @@ def load_catalog(path: str | Path, aliases: Mapping[str, str] | None = None) -> 
         Alias table (see :func:`make_catalog`); None reads ``aliases.json``
         beside the catalog, if there is one. ``examples.json`` beside it
         adds example requests (:func:`with_examples`).
+    examples : bool
+        False: ``examples.json`` is not read (``synapse examples`` rewrites
+        it, so a broken one must not stop it).
 
     Raises
     ------
@@ -438,8 +448,9 @@ def load_catalog(path: str | Path, aliases: Mapping[str, str] | None = None) -> 
     except ToolCollision as exc:
         where = f"entries at lines {lines[id(exc.first)]} and {lines[id(exc.second)]}"
         raise InputError(path, f"{where}: {exc}", field="name") from None
-    catalog = with_examples_file(catalog, Path(path).parent / EXAMPLES_FILE)
-    warn_undocumented(catalog, path, unread)
+    if examples:
+        catalog = with_examples_file(catalog, Path(path).parent / EXAMPLES_FILE)
+        warn_undocumented(catalog, path, unread)
     return catalog
 
 

@@ -160,6 +160,14 @@ MISSING_HINTS = {
 }
 
 
+#: pydantic's messages that name a Python type the formats do not have (a test item's ``gold`` is a tuple to
+#: pydantic, a JSON string or list to the user), in the format's words.
+FORMAT_MESSAGES = {
+    "tuple_type": "expected a tool id or a list of tool ids",
+    "too_short": "expected at least one tool id",
+}
+
+
 def first_error(exc: ValidationError) -> tuple[str, str]:
     """The field path and message of a record's first validation error, with the value given (cut to 40 characters).
 
@@ -170,7 +178,7 @@ def first_error(exc: ValidationError) -> tuple[str, str]:
     if err["type"] == "missing":
         return where, err["msg"] + (f": {hint}" if (hint := MISSING_HINTS.get(where)) else "")
     got = f", got {repr(err['input'])[:40]}" if "input" in err else ""
-    return where, err["msg"] + got
+    return where, FORMAT_MESSAGES.get(err["type"], err["msg"]) + got
 
 
 def _resolver(catalog: Catalog | None, path: Path, line: int):

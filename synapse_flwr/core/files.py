@@ -97,6 +97,31 @@ class ItemLine(int):
 _JSON_SPACE = re.compile(r"[ \t\n\r]*")
 
 
+class DuplicateKey(ValueError):
+    """A JSON object gives one key twice (``{"tool": "a", "tool": "b"}``)."""
+
+
+def _unique_members(pairs: list[tuple[str, object]]) -> dict:
+    # json.loads keeps the last of a key given twice, unsaid: a converter's slip would pass as a valid record
+    found = dict(pairs)
+    if len(found) < len(pairs):
+        seen: set[str] = set()
+        twice = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise DuplicateKey(f"key {twice!r} appears twice in one object (keep one)")
+    return found
+
+
+def loads_records(text: str) -> object:
+    """:func:`json.loads` for a dataset's files (records, alias and example tables), refusing a key given twice.
+
+    Raises
+    ------
+    DuplicateKey
+        Naming the key; as :func:`json.loads`, ``ValueError`` or ``RecursionError`` for text that is not JSON.
+    """
+    return json.loads(text, object_pairs_hook=_unique_members)
+
+
 def _skip(text: str, pos: int) -> int:
     return _JSON_SPACE.match(text, pos).end()  # type: ignore[union-attr]  # matches the empty string
 
@@ -157,11 +182,11 @@ def document_items(path: str | Path, text: str) -> list[tuple[ItemLine, object]]
     if not stripped.startswith(("[", "{")):
         return None
     try:
-        doc = json.loads(stripped)
-    except json.JSONDecodeError as exc:
+        doc = loads_records(stripped)
+    except (json.JSONDecodeError, DuplicateKey) as exc:
         if stripped.startswith("{"):
-            return None  # several objects: JSONL
-        raise InputError(path, f"invalid JSON: {exc.msg}", line=exc.lineno) from None
+            return None  # several objects (JSONL), or an object read again on its own line
+        raise InputError(path, f"invalid JSON: {getattr(exc, 'msg', exc)}", line=getattr(exc, "lineno", None)) from None
     except (ValueError, RecursionError) as exc:  # huge number, nesting too deep
         raise InputError(path, f"invalid JSON: {exc}") from None
     if isinstance(doc, list):
@@ -226,7 +251,7 @@ def read_records(path: str | Path) -> Iterator[tuple[int, dict]]:
         if not raw.strip():
             continue
         try:
-            item = json.loads(raw)
+            item = loads_records(raw)
         except json.JSONDecodeError as exc:
             raise InputError(path, f"invalid JSON: {exc.msg}", line=lineno) from None
         except (ValueError, RecursionError) as exc:  # huge number, nesting too deep

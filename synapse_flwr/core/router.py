@@ -254,8 +254,8 @@ def check_router_args(reranker: str, k: int, render: str, model: str, llm_mode: 
                              + ", ".join(f"local/{n}" for n in sorted(LOCAL_MODELS)))
     if llm_mode == "channel" and not model.startswith("local/"):
         raise ValueError(f"llm_mode 'channel' needs an embedded local/ model, not {model!r}")
-    if llm_weight is not None and not llm_weight >= 0:
-        raise ValueError(f"llm_weight must be >= 0, got {llm_weight}")
+    if llm_weight is not None and not 0 <= llm_weight < math.inf:  # inf * a zero score is NaN, which argmax picks
+        raise ValueError(f"llm_weight must be a finite number >= 0, got {llm_weight}")
     if reranker not in RERANKERS:
         raise ValueError(f"unknown reranker {reranker!r}; choose one of {', '.join(RERANKERS)}")
     if render not in RENDERS:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import json
 import logging
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -44,7 +43,7 @@ from synapse_flwr.core.experience import (
     known_fields,
     warn_ignored,
 )
-from synapse_flwr.core.files import document_items, json_kind, read_problem, read_text
+from synapse_flwr.core.files import document_items, json_kind, loads_records, read_problem, read_text
 from synapse_flwr.core.schema import org_id_problem
 
 log = logging.getLogger(__name__)
@@ -238,7 +237,7 @@ def _scan(path: Path) -> Iterator[tuple[int | None, dict | None, Problem | None]
         if not raw.strip():
             continue
         try:
-            obj = json.loads(raw)
+            obj = loads_records(raw)
         except (ValueError, RecursionError) as exc:
             yield line, None, Problem(str(path), f"invalid JSON: {exc}", line)
             continue

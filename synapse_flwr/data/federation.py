@@ -228,8 +228,11 @@ def load_dataset(name: str, seed: int = 42) -> FederatedDataset:
         return FederatedDataset("taubench", packaged_examples("taubench", catalog), {"all": taubench_events(train)})
     if Path(name).is_dir():
         return load_folder(Path(name))
+    # a file of the folder (its catalog.json) is named as such, not as a path that does not exist
+    found = (f"{Path(name).resolve()} is a file: name the folder that holds it, {Path(name).resolve().parent}"
+             if Path(name).is_file() else f"no folder {Path(name).resolve()}")
     raise SynapseError(f"unknown dataset {name!r}: use {', '.join(map(repr, KNOWN_DATASETS))} or a dataset folder "
-                       f"(no folder {Path(name).resolve()})")
+                       f"({found})")
 
 
 @lru_cache(maxsize=4)
