@@ -64,6 +64,8 @@ log = logging.getLogger("fault_audit")
 REPO = Path(__file__).resolve().parent.parent
 ORGS = 5
 FAILING = ("org1", "org3")  # 40% of five
+# how long they hang in round 2 of the run that is killed: far beyond the kill, far below the round timeout
+CRASH_HANG_S = 120.0
 # seeded noise: a resumed run must be byte-identical to the uninterrupted one
 BASE = {"dataset": "demo", "embedder": "static", "evaluate": False, "min-nodes": 2, "noise": "seeded"}
 
@@ -153,8 +155,9 @@ def dropouts_and_resume(work: Path, rounds: int = 2, replay: bool = False) -> di
     crashed, home = work / "crashed", work / "home-crash"
 
     def crash() -> None:
-        try:
-            run_simulation(REPO, ORGS, {**rc, "output-dir": str(crashed)}, flwr_home=home, timeout=900)
+        try:  # the failing orgs hang in round 2, so round 2 cannot be recorded before the kill
+            run_simulation(REPO, ORGS, {**rc, "output-dir": str(crashed), "fail-delay": CRASH_HANG_S}, flwr_home=home,
+                           timeout=900)
         except SynapseError as exc:  # the run was killed: expected
             log.info("killed run ended: %s", str(exc).splitlines()[0])
 

@@ -21,6 +21,7 @@ import functools
 import logging
 import math
 import secrets
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -591,6 +592,7 @@ def respond(msg: Message, context: Context, vote_phase: bool) -> Message:
     if new_state is not state:
         save_release_state(path, new_state)  # before replying: a restart never re-releases
     if not vote_phase and fails_now(cfg, data.org, server_round):
+        time.sleep(cfg.fail_delay)  # a stalled node: its round cannot end before the delay (tests kill it there)
         raise ReasonForServer(f"fault injection: org {data.org} fails in round {server_round} (run config fail-orgs)")
     wire = encode(artifact)
     key, payload = reply_payload(cfg, data.org, wire, msg.content["config"].get(DELTA_BASE),

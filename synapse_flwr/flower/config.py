@@ -123,6 +123,8 @@ KEYS: tuple[Key, ...] = (
     Key("fail-round", int, 0, "fault injection: the round in which the fail-orgs' ClientApps raise (0: never)",
         _between(0, 10_000)),
     Key("fail-orgs", str, "", "fault injection: comma-separated orgs that fail in fail-round"),
+    Key("fail-delay", float, 0.0, "fault injection: seconds the fail-orgs' ClientApps hang in fail-round before "
+        "they raise (a stalled node)", _between(0.0, 86_400.0)),
     Key("capture-dir", str, "", "privacy audit: folder where each ClientApp writes every message it sends "
         "(empty: off)"),
 )
@@ -155,6 +157,7 @@ class RunConfig:
     wire_delta: bool
     fail_round: int
     fail_orgs: str
+    fail_delay: float
     capture_dir: str
 
     @classmethod
@@ -196,7 +199,7 @@ class RunConfig:
 # released stays as released), and the fault injection of tests.
 # Every other key shaped the artifacts on disk (and the release cache their privacy rests on).
 RESUMABLE = frozenset({"num-rounds", "output-dir", "round-timeout", "min-nodes", "evaluate", "fusion-votes",
-                       "noise", "fail-round", "fail-orgs", "capture-dir"})
+                       "noise", "fail-round", "fail-orgs", "fail-delay", "capture-dir"})
 
 
 def resume_conflict(output_dir: str | Path, recorded: Mapping[str, Any], current: Mapping[str, Any]) -> str | None:
