@@ -139,7 +139,8 @@ class PrivacyParams:
     def __post_init__(self) -> None:
         if math.isnan(self.epsilon) or self.epsilon <= 0:
             raise ValueError(
-                f"epsilon must be > 0 (math.inf turns privacy off), got {self.epsilon!r}"
+                "epsilon must be > 0 (inf turns privacy off: 'inf' on a command line, math.inf in Python), "
+                f"got {self.epsilon!r}"
             )
         if not 0 < self.delta < 1:
             raise ValueError(f"delta must satisfy 0 < delta < 1, got {self.delta!r}")

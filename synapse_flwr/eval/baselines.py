@@ -278,7 +278,8 @@ def _check_args(
 ) -> None:
     """Raise ValueError for an out-of-range argument of :func:`fedavg_dp_arm`."""
     if math.isnan(epsilon) or epsilon <= 0:
-        raise ValueError(f"epsilon must be > 0 (math.inf turns privacy off), got {epsilon!r}")
+        raise ValueError("epsilon must be > 0 (inf turns privacy off: 'inf' on a command line, math.inf in Python), "
+                         f"got {epsilon!r}")
     if not 0 < delta < 1:
         raise ValueError(f"delta must satisfy 0 < delta < 1, got {delta!r}")
     _check_int("rounds", rounds, 1)
