@@ -367,8 +367,10 @@ def test_a_refused_folder_gets_its_problems_and_no_progress_bar(tmp_path):
     assert "0:00:0" not in proc.stderr and "━" not in proc.stderr and "Traceback" not in proc.stderr  # no bar
 
 
-def test_a_results_folder_that_cannot_be_written_is_refused_before_any_unit(tmp_path):
-    """Regression: `-o` naming a file ran every unit, then failed making the folder."""
+@pytest.mark.parametrize("place", ["results/file", "results/under-file", "cache/file"])
+def test_a_folder_that_cannot_be_written_is_refused_before_any_unit(tmp_path, place):
+    """Regression: `-o` naming a file ran every unit, then failed making the folder; a `cache` naming a file
+    passed every check and failed at the first unit, a Flower run."""
     from synapse_flwr.simulations.experiment import run_experiment
 
     from synapse_flwr.core.errors import SynapseError
@@ -376,27 +378,15 @@ def test_a_results_folder_that_cannot_be_written_is_refused_before_any_unit(tmp_
 
     taken = tmp_path / "one.jsonl"
     taken.write_text("{}\n")
+    what, where = place.split("/")
+    bad = taken / "results" if where == "under-file" else taken
+    cache, out = (bad, tmp_path / "results") if what == "cache" else (tmp_path / "cache", bad)
     config = tmp_path / "exp.toml"
-    config.write_text(f'[experiment]\ndataset = "{demo_dir()}"\ncache = "{tmp_path / "cache"}"\n')
+    config.write_text(f'[experiment]\ndataset = "{demo_dir()}"\ncache = "{cache}"\n')
     started = []
-    for out in (taken, taken / "results"):
-        with pytest.raises(SynapseError, match=f"results folder {out} "):
-            run_experiment(config, output=out, on_start=started.append)
+    with pytest.raises(SynapseError, match=f"{what} folder {bad} "):
+        run_experiment(config, output=out, on_start=started.append)
     assert not started and not (tmp_path / "cache").exists() and taken.read_text() == "{}\n"
-
-
-def test_a_cache_folder_that_cannot_be_written_is_refused_before_any_unit(tmp_path):
-    """Regression: a `cache` naming a file passed every check and failed at the first unit, a Flower run."""
-    from synapse_flwr.data.federation import demo_dir
-
-    taken = tmp_path / "cache"
-    taken.write_text("{}\n")
-    config = tmp_path / "exp.toml"
-    config.write_text(f'[experiment]\ndataset = "{demo_dir()}"\ncache = "{taken}"\n')
-    started = []
-    with pytest.raises(SynapseError, match=f"cache folder {taken} is a file; name a folder"):
-        run_experiment(config, output=tmp_path / "results", on_start=started.append)
-    assert not started and taken.read_text() == "{}\n"
 
 
 def test_more_organisations_than_events_are_refused_before_any_flower_run(tmp_path):
