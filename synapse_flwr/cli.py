@@ -632,7 +632,7 @@ def merge(
     from synapse_flwr.core.merge import POLICIES
     from synapse_flwr.core.merge import merge as merge_artifacts
     from synapse_flwr.core.schema import FlatCompendium
-    from synapse_flwr.core.wire import save_artifact
+    from synapse_flwr.core.wire import content_hash, save_artifact
 
     if policy not in POLICIES:
         raise SynapseError(f"unknown merge policy {policy!r}; choose one of {', '.join(POLICIES)}")
@@ -642,8 +642,9 @@ def merge(
     flat = [a for a in artifacts if isinstance(a, FlatCompendium)]
     if flat and policy != "flat-majority":
         raise SynapseError(f"{len(flat)} flat artifact(s) can only be merged with --policy flat-majority")
-    _check_one_per_org(files, artifacts)
-    distinct = _warn_merge_inputs(files, artifacts)
+    hashes = [content_hash(a) for a in artifacts]
+    _check_one_per_org(files, artifacts, hashes)
+    distinct = _warn_merge_inputs(files, artifacts, hashes)
     try:
         merged = merge_artifacts(artifacts, policy)
     except ValueError as exc:  # e.g. prototypes from two embedding spaces
@@ -673,16 +674,14 @@ def _log_votes_step(output: Path, artifacts: list, merged) -> None:
                  "which can route below the documentation alone on data unlike MetaTool", output)
 
 
-def _check_one_per_org(files: list[Path], artifacts: list) -> None:
+def _check_one_per_org(files: list[Path], artifacts: list, hashes: list[str]) -> None:
     """Refuse two different artifacts of one organisation (two builds of its log, an artifact and its voted copy).
 
     Merged together its records would count twice, with twice its weight; a
     Flower round keeps one artifact per organisation. An artifact a global
     input already contains is merged once (``merge.unique_inputs``) and passes.
+    ``hashes``: each artifact's content hash.
     """
-    from synapse_flwr.core.wire import content_hash
-
-    hashes = [content_hash(a) for a in artifacts]
     contained = {h for a in artifacts if a.kind == "global" for h in getattr(a, "inputs", ())}
     first: dict[str, tuple[str, Path]] = {}
     for path, art, digest in zip(files, artifacts, hashes):
@@ -695,16 +694,14 @@ def _check_one_per_org(files: list[Path], artifacts: list) -> None:
                                "latest, or the copy `synapse vote` wrote)")
 
 
-def _warn_merge_inputs(files: list[Path], artifacts: list) -> int:
+def _warn_merge_inputs(files: list[Path], artifacts: list, hashes: list[str]) -> int:
     """Say what a merge quietly does with repeated inputs and with private and non-private ones mixed.
 
-    Returns the number of distinct artifacts, each merged once.
+    ``hashes``: each artifact's content hash. Returns the number of distinct artifacts, each merged once.
     """
-    from synapse_flwr.core.wire import content_hash
-
     seen: dict[str, Path] = {}
-    for path, art in zip(files, artifacts):
-        first = seen.setdefault(content_hash(art), path)
+    for path, digest in zip(files, hashes):
+        first = seen.setdefault(digest, path)
         if first is not path:
             log.warning("%s is the same artifact as %s: it is merged once", path, first)
     mechanisms = {getattr(getattr(a, "privacy", None), "mechanism", None) for a in artifacts} - {None}

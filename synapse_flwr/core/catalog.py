@@ -35,7 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from synapse_flwr.core.errors import InputError, log_once, warn_once
-from synapse_flwr.core.files import DuplicateKey, json_kind, loads_records, read_problem, read_records
+from synapse_flwr.core.files import (
+    DuplicateKey,
+    json_kind,
+    loads_records,
+    read_problem,
+    read_records,
+)
 from synapse_flwr.core.schema import MAX_DESCRIPTION, MAX_TEXT, MAX_TOOL_ID
 
 log = logging.getLogger(__name__)

@@ -43,7 +43,13 @@ from synapse_flwr.core.experience import (
     known_fields,
     warn_ignored,
 )
-from synapse_flwr.core.files import document_items, json_kind, loads_records, read_problem, read_text
+from synapse_flwr.core.files import (
+    document_items,
+    json_kind,
+    loads_records,
+    read_problem,
+    read_text,
+)
 from synapse_flwr.core.schema import org_id_problem
 
 log = logging.getLogger(__name__)
