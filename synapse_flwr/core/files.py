@@ -104,10 +104,12 @@ class DuplicateKey(ValueError):
 def _unique_members(pairs: list[tuple[str, object]]) -> dict:
     # json.loads keeps the last of a key given twice, unsaid: a converter's slip would pass as a valid record
     found = dict(pairs)
-    if len(found) < len(pairs):
+    if len(found) < len(pairs):  # rare: find the key given twice only then
         seen: set[str] = set()
-        twice = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
-        raise DuplicateKey(f"key {twice!r} appears twice in one object (keep one)")
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKey(f"key {key!r} appears twice in one object (keep one)")
+            seen.add(key)
     return found
 
 
