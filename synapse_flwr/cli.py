@@ -874,6 +874,7 @@ def route(
     from synapse_flwr.core.experience import load_testset
     from synapse_flwr.core.explain import explain_route
     from synapse_flwr.core.metrics import evaluate_routes
+    from synapse_flwr.core.router import query_problem
 
     if bool(query) == (test is not None):
         raise SynapseError("give the requests to route as arguments, or a test set with --test (not both)")
@@ -881,8 +882,8 @@ def route(
     if test is not None and not items:
         raise SynapseError(f"--test {test} holds no test items (a query and its gold tool a line): nothing to score")
     queries = query or [item.query for item in items]
-    if blank := [i for i, q in enumerate(queries, start=1) if not q.strip()]:
-        raise SynapseError(f"query {blank[0]} of {len(queries)} is empty: nothing to route")
+    if bad := [(i, problem) for i, q in enumerate(queries, start=1) if (problem := query_problem(q))]:
+        raise SynapseError(f"query {bad[0][0]} of {len(queries)} {bad[0][1]}: nothing to route")
     router = _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_weight, count_prior)
     results = router.route_many(queries)
     for i, result in enumerate(results):

@@ -184,6 +184,28 @@ def test_a_key_given_twice_in_one_object_is_named_not_read_as_the_last(folder):
         load_experience(folder / "org_a.jsonl")
 
 
+def test_nan_and_infinity_are_refused_as_json_refuses_them(folder):
+    """Regression: "ts": NaN passed (json.loads reads NaN and Infinity), so a record held a value no JSON has."""
+    _jsonl(folder / "org_a.jsonl", ['{"query": "the weather", "tool": "get_weather", "success": true, "ts": NaN}'])
+    (folder / "test.jsonl").write_text('[{"query": "pay", "gold": "book_hotel", "score": -Infinity}]')
+    problems = _problems(folder)
+    assert any("org_a.jsonl:1: invalid JSON: NaN is not a JSON value" in p for p in problems)
+    assert any("test.jsonl: invalid JSON: -Infinity is not a JSON value" in p for p in problems)
+    with pytest.raises(InputError, match="org_a.jsonl:1: invalid JSON: NaN is not a JSON value"):
+        load_experience(folder / "org_a.jsonl")
+
+
+def test_a_request_without_a_letter_or_digit_is_refused(folder):
+    """Regression: a test query "???" was routed (its embedding is noise) and scored like any request."""
+    _jsonl(folder / "test.jsonl", [TEST[0], {"query": " ?!? ", "gold": "book_hotel"}])
+    _jsonl(folder / "org_a.jsonl", [{"query": "...", "tool": "get_weather", "success": True}])
+    problems = _problems(folder)
+    assert any("test.jsonl:2: field 'query': a request without a letter or digit" in p for p in problems)
+    assert any("org_a.jsonl:1: field 'query': a request without a letter or digit" in p for p in problems)
+    with pytest.raises(InputError, match="org_a.jsonl:1: field 'query': a request without a letter or digit"):
+        load_experience(folder / "org_a.jsonl")
+
+
 def test_an_alias_without_letters_or_digits_is_refused(folder):
     """Regression: an alias "!!!" (table or entry) made an event's tool "???" resolve to its tool, unsaid."""
     _jsonl(folder / "org_a.jsonl", [{"query": "the weather", "tool": "???", "success": True}])

@@ -645,6 +645,8 @@ def test_route_refuses_an_empty_query_and_warns_of_a_catalog_missing_compendium_
                                                                                       caplog):
     refused(invoke("route", "--catalog", data["catalog"], "--embedder", "tfidf", "weather in Rome", "  "),
             "query 2 of 2 is empty")
+    refused(invoke("route", "--catalog", data["catalog"], "--embedder", "tfidf", "?!?", "weather in Rome"),
+            "query 1 of 2 has no letter or digit: nothing to route")
     short = tmp_path / "catalog.json"
     short.write_text(json.dumps(CATALOG[:1]))
     with caplog.at_level(logging.WARNING, logger="synapse_flwr"):

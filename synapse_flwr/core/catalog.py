@@ -36,7 +36,7 @@ from typing import Any
 
 from synapse_flwr.core.errors import InputError, log_once, warn_once
 from synapse_flwr.core.files import (
-    DuplicateKey,
+    NonstandardJson,
     json_kind,
     loads_records,
     read_problem,
@@ -362,7 +362,7 @@ def _read_table(path: Path, valid: Callable[[Any], bool], expected: str) -> dict
         table = loads_records(path.read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(path, read_problem(exc)) from None
-    except (json.JSONDecodeError, DuplicateKey) as exc:
+    except (json.JSONDecodeError, NonstandardJson) as exc:
         raise InputError(path, f"invalid JSON: {exc}") from None
     if not isinstance(table, dict):
         raise InputError(path, f"{expected}; found {json_kind(table)}")

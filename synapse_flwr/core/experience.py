@@ -24,16 +24,35 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Annotated, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+)
+from pydantic_core import PydanticCustomError
 
 from synapse_flwr.core.catalog import MAX_NAME, Catalog, normalize_tool_id
 from synapse_flwr.core.errors import InputError, warn_once
 from synapse_flwr.core.files import read_records
+from synapse_flwr.core.phrases import is_text
 
 RecordT = TypeVar("RecordT", bound=BaseModel)
 
 MAX_QUERY = 4000
-Query = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_QUERY)]
+
+
+def _has_word(query: str) -> str:
+    # "???" or "..." embeds to noise that routes somewhere: a converter's placeholder, not a request
+    if not is_text(query):
+        raise PydanticCustomError("no_word", "a request without a letter or digit (nothing to route on)")
+    return query
+
+
+Query = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_QUERY),
+                  AfterValidator(_has_word)]
 Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_NAME)]
 
 log = logging.getLogger(__name__)

@@ -97,8 +97,8 @@ class ItemLine(int):
 _JSON_SPACE = re.compile(r"[ \t\n\r]*")
 
 
-class DuplicateKey(ValueError):
-    """A JSON object gives one key twice (``{"tool": "a", "tool": "b"}``)."""
+class NonstandardJson(ValueError):
+    """Text Python's ``json`` reads but the JSON standard refuses: a key given twice, ``NaN`` or ``Infinity``."""
 
 
 def _unique_members(pairs: list[tuple[str, object]]) -> dict:
@@ -108,20 +108,26 @@ def _unique_members(pairs: list[tuple[str, object]]) -> dict:
         seen: set[str] = set()
         for key, _ in pairs:
             if key in seen:
-                raise DuplicateKey(f"key {key!r} appears twice in one object (keep one)")
+                raise NonstandardJson(f"key {key!r} appears twice in one object (keep one)")
             seen.add(key)
     return found
 
 
+def _no_constant(name: str) -> float:
+    # json.loads reads NaN and Infinity, which no JSON writer but Python's emits: a record's field would hold one
+    raise NonstandardJson(f"{name} is not a JSON value (write a number or null)")
+
+
 def loads_records(text: str) -> object:
-    """:func:`json.loads` for a dataset's files (records, alias and example tables), refusing a key given twice.
+    """:func:`json.loads` for a dataset's files (records, alias and example tables), refusing what JSON refuses.
 
     Raises
     ------
-    DuplicateKey
-        Naming the key; as :func:`json.loads`, ``ValueError`` or ``RecursionError`` for text that is not JSON.
+    NonstandardJson
+        For a key given twice (naming it), ``NaN``, ``Infinity`` or ``-Infinity``; as :func:`json.loads`,
+        ``ValueError`` or ``RecursionError`` for text that is not JSON.
     """
-    return json.loads(text, object_pairs_hook=_unique_members)
+    return json.loads(text, object_pairs_hook=_unique_members, parse_constant=_no_constant)
 
 
 def _skip(text: str, pos: int) -> int:
@@ -185,7 +191,7 @@ def document_items(path: str | Path, text: str) -> list[tuple[ItemLine, object]]
         return None
     try:
         doc = loads_records(stripped)
-    except (json.JSONDecodeError, DuplicateKey) as exc:
+    except (json.JSONDecodeError, NonstandardJson) as exc:
         if stripped.startswith("{"):
             return None  # several objects (JSONL), or an object read again on its own line
         raise InputError(path, f"invalid JSON: {getattr(exc, 'msg', exc)}", line=getattr(exc, "lineno", None)) from None

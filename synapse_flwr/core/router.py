@@ -56,6 +56,7 @@ from synapse_flwr.core.embed import Embedder, get_embedder, l2_normalize
 from synapse_flwr.core.explain import decided_by
 from synapse_flwr.core.fusion import Fusion, gate_open, voted_fusion
 from synapse_flwr.core.phrase_profile import PhraseProfile
+from synapse_flwr.core.phrases import is_text
 from synapse_flwr.core.privacy import zero_count_floor
 from synapse_flwr.core.progress import Progress
 from synapse_flwr.core.prototypes import (
@@ -792,13 +793,24 @@ class Router:
         TypeError
             ``query`` is not a string.
         ValueError
-            ``query`` is empty or only whitespace.
+            ``query`` is empty, or holds no letter or digit (:func:`query_problem`).
         """
         if not isinstance(query, str):
             raise TypeError(f"query must be a string, got {type(query).__name__}")
-        if not query.strip():  # an empty query would be answered with score 0, as if it had been routed
-            raise ValueError("query is empty: nothing to route")
+        if problem := query_problem(query):
+            raise ValueError(f"query {problem}: nothing to route")
         return self.route_many([query])[0]
+
+
+def query_problem(query: str) -> str | None:
+    """Why ``query`` cannot be routed, or None: it ``"is empty"`` or ``"has no letter or digit"``.
+
+    Either would still be answered (an empty query with score 0, ``"???"`` by
+    its embedding's noise) as if it had been routed.
+    """
+    if not query.strip():
+        return "is empty"
+    return None if is_text(query) else "has no letter or digit"
 
 
 def check_router_inputs(compendium: object, catalog: object) -> None:

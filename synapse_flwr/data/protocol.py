@@ -20,7 +20,7 @@ import scipy.sparse as sp
 
 from synapse_flwr.core.catalog import Catalog
 from synapse_flwr.core.experience import Event, TestItem, event_label
-from synapse_flwr.core.phrases import is_text, normalize_text
+from synapse_flwr.core.phrases import normalize_text
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ def leak_filter(
     jaccard: float = 0.8,
     catalog: Catalog | None = None,
 ) -> tuple[list[Event], LeakReport]:
-    """Drop training events that leak test queries, and garbage.
+    """Drop training events that leak test queries, and garbage (events of tools outside ``catalog``).
 
     Parameters
     ----------
@@ -225,7 +225,7 @@ def leak_filter(
         known = catalog is None or all(
             catalog.resolve(name) is not None for name in (event.tool, event.gold) if name
         )
-        if not known or not is_text(event.query):
+        if not known:  # an Event's query has a word already (experience.Query)
             garbage += 1
         elif (key := normalize_text(event.query)) in exact_keys:
             exact += 1
