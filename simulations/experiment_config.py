@@ -222,7 +222,9 @@ class ExperimentConfig:
 
     def check(self, where: Path | str = "config") -> None:
         """Reject impossible settings with a message naming the key."""
-        problems = []
+        # an empty list runs nothing of its kind: a results folder without its table, not a choice
+        problems = [f"{key}: an empty list; name at least one, or leave the key out for the default"
+                    for key in ("arms", "rates", "merges", "renders") if not getattr(self, key)]
         if bad := sorted(set(self.arms) - set(ARMS)):
             problems.append(f"arms: unknown {bad}; choose from {', '.join(ARMS)}")
         if bad := sorted(set(self.merges) - set(MERGES)):
@@ -240,7 +242,7 @@ class ExperimentConfig:
         if not self.epsilon > 0 or not self.sweep_epsilon > 0:
             problems.append("epsilon and sweep_epsilon must be positive ('inf' turns privacy off), got epsilon "
                             f"{self.epsilon}, sweep_epsilon {self.sweep_epsilon}")
-        if TYPED not in self.merges:
+        if self.merges and TYPED not in self.merges:
             problems.append("merges: must include 'typed' (the main arm)")
         # an infinite alpha gives NaN Dirichlet shares: a partition of garbage, not an IID one
         if not 0 < self.alpha < math.inf or not 0 < self.delta < 1 or not self.timeout > 0:

@@ -120,6 +120,9 @@ def _write(tmp_path: Path, body: str) -> Path:
         ('[experiment]\ndataset="demo"\nfedavg={batch_size="8"}\n', "fedavg.batch_size: expected int, got '8'"),
         ('[experiment]\ndataset="demo"\nfedavg={learning_rate=0}\n', "fedavg.learning_rate: must be a finite number > 0"),
         ('[experiment]\ndataset="demo"\nk=0\n', "rounds and k must be at least 1, got rounds 3, k 0"),
+        ('[experiment]\ndataset="demo"\narms=[]\n', "arms: an empty list; name at least one"),
+        ('[experiment]\ndataset="demo"\nrates=[]\nrenders=[]\n', "rates: an empty list.*; renders: an empty list"),
+        ('[experiment]\ndataset="demo"\nmerges=[]\n', "merges: an empty list; name at least one, or leave the key out"),
         # a budget no noise meets failed inside the ClientApps, after the first (non-private) Flower run
         ('[experiment]\ndataset="demo"\nepsilon=1e9\n', "epsilon: epsilon 1e\\+09 at delta 1e-05 allows almost no noise"),
         ('[experiment]\ndataset="demo"\nsweep_epsilon=1e7\n', "sweep_epsilon: epsilon 1e\\+07 .*allows almost no noise"),
