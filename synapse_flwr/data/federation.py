@@ -113,8 +113,8 @@ def load_folder(path: Path, name: str | None = None, org: str | None = None) -> 
         leaks.append(leak)
         if leak.total and not leak.kept:  # the org would join the federation with nothing to teach
             warn_once(log, f"{p}: the leak filter removed all {leak.total} records of organisation {o!r} "
-                           f"({leak.exact} equal to a test query, {leak.near} near duplicates, {leak.garbage} "
-                           "without text to learn from): it joins with no experience")
+                           f"({leak.exact} equal to a test query, {leak.near} near duplicates): it joins with no "
+                           "experience")
     leak = LeakReport(*(sum(getattr(r, f) for r in leaks) for f in ("total", "exact", "near", "garbage", "kept")))
     # a tool has experience when any record teaches it, a failed call naming it as gold included
     # (such a record adds to its prototype): only tools no record teaches are held out
