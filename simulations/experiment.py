@@ -30,7 +30,7 @@ import math
 import shutil
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
 from functools import cached_property
 from pathlib import Path
@@ -48,7 +48,7 @@ from synapse_flwr.simulations.experiment_report import (
 
 from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.catalog import Catalog
-from synapse_flwr.core.documentation import catalog_arguments
+from synapse_flwr.core.documentation import catalog_arguments, distinctive_parameters
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.experience import TestItem
 from synapse_flwr.core.files import write_atomic, write_problem
@@ -754,9 +754,49 @@ def _log_documentation(catalog: Catalog, dataset: str) -> None:
         log.info("the catalog carries no example requests; `synapse examples %s` writes them from the catalog "
                  "alone (docs/formats.md; on MetaTool's dev split docs_only gains 3.6 seen and 4.7 held-out "
                  "points)", dataset)
-    arguments = catalog_arguments(catalog)
-    log.info("the documentation reads the arguments of %d of %d tools (their parameters' schemas; docs/formats.md)",
-             sum(map(bool, arguments.values())), len(arguments))
+    log.info("%s", arguments_line(catalog))
+
+
+def _argument_names(schema: Mapping[str, Any] | None) -> set[str]:
+    """The top-level argument names of a parameters' JSON Schema (none when it lists no properties)."""
+    props = (schema or {}).get("properties")
+    return set(props) if isinstance(props, Mapping) else set()
+
+
+def arguments_line(catalog: Catalog) -> str:
+    """What the documentation reads of the tools' parameters' schemas: given, read, and the arguments it drops.
+
+    An argument more than half of the catalog's tools take is not read
+    (:func:`~synapse_flwr.core.documentation.distinctive_parameters`): a catalog
+    whose every tool takes ``query`` and ``locale`` gives a schema for each
+    tool and has none read, which the line says with the names dropped
+    rather than as a bare ``0 of N``.
+
+    Parameters
+    ----------
+    catalog : Catalog
+        The tools.
+
+    Returns
+    -------
+    str
+        One line for the run's log.
+    """
+    schemas = {d.tool_id: d.parameters for d in catalog.tools}
+    given = sum(bool(_argument_names(s)) for s in schemas.values())
+    if not given:
+        return (f"no tool of the {len(schemas)} gives a parameters' schema with arguments (parameters, inputSchema): "
+                "the documentation reads names and descriptions (docs/formats.md)")
+    kept = distinctive_parameters(schemas)
+    dropped = sorted({a for t, s in schemas.items() for a in _argument_names(s) - _argument_names(kept[t])})
+    read = sum(map(bool, catalog_arguments(catalog).values()))
+    line = (f"the documentation reads the arguments of {read} of the {given} tools whose parameters' schema lists "
+            f"some (of {len(schemas)} tools; docs/formats.md)")
+    if dropped:
+        shown = ", ".join(repr(a) for a in dropped[:8]) + (f" and {len(dropped) - 8} more" if len(dropped) > 8 else "")
+        line += (f"; not read, as more than half of the catalog's tools take them (they say nothing of which tool a "
+                 f"request wants): {shown}")
+    return line
 
 
 def run_experiment(config: Path, fresh: bool = False, output: Path | None = None,

@@ -897,3 +897,25 @@ def test_held_out_tools_are_counted_from_the_held_out_test_queries(tmp_path):
     exp.votes_chose = lambda seed: {}  # a Flower run's
     exp.unit = lambda key, compute: {}  # the paraphrase diagnostic embeds every query
     assert exp.seed_info(42)["heldout_tools"] == 3  # the demo's three tools without experience
+
+
+def test_the_arguments_line_names_the_common_arguments_it_does_not_read(tmp_path):
+    """Regression: an MCP catalog whose every tool takes ``query`` and ``locale`` logged 'reads the arguments of 0 of
+    90 tools', as if its inputSchemas were not parsed; the line now says which arguments it drops and why."""
+    from synapse_flwr.simulations.experiment import arguments_line
+
+    from synapse_flwr.core.catalog import load_catalog
+
+    schema = {"type": "object", "properties": {"query": {"type": "string"}, "locale": {"type": "string"}}}
+    tools = [{"name": f"tool {i}", "description": f"Does thing {i}.", "inputSchema": schema} for i in range(4)]
+    path = tmp_path / "catalog.json"
+    path.write_text(json.dumps({"tools": tools}))
+    line = arguments_line(load_catalog(path))
+    assert "0 of the 4 tools whose parameters' schema lists some" in line and "'locale', 'query'" in line
+
+    tools[0]["inputSchema"] = {"properties": {**schema["properties"], "order_id": {"type": "string"}}}
+    path.write_text(json.dumps({"tools": tools}))
+    assert "reads the arguments of 1 of the 4 tools" in arguments_line(load_catalog(path))
+
+    path.write_text(json.dumps([{"name": "a", "description": "A."}, {"name": "b", "description": "B."}]))
+    assert arguments_line(load_catalog(path)).startswith("no tool of the 2 gives a parameters' schema")
