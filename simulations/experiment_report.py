@@ -141,6 +141,23 @@ def _privacy(results: dict) -> str:
     return ("; ".join(parts) or "no private arm ran") + "."
 
 
+def _wire(results: dict) -> str:
+    """Bytes per client and round, or that no federation ran to measure them (never a 0 that was not measured).
+
+    A run without a federated arm (docs_only and the classifier) has no
+    Flower run, and one without ``federated_private`` no private one: their
+    sizes are None in ``results.json``, which this line says instead of
+    printing 0 bytes.
+    """
+    private, clean = results.get("bytes_per_client_round_private"), results.get("bytes_per_client_round")
+    if clean is None:
+        return "Wire: not measured (no federation ran)."
+    with_privacy = (f"{private:,.0f} bytes per client per round (train and vote replies) with privacy on"
+                    if private is not None else "no federation with privacy on ran")
+    return (f"Wire (gzip JSON): {with_privacy}; {clean:,.0f} on average over all clean federations "
+            f"(max {results.get('bytes_per_client_round_max') or 0:,}).")
+
+
 def _votes_line(results: dict) -> str | None:
     """What the fusion votes chose per federated arm and seed, or None when no seed says."""
     chose: dict[str, dict[str, list[float] | None]] = {}
@@ -223,10 +240,7 @@ def tables(results: dict) -> str:
     if results.get("cache"):
         lines += ["", f"Units of work: {results['cache']['computed']} computed in this run, "
                       f"{results['cache']['hits']} read from an earlier run's cache."]
-    lines += ["", f"Privacy: {_privacy(results)} Wire (gzip JSON): "
-              f"{results.get('bytes_per_client_round_private') or 0:,.0f} bytes per client per round "
-              f"(train and vote replies) with privacy on; {results.get('bytes_per_client_round') or 0:,.0f} on average over all "
-              f"clean federations (max {results.get('bytes_per_client_round_max') or 0:,})."]
+    lines += ["", f"Privacy: {_privacy(results)} {_wire(results)}"]
     if votes := _votes_line(results):
         lines += ["", votes]
     if results["ablation_2x2"]:
@@ -256,6 +270,10 @@ def tables(results: dict) -> str:
                 lines.append(f"| {arm} | {i} | " + " | ".join(_cell(m.get(s)) for s in splits) + " |")
     if results["llm_sample"]:
         lines += _llm_lines(results["llm_sample"], results["seeds"][0], splits)
+    if not results["targets"]:  # not a table with no rows
+        none = ("No target measured: every target compares arms this run did not run (the federated arms beside "
+                "docs_only, centralized or the classifier).")
+        return "\n".join([*lines, "", "## Targets", "", none]) + "\n"
     lines += ["", "## Targets", "", "| target | measured | goal | met |", "|---|---|---|---|"]
     for t in results["targets"]:
         lines.append(f"| {t['target']} | {t['value']:+.3f} | {t['goal']} | {'yes' if t['met'] else 'NO'} |")

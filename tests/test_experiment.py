@@ -919,3 +919,31 @@ def test_the_arguments_line_names_the_common_arguments_it_does_not_read(tmp_path
 
     path.write_text(json.dumps([{"name": "a", "description": "A."}, {"name": "b", "description": "B."}]))
     assert arguments_line(load_catalog(path)).startswith("no tool of the 2 gives a parameters' schema")
+
+
+def test_tables_say_no_federation_ran_instead_of_zero_bytes_and_no_targets_instead_of_an_empty_table():
+    """Regression: a run of docs_only and the classifier (no Flower run) wrote 'Wire (gzip JSON): 0 bytes per client
+    per round with privacy on; 0 on average ... (max 0)' and a Targets table without rows; a run without
+    ``federated_private`` wrote 0 bytes 'with privacy on'."""
+    from synapse_flwr.simulations.experiment_report import tables
+
+    def arm(seen):
+        return {"seen": {"acc_mean": seen, "acc_sd": 0.0, "r5_mean": seen}}
+
+    results = {"name": "mine", "dataset": "my_folder", "seeds": [7], "orgs": 3, "alpha": 0.5, "rounds": 2,
+               "embedder": "static", "reranker": "fields", "k": 5, "orgs_as_given": True, "ablation_2x2": {},
+               "contradiction": {}, "per_round": {}, "injection": {}, "llm_sample": {}, "leak_filter": {},
+               "epsilon": None, "epsilon_target": 4.0, "delta": 1e-5, "bytes_per_client_round": None,
+               "bytes_per_client_round_max": None, "bytes_per_client_round_private": None,
+               "arms": {"docs_only": arm(0.4), "classifier": arm(0.8)}}
+    results["targets"] = targets(results)
+    text = tables(results)
+    assert "0 bytes" not in text and "Wire: not measured (no federation ran)." in text
+    assert "| target | measured |" not in text and "No target measured" in text
+
+    results.update(bytes_per_client_round=20_000, bytes_per_client_round_max=50_087,
+                   arms={**results["arms"], "federated": arm(0.5)})
+    results["targets"] = targets(results)
+    text = tables(results)
+    assert "no federation with privacy on ran; 20,000 on average over all clean federations (max 50,087)" in text
+    assert "| federated - docs_only (seen) | +0.100 |" in text
