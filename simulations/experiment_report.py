@@ -158,6 +158,24 @@ def _wire(results: dict) -> str:
             f"(max {results.get('bytes_per_client_round_max') or 0:,}).")
 
 
+def _gate_line(results: dict) -> str | None:
+    """How much of each split every compendium arm routed on the documentation alone (the no-harm gate), or None.
+
+    On a catalog where most tools have no experience, most seen queries have a
+    documentation-best tool without any and route exactly as docs_only does:
+    this line says so beside the arms' accuracy, instead of leaving a small
+    gain over docs_only unexplained.
+    """
+    shares = [f"{arm} " + ", ".join(f"{split} {m['docs_gated_mean']:.0%}" for split, m in splits.items()
+                                    if "docs_gated_mean" in m)
+              for arm, splits in results["arms"].items() if any("docs_gated_mean" in m for m in splits.values())]
+    if not shares:
+        return None
+    return ("Routed on the documentation alone, as docs_only routes them (their documentation-best tool has no "
+            "experience the router reads, or the votes chose the documentation only; docs/experiments.md, "
+            "\"Limits measured\"): " + "; ".join(shares) + ".")
+
+
 def _votes_line(results: dict) -> str | None:
     """What the fusion votes chose per federated arm and seed, or None when no seed says."""
     chose: dict[str, dict[str, list[float] | None]] = {}
@@ -193,6 +211,10 @@ def _size_lines(results: dict) -> list[str]:
     ns = {split: [s.get(split, 0) for s in sizes] for split in SPLITS}
     shown = ", ".join(f"{split} {min(n):,}" + (f"-{max(n):,}" if max(n) != min(n) else "") for split, n in ns.items())
     lines = [f"  test queries per seed: {shown}"]
+    taught = {(i["tools_with_experience"], i["catalog_tools"]) for i in results["seed_info"].values()
+              if "tools_with_experience" in i}
+    lines += [f"  tools with experience: {', '.join(f'{n:,} of {m:,}' for n, m in sorted(taught))} in the catalog "
+              "(the others route on their documentation alone)"] if taught else []
     what = {"seen": "on tools with experience", "heldout": "on tools without experience"}
     lines += [f"  note: no {split} queries ({what[split]}) in the test set of some seed: that split is not measured"
               for split, n in ns.items() if min(n) == 0]
@@ -215,6 +237,8 @@ def summary_lines(results: dict) -> list[str]:
     lines.append(f"  privacy: {_privacy(results)}")
     if votes := _votes_line(results):
         lines.append(f"  {votes[0].lower()}{votes[1:]}")
+    if gated := _gate_line(results):
+        lines.append(f"  {gated[0].lower()}{gated[1:]}")
     for t in results["targets"]:
         lines.append(f"  {'met   ' if t['met'] else 'MISSED'} {t['target']}: {t['value']:+.3f} (goal {t['goal']})")
     return lines
@@ -243,6 +267,8 @@ def tables(results: dict) -> str:
     lines += ["", f"Privacy: {_privacy(results)} {_wire(results)}"]
     if votes := _votes_line(results):
         lines += ["", votes]
+    if gated := _gate_line(results):
+        lines += ["", gated]
     if results["ablation_2x2"]:
         lines += ["", "## Merge x render (2x2, clean)", "", "| merge / render " + head,
                   "|---" * (len(splits) + 1) + "|"]

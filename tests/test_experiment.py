@@ -947,3 +947,29 @@ def test_tables_say_no_federation_ran_instead_of_zero_bytes_and_no_targets_inste
     text = tables(results)
     assert "no federation with privacy on ran; 20,000 on average over all clean federations (max 50,087)" in text
     assert "| federated - docs_only (seen) | +0.100 |" in text
+
+
+def test_the_summary_says_how_much_each_compendium_arm_left_to_the_documentation():
+    """A catalog where most tools have no experience leaves most seen queries to the documentation (the no-harm
+    gate): the summary says so beside the arms, with the tools with experience, not a small gain unexplained."""
+    from synapse_flwr.simulations.experiment_report import summary_lines, tables
+
+    def arm(seen, gated=None):
+        m = {"acc_mean": seen, "acc_sd": 0.0, "r5_mean": seen, "n": [100]}
+        return {"seen": m if gated is None else {**m, "docs_gated_mean": gated}}
+
+    results = {"name": "mine", "dataset": "my_folder", "seeds": [7], "orgs": 3, "alpha": 0.5, "rounds": 2,
+               "embedder": "static", "reranker": "fields", "k": 5, "orgs_as_given": True, "ablation_2x2": {},
+               "contradiction": {}, "per_round": {}, "injection": {}, "llm_sample": {}, "leak_filter": {},
+               "epsilon": None, "epsilon_target": 4.0, "delta": 1e-5, "bytes_per_client_round": None,
+               "bytes_per_client_round_max": None, "bytes_per_client_round_private": None, "targets": [],
+               "seed_info": {"7": {"test_sizes": {"seen": 100, "heldout": 0}, "tools_with_experience": 159,
+                                   "catalog_tools": 432}},
+               "arms": {"docs_only": arm(0.254), "federated": arm(0.269, 0.696)}}
+    summary = "\n".join(summary_lines(results))
+    assert "tools with experience: 159 of 432 in the catalog" in summary
+    assert "routed on the documentation alone, as docs_only routes them" in summary
+    assert "federated seen 70%" in summary and "docs_only seen" not in summary
+    assert "Routed on the documentation alone" in tables(results)
+    results["arms"]["federated"] = arm(0.269)  # results written before the share was measured
+    assert "as docs_only routes them" not in "\n".join(summary_lines(results))

@@ -489,11 +489,21 @@ class Router:
         if self.prototypes is None:
             return out
         dirs, gain, prior = self.prototypes
-        used = gain > 0
+        used = self.prototypes_read()
         if used.any():
             out[:, used] = (self.fusion.prototype * np.maximum(q @ dirs[used].T - self.fusion.margin, 0.0) * gain[used]
                             + prior[used])
         return out * gate_open(docs, used)[:, None]
+
+    def prototypes_read(self) -> np.ndarray:
+        """``(n_tools,)`` booleans: the tools whose prototype the gate reads (none without prototypes).
+
+        A query whose documentation-best tool is not among them is routed on
+        the documentation alone, exactly as docs_only routes it.
+        """
+        if self.prototypes is None:
+            return np.zeros(len(self.tool_ids), bool)
+        return self.prototypes[1] > 0
 
     def evidence(self, queries: Sequence[str], q: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Weighted retrieval evidence per field (:data:`EVIDENCE`), each ``(len(queries), n_tools)``.
