@@ -514,7 +514,8 @@ class Experiment:
                     if rate == 0:
                         out["2x2"][f"{merge}/{render}"] = metrics
                     row[f"{merge}/{render}"] = metrics
-            row["centralized"] = self.evaluate(self.centralized(seed, rate), seed)
+            if len(cfg.rates) > 1:  # the sweep's reference line; one rate is no sweep (the 2x2 holds its row)
+                row["centralized"] = self.evaluate(self.centralized(seed, rate), seed)
             out["rates"][f"{rate:g}"] = row
         return out
 

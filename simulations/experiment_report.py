@@ -274,9 +274,11 @@ def tables(results: dict) -> str:
                   "|---" * (len(splits) + 1) + "|"]
     for cell, m in results["ablation_2x2"].items():
         lines.append(f"| {cell} | " + " | ".join(_cell(m.get(s)) for s in splits) + " |")
-    if any(results["contradiction"].values()):
+    # one rate is no sweep: its row is the 2x2's, and a table of it read as a contradiction result
+    swept = results["contradiction"] if len(results["contradiction"]) > 1 else {}
+    if any(swept.values()):
         lines += ["", "## Contradiction injection", "", "| rate | arm " + head, "|---" * (len(splits) + 2) + "|"]
-    for rate, row in results["contradiction"].items():
+    for rate, row in swept.items():
         for cell, m in row.items():
             lines.append(f"| {float(rate):.0%} | {cell} | " + " | ".join(_cell(m.get(s)) for s in splits) + " |")
     injected = [(seed, rate, inj) for seed, by_rate in results["injection"].items()
@@ -345,9 +347,9 @@ def _panel_figure(out_dir: Path, name: str, splits: Sequence[str], draw: Callabl
 
 
 def figures(results: dict, out_dir: Path) -> list[Path]:
-    """PNG figures: accuracy vs contradiction rate, and accuracy per round."""
+    """PNG figures: accuracy vs contradiction rate (when more than one rate ran), and accuracy per round."""
     written = []
-    rates = results["contradiction"]
+    rates = results["contradiction"] if len(results["contradiction"]) > 1 else {}  # one rate: a single point
     splits = [s for s in SPLITS if any(s in m for row in rates.values() for m in row.values())]
     if rates and splits:
         xs = sorted(rates, key=float)

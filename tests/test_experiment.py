@@ -973,3 +973,23 @@ def test_the_summary_says_how_much_each_compendium_arm_left_to_the_documentation
     assert "Routed on the documentation alone" in tables(results)
     results["arms"]["federated"] = arm(0.269)  # results written before the share was measured
     assert "as docs_only routes them" not in "\n".join(summary_lines(results))
+
+
+def test_one_contradiction_rate_is_no_sweep_table_nor_figure(tmp_path):
+    """Regression: the default ``rates = [0.0]`` wrote a one-rate "Contradiction injection" table (the 2x2's row
+    again, beside a centralized row the config did not ask for) and a one-point accuracy_vs_contradiction.png."""
+    from synapse_flwr.simulations.experiment_report import figures, tables
+
+    cell = {"seen": {"acc_mean": 0.7, "acc_sd": 0.0, "r5_mean": 0.9, "n": [100]}}
+    results = {"name": "mine", "dataset": "my_folder", "seeds": [7], "orgs": 3, "alpha": 0.5, "rounds": 2,
+               "embedder": "static", "reranker": "fields", "k": 5, "orgs_as_given": True,
+               "ablation_2x2": {"typed/typed": cell}, "contradiction": {"0": {"typed/typed": cell}},
+               "per_round": {}, "injection": {}, "llm_sample": {}, "leak_filter": {}, "epsilon": None,
+               "epsilon_target": 4.0, "delta": 1e-5, "bytes_per_client_round": None,
+               "bytes_per_client_round_max": None, "bytes_per_client_round_private": None, "targets": [],
+               "arms": {"federated": cell}}
+    assert "Contradiction injection" not in tables(results) and "Merge x render" in tables(results)
+    assert figures(results, tmp_path) == [] and not list(tmp_path.iterdir())
+    results["contradiction"]["0.4"] = {"typed/typed": cell}
+    assert "| 40% | typed/typed |" in tables(results)
+    assert [p.name for p in figures(results, tmp_path)] == ["accuracy_vs_contradiction.png"]
