@@ -213,8 +213,9 @@ def _size_lines(results: dict) -> list[str]:
     lines = [f"  test queries per seed: {shown}"]
     taught = {(i["tools_with_experience"], i["catalog_tools"]) for i in results["seed_info"].values()
               if "tools_with_experience" in i}
-    lines += [f"  tools with experience: {', '.join(f'{n:,} of {m:,}' for n, m in sorted(taught))} in the catalog "
-              "(the others route on their documentation alone)"] if taught else []
+    if taught:
+        counts = ", ".join(f"{n:,} of {m:,}" for n, m in sorted(taught))
+        lines.append(f"  tools with experience: {counts} in the catalog (the others route on their documentation alone)")
     what = {"seen": "on tools with experience", "heldout": "on tools without experience"}
     lines += [f"  note: no {split} queries ({what[split]}) in the test set of some seed: that split is not measured"
               for split, n in ns.items() if min(n) == 0]
