@@ -618,6 +618,13 @@ class Experiment:
                 out[arm] = None if setting is None else [setting.prototype, setting.prior]
         return out
 
+    def globals_for_seed(self, seed: int) -> dict[str, str]:
+        """Per clean federated arm, the path of its last round's global (what ``synapse route --compendium`` reads)."""
+        runs = {"federated": math.inf, "federated_private": self.cfg.epsilon}
+        return {arm: shown_path(Path(self.federate(seed, TYPED, epsilon, 0.0)["output_dir"])
+                                / f"global_round_{self.cfg.rounds}.json")
+                for arm, epsilon in runs.items() if arm in self.cfg.arms}
+
     def seed_info(self, seed: int) -> dict:
         ds = self.dataset(seed)
         splits = self.splits(ds)
@@ -625,6 +632,7 @@ class Experiment:
                 "org_events": {o: len(e) for o, e in sorted(ds.orgs.items())},
                 "test_sizes": {split: len(items) for split, items in splits.items()},
                 "leak_filter": ds.info.get("leak_filter"), "orgs_as_given": bool(ds.info.get("orgs_as_given")),
+                "globals": self.globals_for_seed(seed),
                 "heldout_tools": heldout_tool_count(ds.heldout_test),
                 # a catalog may hold tools that are neither taught nor tested: all of them route on documentation
                 "tools_with_experience": len(experienced_tools(ds.catalog, ds.all_events)),
@@ -643,18 +651,21 @@ class Experiment:
         return {f"cosine>={t}": int((best >= t).sum()) for t in (0.9, 0.95, 0.99)}
 
 
-def shown_dataset(dataset: str, cwd: Path | None = None) -> str:
-    """The dataset as the results name it: a folder under the working folder relative to it.
+def shown_path(path: Path, cwd: Path | None = None) -> str:
+    """A path as results name it: relative to the working folder when under it (committed results should not
+    carry the machine's paths), else as given."""
+    cwd = (cwd or Path.cwd()).absolute()
+    return str(path.relative_to(cwd)) if path.is_relative_to(cwd) and path != cwd else str(path)
 
-    The config holds a folder's absolute path (:func:`~synapse_flwr.simulations.experiment_config.resolve_dataset`);
-    results committed from a checkout should not carry the machine's paths.
+
+def shown_dataset(dataset: str, cwd: Path | None = None) -> str:
+    """The dataset as the results name it: a folder under the working folder relative to it (:func:`shown_path`).
+
+    The config holds a folder's absolute path (:func:`~synapse_flwr.simulations.experiment_config.resolve_dataset`).
     """
     if dataset in KNOWN_DATASETS:
         return dataset
-    path, cwd = Path(dataset), (cwd or Path.cwd()).absolute()
-    if not path.is_relative_to(cwd) or path == cwd:
-        return dataset
-    shown = str(path.relative_to(cwd))
+    shown = shown_path(Path(dataset), cwd)
     return f"./{shown}" if shown in KNOWN_DATASETS else shown  # a folder ./demo is not the built-in demo
 
 

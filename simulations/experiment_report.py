@@ -176,6 +176,15 @@ def _gate_line(results: dict) -> str | None:
             "\"Limits measured\"): " + "; ".join(shares) + ".")
 
 
+def _globals_line(results: dict) -> str | None:
+    """Where the first seed's final globals are (``synapse route --compendium`` reads them), or None."""
+    seed, info = next(iter(results.get("seed_info", {}).items()), (None, {}))
+    if not info.get("globals"):
+        return None
+    return (f"Final globals of seed {seed} (`synapse route --compendium PATH`): "
+            + "; ".join(f"{arm} {path}" for arm, path in info["globals"].items()) + ".")
+
+
 def _votes_line(results: dict) -> str | None:
     """What the fusion votes chose per federated arm and seed, or None when no seed says."""
     chose: dict[str, dict[str, list[float] | None]] = {}
@@ -240,6 +249,8 @@ def summary_lines(results: dict) -> list[str]:
         lines.append(f"  {votes[0].lower()}{votes[1:]}")
     if gated := _gate_line(results):
         lines.append(f"  {gated[0].lower()}{gated[1:]}")
+    if found := _globals_line(results):
+        lines.append(f"  {found[0].lower()}{found[1:]}")
     for t in results["targets"]:
         lines.append(f"  {'met   ' if t['met'] else 'MISSED'} {t['target']}: {t['value']:+.3f} (goal {t['goal']})")
     return lines

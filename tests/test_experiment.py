@@ -19,6 +19,7 @@ from synapse_flwr.simulations.taubench import TauConfig
 
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.experience import Event
+from synapse_flwr.core.wire import load_artifact
 from synapse_flwr.data.inject import corrupt_org, inject_contradictions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -218,6 +219,11 @@ def test_smoke_experiment_runs_every_arm_through_flower_and_resumes(tmp_path):
     assert len(injected["injection_sha256"]) == 64
     assert results["injection"]["42"]["0"]["verified"]
     assert [len(r) for r in results["per_round"].values()] == [2, 2, 2]
+    info = results["seed_info"]["42"]
+    assert set(info["globals"]) == {"federated", "federated_private"}
+    assert all(load_artifact(Path(p)).kind == "global" for p in info["globals"].values())
+    assert 0 <= results["arms"]["federated"]["seen"]["docs_gated_mean"] <= 1
+    assert (info["tools_with_experience"], info["catalog_tools"]) == (21, 24)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["data_sha256"] and manifest["command"].startswith("synapse experiment")
     for name in ("tables.md", "accuracy_vs_contradiction.png", "accuracy_per_round.png"):
@@ -894,9 +900,11 @@ def test_held_out_tools_are_counted_from_the_held_out_test_queries(tmp_path):
     folder = tmp_path / "bench"
     shutil.copytree(demo_dir(), folder)
     exp = Experiment(ExperimentConfig(dataset=str(folder), seeds=[42], cache=str(tmp_path / "cache")))
-    exp.votes_chose = lambda seed: {}  # a Flower run's
+    exp.votes_chose = exp.globals_for_seed = lambda seed: {}  # a Flower run's
     exp.unit = lambda key, compute: {}  # the paraphrase diagnostic embeds every query
-    assert exp.seed_info(42)["heldout_tools"] == 3  # the demo's three tools without experience
+    info = exp.seed_info(42)
+    assert info["heldout_tools"] == 3  # the demo's three tools without experience
+    assert (info["tools_with_experience"], info["catalog_tools"]) == (21, 24)
 
 
 def test_the_arguments_line_names_the_common_arguments_it_does_not_read(tmp_path):
@@ -964,12 +972,13 @@ def test_the_summary_says_how_much_each_compendium_arm_left_to_the_documentation
                "epsilon": None, "epsilon_target": 4.0, "delta": 1e-5, "bytes_per_client_round": None,
                "bytes_per_client_round_max": None, "bytes_per_client_round_private": None, "targets": [],
                "seed_info": {"7": {"test_sizes": {"seen": 100, "heldout": 0}, "tools_with_experience": 159,
-                                   "catalog_tools": 432}},
+                                   "catalog_tools": 432, "globals": {"federated": "runs/g/global_round_2.json"}}},
                "arms": {"docs_only": arm(0.254), "federated": arm(0.269, 0.696)}}
     summary = "\n".join(summary_lines(results))
     assert "tools with experience: 159 of 432 in the catalog" in summary
     assert "routed on the documentation alone, as docs_only routes them" in summary
     assert "federated seen 70%" in summary and "docs_only seen" not in summary
+    assert "final globals of seed 7 (`synapse route --compendium PATH`): federated runs/g/global_round_2.json" in summary
     assert "Routed on the documentation alone" in tables(results)
     results["arms"]["federated"] = arm(0.269)  # results written before the share was measured
     assert "as docs_only routes them" not in "\n".join(summary_lines(results))
