@@ -48,6 +48,7 @@ from synapse_flwr.core import metrics
 from synapse_flwr.core.catalog import Catalog
 from synapse_flwr.core.documentation import catalog_arguments, documentation_text
 from synapse_flwr.core.embed import Embedder, get_embedder
+from synapse_flwr.core.errors import log_once
 from synapse_flwr.core.experience import Event, TestItem, event_label
 from synapse_flwr.core.phrases import spaced
 from synapse_flwr.core.privacy import noise_multiplier_for
@@ -88,7 +89,8 @@ def labelled_pairs(events: Sequence[Event], catalog: Catalog) -> tuple[list[str]
             queries.append(event.query)
             labels.append(label)
     if len(labels) < len(events):
-        log.info("%d of %d events carry no usable label", len(events) - len(labels), len(events))
+        # the classifier and fedavg_dp read the same training set: said once
+        log_once(log, f"{len(events) - len(labels)} of {len(events)} events carry no usable label")
     return queries, labels
 
 
