@@ -299,6 +299,23 @@ def test_the_share_routed_on_the_documentation_alone_is_the_closed_gate_s():
     assert silent.fusion.docs_only and docs_gated_share(silent, queries) == 1.0
 
 
+def test_the_flat_render_reads_no_prototype_and_shows_the_llm_its_strings():
+    """Regression: a typed compendium rendered flat loaded its prototypes against the flat entries, which carry
+    none, so every tool read as without experience: retrieval weighed the flat strings as a prototype router does,
+    and an LLM reranker was shown the documentation alone, never the flat arm's strings (issue 11's typed minus
+    flat compared typed fields with documentation)."""
+    from synapse_flwr.core.router import SCENARIO_WEIGHTS
+
+    comp = build_compendium(EVENTS, CATALOG, "acme", embedder=BagEmbedder(), epsilon=math.inf, seed=0)
+    flat = Router(comp, CATALOG, embedder=BagEmbedder(), render="flat")
+    assert flat.prototypes is None and flat.weights == SCENARIO_WEIGHTS
+    assert flat.experience_read(np.zeros(len(flat.tool_ids)), [0, 1, 2]) == {0, 1, 2}
+    hotel = flat.position["book_hotel"]
+    assert flat._shown(hotel) == flat._shown(hotel, True) and "calls" in flat._shown(hotel)
+    assert "calls" not in flat._shown(hotel, False)  # what docs_only shows
+    assert Router(comp, CATALOG, embedder=BagEmbedder()).prototypes is not None  # typed: read as before
+
+
 def test_the_llm_reads_experience_only_where_the_prototype_gate_counts_it(monkeypatch):
     shown: list[tuple[str, str]] = []
 

@@ -440,9 +440,14 @@ class Router:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """Prototype directions ``(n_tools, dim)``, noise shrinkage (0: ignored) and count prior, or None.
 
-        Used only when the compendium's embedding space is the router's.
+        Used only when the compendium's embedding space is the router's, and
+        never under the flat render: a prototype is a typed field, and the flat
+        arm reads one string per tool (with prototypes loaded, every flat entry
+        read as a tool without one, so retrieval weighed the strings as a
+        prototype router does and an LLM was shown the documentation alone).
         """
-        if not isinstance(compendium, Compendium) or not any(e.prototype for e in compendium.tools):
+        if (self.render == "flat" or not isinstance(compendium, Compendium)
+                or not any(e.prototype for e in compendium.tools)):
             return None
         reason = space_mismatch(compendium.embedding, self.embedder)
         if reason:
