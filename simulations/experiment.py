@@ -52,7 +52,6 @@ from synapse_flwr.core.documentation import catalog_arguments, distinctive_param
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.experience import TestItem
 from synapse_flwr.core.files import write_atomic, write_problem
-from synapse_flwr.core.fusion import gate_open
 from synapse_flwr.core.merge import TYPED, merge_typed
 from synapse_flwr.core.metrics import evaluate_routes
 from synapse_flwr.core.release import ReleaseState
@@ -173,33 +172,16 @@ def fedavg_key(epsilon: float, seed: int, code: str) -> str:
 
 
 def summarise(runs: Sequence[dict]) -> dict:
-    """Mean and SD over seeds of ``acc`` and ``r5`` (SD 0 for one seed), and the mean ``docs_gated`` where every
-    seed has it (:func:`docs_gated_share`)."""
+    """Mean and SD over seeds of ``acc`` and ``r5`` (SD 0 for one seed), and of ``docs_gated`` where each seed has it.
+
+    ``docs_gated``: :meth:`~synapse_flwr.core.router.Router.docs_gated_share`.
+    """
     acc, r5 = [r["acc"] for r in runs], [r["r5"] for r in runs]
     out = {"acc_mean": statistics.mean(acc), "acc_sd": statistics.stdev(acc) if len(acc) > 1 else 0.0,
            "r5_mean": statistics.mean(r5), "n": [r["n"] for r in runs], "seeds": len(runs)}
     if all("docs_gated" in r for r in runs):
         out["docs_gated_mean"] = statistics.mean(r["docs_gated"] for r in runs)
     return out
-
-
-def docs_gated_share(router: Router, queries: Sequence[str], batch: int = 1024) -> float:
-    """Share of ``queries`` that ``router`` routes on the documentation alone, exactly as docs_only does.
-
-    Those are the queries whose documentation-best tool has no experience the
-    router reads (the no-harm gate, :func:`~synapse_flwr.core.fusion.gate_open`),
-    or every query where the fusion votes chose the documentation only:
-    on a catalog where most tools have none, most seen queries are among them
-    and the compendium cannot lift them above docs_only (docs/experiments.md,
-    "Limits measured").
-    """
-    if router.fusion.docs_only:  # the votes chose the documentation only: every query
-        return 1.0 if queries else 0.0
-    read, closed = router.prototypes_read(), 0
-    for start in range(0, len(queries), batch):
-        docs = router.evidence(queries[start:start + batch])["description"]
-        closed += int((~gate_open(docs, read)).sum())
-    return closed / len(queries) if queries else 0.0
 
 
 class Experiment:
@@ -426,8 +408,8 @@ class Experiment:
         queries = [i.query for i in items]
         results = router.route_many(queries, force=golds) if oracle else router.route_many(queries)
         metrics = evaluate_routes(results, golds, self.cfg.k)
-        if router.prototypes is not None:  # a compendium's arm: how much of the split it leaves to the documentation
-            metrics["docs_gated"] = docs_gated_share(router, queries)
+        if router.prototypes is not None and not oracle:  # how much of the split reads no prototype
+            metrics["docs_gated"] = router.docs_gated_share(queries)
         if router.reranker == "llm":  # a failed LLM call routes in retrieval order: say how often
             metrics["fallbacks"] = sum(r.fallback for r in results)
         return metrics
@@ -514,7 +496,7 @@ class Experiment:
                     if rate == 0:
                         out["2x2"][f"{merge}/{render}"] = metrics
                     row[f"{merge}/{render}"] = metrics
-            if len(cfg.rates) > 1:  # the sweep's reference line; one rate is no sweep (the 2x2 holds its row)
+            if set(cfg.rates) != {0.0}:  # the sweep's reference line; rate 0 alone is no sweep (the 2x2's row)
                 row["centralized"] = self.evaluate(self.centralized(seed, rate), seed)
             out["rates"][f"{rate:g}"] = row
         return out

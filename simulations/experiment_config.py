@@ -235,6 +235,8 @@ class ExperimentConfig:
             problems.append(problem)
         if any(not 0.0 <= r < 1.0 for r in self.rates):
             problems.append(f"rates: each must be in [0, 1), got {self.rates}")
+        if len(set(self.rates)) < len(self.rates):  # one rate's runs twice, and its table row twice
+            problems.append(f"rates: each rate once, got {self.rates}")
         if self.orgs < 2:
             problems.append(f"orgs: a federation needs at least 2 organisations, got {self.orgs}")
         if self.rounds < 1 or self.k < 1:

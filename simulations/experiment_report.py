@@ -166,14 +166,15 @@ def _gate_line(results: dict) -> str | None:
     this line says so beside the arms' accuracy, instead of leaving a small
     gain over docs_only unexplained.
     """
-    shares = [f"{arm} " + ", ".join(f"{split} {m['docs_gated_mean']:.0%}" for split, m in splits.items()
+    arms = results["arms"]
+    shares = [f"{arm} " + ", ".join(f"{split} {m['docs_gated_mean']:.0%}" for split, m in arms[arm].items()
                                     if "docs_gated_mean" in m)
-              for arm, splits in results["arms"].items() if any("docs_gated_mean" in m for m in splits.values())]
+              for arm in ARMS if any("docs_gated_mean" in m for m in arms.get(arm, {}).values())]
     if not shares:
         return None
-    return ("Routed on the documentation alone, as docs_only routes them (their documentation-best tool has no "
-            "experience the router reads, or the votes chose the documentation only; docs/experiments.md, "
-            "\"Limits measured\"): " + "; ".join(shares) + ".")
+    return ("Queries whose route reads no prototype (their documentation-best tool has none the router reads, or "
+            "the votes chose the documentation only: they route as docs_only does unless a when_not scenario "
+            "redirects them; docs/experiments.md, \"Limits measured\"): " + "; ".join(shares) + ".")
 
 
 def _globals_line(results: dict) -> str | None:
@@ -220,11 +221,12 @@ def _size_lines(results: dict) -> list[str]:
     ns = {split: [s.get(split, 0) for s in sizes] for split in SPLITS}
     shown = ", ".join(f"{split} {min(n):,}" + (f"-{max(n):,}" if max(n) != min(n) else "") for split, n in ns.items())
     lines = [f"  test queries per seed: {shown}"]
-    taught = {(i["tools_with_experience"], i["catalog_tools"]) for i in results["seed_info"].values()
-              if "tools_with_experience" in i}
+    taught = {seed: f"{i['tools_with_experience']:,} of {i['catalog_tools']:,}"
+              for seed, i in results["seed_info"].items() if "tools_with_experience" in i}
     if taught:
-        counts = ", ".join(f"{n:,} of {m:,}" for n, m in sorted(taught))
-        lines.append(f"  tools with experience: {counts} in the catalog (the others route on their documentation alone)")
+        counts = next(iter(taught.values())) if len(set(taught.values())) == 1 else ", ".join(
+            f"{n} (seed {seed})" for seed, n in taught.items())
+        lines.append(f"  tools with experience: {counts} in the catalog (the others route on their documentation)")
     what = {"seen": "on tools with experience", "heldout": "on tools without experience"}
     lines += [f"  note: no {split} queries ({what[split]}) in the test set of some seed: that split is not measured"
               for split, n in ns.items() if min(n) == 0]
@@ -286,8 +288,8 @@ def tables(results: dict) -> str:
                   "|---" * (len(splits) + 1) + "|"]
     for cell, m in results["ablation_2x2"].items():
         lines.append(f"| {cell} | " + " | ".join(_cell(m.get(s)) for s in splits) + " |")
-    # one rate is no sweep: its row is the 2x2's, and a table of it read as a contradiction result
-    swept = results["contradiction"] if len(results["contradiction"]) > 1 else {}
+    # rate 0 alone is no sweep: its row is the 2x2's, and a table of it read as a contradiction result
+    swept = {} if set(results["contradiction"]) == {"0"} else results["contradiction"]
     if any(swept.values()):
         lines += ["", "## Contradiction injection", "", "| rate | arm " + head, "|---" * (len(splits) + 2) + "|"]
     for rate, row in swept.items():
@@ -359,9 +361,9 @@ def _panel_figure(out_dir: Path, name: str, splits: Sequence[str], draw: Callabl
 
 
 def figures(results: dict, out_dir: Path) -> list[Path]:
-    """PNG figures: accuracy vs contradiction rate (when more than one rate ran), and accuracy per round."""
+    """PNG figures: accuracy vs contradiction rate (unless rate 0 ran alone), and accuracy per round."""
     written = []
-    rates = results["contradiction"] if len(results["contradiction"]) > 1 else {}  # one rate: a single point
+    rates = {} if set(results["contradiction"]) == {"0"} else results["contradiction"]  # rate 0 alone: no sweep
     splits = [s for s in SPLITS if any(s in m for row in rates.values() for m in row.values())]
     if rates and splits:
         xs = sorted(rates, key=float)

@@ -193,6 +193,11 @@ def test_nan_and_infinity_are_refused_as_json_refuses_them(folder):
     assert any("test.jsonl: invalid JSON: -Infinity is not a JSON value" in p for p in problems)
     with pytest.raises(InputError, match="org_a.jsonl:1: invalid JSON: NaN is not a JSON value"):
         load_experience(folder / "org_a.jsonl")
+    # a pretty-printed document is named as such (not parsed again line by line), and 1e999 reads as infinity
+    _jsonl(folder / "org_b.jsonl", ['{"query": "the weather", "tool": "get_weather", "success": true, "ts": 1e999}'])
+    assert any("org_b.jsonl:1: invalid JSON: 1e999 is too large for a number" in p for p in _problems(folder))
+    (folder / "catalog.json").write_text(json.dumps({"tools": [{**CATALOG[0], "score": float("nan")}]}, indent=2))
+    assert any("catalog.json: invalid JSON: NaN is not a JSON value" in p for p in _problems(folder))
 
 
 def test_a_request_without_a_letter_or_digit_is_refused(folder):

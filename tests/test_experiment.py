@@ -124,6 +124,7 @@ def _write(tmp_path: Path, body: str) -> Path:
         ('[experiment]\ndataset="demo"\narms=[]\n', "arms: an empty list; name at least one"),
         ('[experiment]\ndataset="demo"\nrates=[]\nrenders=[]\n', "rates: an empty list.*; renders: an empty list"),
         ('[experiment]\ndataset="demo"\nmerges=[]\n', "merges: an empty list; name at least one, or leave the key out"),
+        ('[experiment]\ndataset="demo"\nrates=[0.0, 0.2, 0.0]\n', "rates: each rate once, got \\[0.0, 0.2, 0.0\\]"),
         # a budget no noise meets failed inside the ClientApps, after the first (non-private) Flower run
         ('[experiment]\ndataset="demo"\nepsilon=1e9\n', "epsilon: epsilon 1e\\+09 at delta 1e-05 allows almost no noise"),
         ('[experiment]\ndataset="demo"\nsweep_epsilon=1e7\n', "sweep_epsilon: epsilon 1e\\+07 .*allows almost no noise"),
@@ -222,7 +223,10 @@ def test_smoke_experiment_runs_every_arm_through_flower_and_resumes(tmp_path):
     info = results["seed_info"]["42"]
     assert set(info["globals"]) == {"federated", "federated_private"}
     assert all(load_artifact(Path(p)).kind == "global" for p in info["globals"].values())
-    assert 0 <= results["arms"]["federated"]["seen"]["docs_gated_mean"] <= 1
+    # the share of queries reading no prototype: for compendium arms, not for docs_only nor the forced oracle
+    assert all("docs_gated_mean" in results["arms"][arm]["seen"] for arm in ("federated", "centralized"))
+    assert not any("docs_gated_mean" in results["arms"][arm]["seen"] for arm in ("docs_only", "oracle"))
+    assert "docs_gated_mean" not in results["ablation_2x2"]["typed/flat"]["seen"]  # a flat render reads none
     assert (info["tools_with_experience"], info["catalog_tools"]) == (21, 24)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["data_sha256"] and manifest["command"].startswith("synapse experiment")
@@ -976,15 +980,16 @@ def test_the_summary_says_how_much_each_compendium_arm_left_to_the_documentation
                "arms": {"docs_only": arm(0.254), "federated": arm(0.269, 0.696)}}
     summary = "\n".join(summary_lines(results))
     assert "tools with experience: 159 of 432 in the catalog" in summary
-    assert "routed on the documentation alone, as docs_only routes them" in summary
+    assert "queries whose route reads no prototype" in summary
     assert "federated seen 70%" in summary and "docs_only seen" not in summary
-    assert "final globals of seed 7 (`synapse route --compendium PATH`): federated runs/g/global_round_2.json" in summary
-    assert "Routed on the documentation alone" in tables(results)
+    assert ("final globals of seed 7 (`synapse route --compendium PATH`): federated runs/g/global_round_2.json"
+            in summary)
+    assert "Queries whose route reads no prototype" in tables(results)
     results["arms"]["federated"] = arm(0.269)  # results written before the share was measured
-    assert "as docs_only routes them" not in "\n".join(summary_lines(results))
+    assert "reads no prototype" not in "\n".join(summary_lines(results))
 
 
-def test_one_contradiction_rate_is_no_sweep_table_nor_figure(tmp_path):
+def test_the_clean_rate_alone_is_no_sweep_table_nor_figure(tmp_path):
     """Regression: the default ``rates = [0.0]`` wrote a one-rate "Contradiction injection" table (the 2x2's row
     again, beside a centralized row the config did not ask for) and a one-point accuracy_vs_contradiction.png."""
     from synapse_flwr.simulations.experiment_report import figures, tables
@@ -999,6 +1004,8 @@ def test_one_contradiction_rate_is_no_sweep_table_nor_figure(tmp_path):
                "arms": {"federated": cell}}
     assert "Contradiction injection" not in tables(results) and "Merge x render" in tables(results)
     assert figures(results, tmp_path) == [] and not list(tmp_path.iterdir())
-    results["contradiction"]["0.4"] = {"typed/typed": cell}
-    assert "| 40% | typed/typed |" in tables(results)
+    results["contradiction"] = {"0.3": {"typed/typed": cell}}  # one rate, not the clean one: a sweep's row
+    assert "| 30% | typed/typed |" in tables(results)
+    results["contradiction"]["0"] = {"typed/typed": cell}
+    assert "| 30% | typed/typed |" in tables(results)
     assert [p.name for p in figures(results, tmp_path)] == ["accuracy_vs_contradiction.png"]

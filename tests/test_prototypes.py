@@ -283,20 +283,18 @@ def test_experience_is_silent_when_the_docs_choice_has_none():
     assert fed.evidence([known_kind])["prototype"][0, fed.position["get_weather"]] > 0
 
 
-def test_the_share_routed_on_the_documentation_alone_is_the_closed_gate_s():
+def test_the_share_of_queries_reading_no_prototype_is_the_closed_gate_s():
     """What ``synapse experiment`` reports beside each compendium arm (a catalog mostly without experience leaves
     most seen queries to the documentation; the line says so instead of leaving a small gain unexplained)."""
-    from synapse_flwr.simulations.experiment import docs_gated_share
-
     comp = build_compendium(EVENTS, CATALOG, "acme", embedder=BagEmbedder(), epsilon=math.inf, seed=0)
     fed, docs = _router(comp), _router(None)
     assert fed.prototypes_read().tolist() == [t != "visa_rules" for t in fed.tool_ids]
     queries = ["passport visa and an umbrella", "umbrella and rain", "a room to stay tonight", "visa for japan"]
     assert [docs.route(q).tool for q in queries] == ["visa_rules", "get_weather", "book_hotel", "visa_rules"]
-    assert docs_gated_share(fed, queries, batch=3) == 0.5  # the two whose documentation-best tool is visa_rules
-    assert docs_gated_share(docs, queries) == 1.0 and docs_gated_share(fed, []) == 0.0
+    assert fed.docs_gated_share(queries, batch=3) == 0.5  # the two whose documentation-best tool is visa_rules
+    assert docs.docs_gated_share(queries) == 1.0 and fed.docs_gated_share([]) == 0.0
     silent = Router(comp, CATALOG, embedder=BagEmbedder(), fusion=Fusion(prototype=0.0, prior=0.0))
-    assert silent.fusion.docs_only and docs_gated_share(silent, queries) == 1.0
+    assert silent.fusion.docs_only and silent.docs_gated_share(queries) == 1.0
 
 
 def test_the_flat_render_reads_no_prototype_and_shows_the_llm_its_strings():

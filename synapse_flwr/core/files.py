@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import re
 import tempfile
@@ -118,16 +119,31 @@ def _no_constant(name: str) -> float:
     raise NonstandardJson(f"{name} is not a JSON value (write a number or null)")
 
 
+def _finite(text: str) -> float:
+    if math.isfinite(value := float(text)):
+        return value
+    raise NonstandardJson(f"{text} is too large for a number (it reads as infinity)")
+
+
 def loads_records(text: str) -> object:
     """:func:`json.loads` for a dataset's files (records, alias and example tables), refusing what JSON refuses.
 
     Raises
     ------
     NonstandardJson
-        For a key given twice (naming it), ``NaN``, ``Infinity`` or ``-Infinity``; as :func:`json.loads`,
-        ``ValueError`` or ``RecursionError`` for text that is not JSON.
+        For a key given twice (naming it), ``NaN``, ``Infinity``, ``-Infinity`` or a number too large for a float;
+        as :func:`json.loads`, ``ValueError`` or ``RecursionError`` for text that is not JSON.
     """
-    return json.loads(text, object_pairs_hook=_unique_members, parse_constant=_no_constant)
+    return json.loads(text, object_pairs_hook=_unique_members, parse_constant=_no_constant, parse_float=_finite)
+
+
+def _python_reads(text: str) -> bool:
+    """Whether Python's lenient ``json`` reads ``text`` as one document (NaN, keys given twice and all)."""
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def _skip(text: str, pos: int) -> int:
@@ -192,8 +208,11 @@ def document_items(path: str | Path, text: str) -> list[tuple[ItemLine, object]]
     try:
         doc = loads_records(stripped)
     except (json.JSONDecodeError, NonstandardJson) as exc:
-        if stripped.startswith("{"):
-            return None  # several objects (JSONL), or an object read again on its own line
+        # several objects (JSONL), or an object read again on its own line; but a pretty-printed document that
+        # only JSON's own rules refuse (NaN, a key twice) is said so, not parsed again line by line
+        if stripped.startswith("{") and not (isinstance(exc, NonstandardJson) and "\n" in stripped
+                                             and _python_reads(stripped)):
+            return None
         raise InputError(path, f"invalid JSON: {getattr(exc, 'msg', exc)}", line=getattr(exc, "lineno", None)) from None
     except (ValueError, RecursionError) as exc:  # huge number, nesting too deep
         raise InputError(path, f"invalid JSON: {exc}") from None

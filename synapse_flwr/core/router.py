@@ -510,6 +510,40 @@ class Router:
             return np.zeros(len(self.tool_ids), bool)
         return self.prototypes[1] > 0
 
+    def docs_gated_share(self, queries: Sequence[str], batch: int = 1024) -> float:
+        """Share of ``queries`` whose route reads no prototype.
+
+        The votes chose documentation only, or the query's documentation-best
+        tool has no prototype this router reads (the gate,
+        :func:`~synapse_flwr.core.fusion.gate_open`).
+
+        Those route on the documentation as docs_only does, unless a ``when_not``
+        scenario redirects them. On a catalog where most tools have no
+        experience most seen queries are among them, so the compendium gains
+        little over docs_only there (docs/experiments.md, "Limits measured").
+
+        Parameters
+        ----------
+        queries : sequence of str
+            The requests.
+        batch : int
+            Queries embedded and searched at once.
+
+        Returns
+        -------
+        float
+            In [0, 1]; 0 for no queries.
+        """
+        if not queries:
+            return 0.0
+        if self.fusion.docs_only:
+            return 1.0
+        read, closed = self.prototypes_read(), 0
+        for start in range(0, len(queries), batch):
+            docs = self.evidence(queries[start:start + batch])["description"]
+            closed += int((~gate_open(docs, read)).sum())
+        return closed / len(queries)
+
     def evidence(self, queries: Sequence[str], q: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Weighted retrieval evidence per field (:data:`EVIDENCE`), each ``(len(queries), n_tools)``.
 

@@ -41,7 +41,8 @@ class LeakReport:
     near : int
         Dropped: shingle Jaccard with a test query at or above the threshold.
     garbage : int
-        Dropped: empty or non-text query, or label outside the catalog.
+        Dropped: a tool or gold outside the catalog (a query without a letter or digit never makes an
+        :class:`~synapse_flwr.core.experience.Event`).
     kept : int
         Events out.
     """

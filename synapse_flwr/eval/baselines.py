@@ -89,7 +89,7 @@ def labelled_pairs(events: Sequence[Event], catalog: Catalog) -> tuple[list[str]
             queries.append(event.query)
             labels.append(label)
     if len(labels) < len(events):
-        # the classifier and fedavg_dp read the same training set: said once
+        # an experiment reads the same training set more than once: said once a process
         log_once(log, f"{len(events) - len(labels)} of {len(events)} events carry no usable label")
     return queries, labels
 
