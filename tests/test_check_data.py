@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from pathlib import Path
@@ -172,28 +173,28 @@ def test_a_gold_of_the_wrong_shape_is_named_in_the_format_s_words(folder):
     assert not any("tuple" in p.lower() for p in problems)
 
 
-def test_a_key_given_twice_in_one_object_is_named_not_read_as_the_last(folder):
-    """Regression: {"tool": "a", "tool": "b"} passed as an event of tool b, as json.loads keeps the last key."""
-    twice = '{"query": "the weather", "tool": "get_weather", "success": true, "success": false}'
-    _jsonl(folder / "org_a.jsonl", [twice])
-    (folder / "aliases.json").write_text('{"GetWeather": "get_weather", "GetWeather": "book_hotel"}')
+@pytest.mark.parametrize(("record", "other", "text", "said"), [
+    # regression: {"tool": "a", "tool": "b"} passed as an event of tool b, as json.loads keeps the last key
+    ('{"query": "the weather", "tool": "get_weather", "success": true, "success": false}', "aliases.json",
+     '{"GetWeather": "get_weather", "GetWeather": "book_hotel"}',
+     ["org_a.jsonl:1: invalid JSON: key 'success' appears twice in one object",
+      "aliases.json: invalid JSON: key 'GetWeather' appears twice"]),
+    # regression: "ts": NaN passed (json.loads reads NaN and Infinity), so a record held a value no JSON has
+    ('{"query": "the weather", "tool": "get_weather", "success": true, "ts": NaN}', "test.jsonl",
+     '[{"query": "pay", "gold": "book_hotel", "score": -Infinity}]',
+     ["org_a.jsonl:1: invalid JSON: NaN is not a JSON value", "test.jsonl: invalid JSON: -Infinity is not a JSON value"]),
+])
+def test_what_json_refuses_is_named_not_read(folder, record, other, text, said):
+    _jsonl(folder / "org_a.jsonl", [record])
+    (folder / other).write_text(text)
     problems = _problems(folder)
-    assert any("org_a.jsonl:1: invalid JSON: key 'success' appears twice in one object" in p for p in problems)
-    assert any("aliases.json: invalid JSON: key 'GetWeather' appears twice" in p for p in problems)
-    with pytest.raises(InputError, match="org_a.jsonl:1: invalid JSON: key 'success' appears twice"):
+    assert all(any(line in p for p in problems) for line in said), problems
+    with pytest.raises(InputError, match=re.escape(said[0])):
         load_experience(folder / "org_a.jsonl")
 
 
-def test_nan_and_infinity_are_refused_as_json_refuses_them(folder):
-    """Regression: "ts": NaN passed (json.loads reads NaN and Infinity), so a record held a value no JSON has."""
-    _jsonl(folder / "org_a.jsonl", ['{"query": "the weather", "tool": "get_weather", "success": true, "ts": NaN}'])
-    (folder / "test.jsonl").write_text('[{"query": "pay", "gold": "book_hotel", "score": -Infinity}]')
-    problems = _problems(folder)
-    assert any("org_a.jsonl:1: invalid JSON: NaN is not a JSON value" in p for p in problems)
-    assert any("test.jsonl: invalid JSON: -Infinity is not a JSON value" in p for p in problems)
-    with pytest.raises(InputError, match="org_a.jsonl:1: invalid JSON: NaN is not a JSON value"):
-        load_experience(folder / "org_a.jsonl")
-    # a pretty-printed document is named as such (not parsed again line by line), and 1e999 reads as infinity
+def test_a_pretty_printed_nan_and_a_number_too_large_are_named(folder):
+    """A pretty-printed document is named as such (not parsed again line by line); 1e999 reads as infinity."""
     _jsonl(folder / "org_b.jsonl", ['{"query": "the weather", "tool": "get_weather", "success": true, "ts": 1e999}'])
     assert any("org_b.jsonl:1: invalid JSON: 1e999 is too large for a number" in p for p in _problems(folder))
     (folder / "catalog.json").write_text(json.dumps({"tools": [{**CATALOG[0], "score": float("nan")}]}, indent=2))
