@@ -933,28 +933,34 @@ def test_the_arguments_line_names_the_common_arguments_it_does_not_read(tmp_path
     assert arguments_line(load_catalog(path)).startswith("no tool of the 2 gives a parameters' schema")
 
 
+def _folder_results(**over) -> dict:
+    """The results of a one-seed run on a folder, as the report reads them, with ``over`` replacing keys."""
+    return {"name": "mine", "dataset": "my_folder", "seeds": [7], "orgs": 3, "alpha": 0.5, "rounds": 2,
+            "embedder": "static", "reranker": "fields", "k": 5, "orgs_as_given": True, "ablation_2x2": {},
+            "contradiction": {}, "per_round": {}, "injection": {}, "llm_sample": {}, "leak_filter": {},
+            "epsilon": None, "epsilon_target": 4.0, "delta": 1e-5, "bytes_per_client_round": None,
+            "bytes_per_client_round_max": None, "bytes_per_client_round_private": None, "targets": [], **over}
+
+
+def _seen(acc: float, **extra) -> dict:
+    """One arm's metrics on the seen split only."""
+    return {"seen": {"acc_mean": acc, "acc_sd": 0.0, "r5_mean": acc, "n": [100], **extra}}
+
+
 def test_tables_say_no_federation_ran_instead_of_zero_bytes_and_no_targets_instead_of_an_empty_table():
     """Regression: a run of docs_only and the classifier (no Flower run) wrote 'Wire (gzip JSON): 0 bytes per client
     per round with privacy on; 0 on average ... (max 0)' and a Targets table without rows; a run without
     ``federated_private`` wrote 0 bytes 'with privacy on'."""
     from synapse_flwr.simulations.experiment_report import tables
 
-    def arm(seen):
-        return {"seen": {"acc_mean": seen, "acc_sd": 0.0, "r5_mean": seen}}
-
-    results = {"name": "mine", "dataset": "my_folder", "seeds": [7], "orgs": 3, "alpha": 0.5, "rounds": 2,
-               "embedder": "static", "reranker": "fields", "k": 5, "orgs_as_given": True, "ablation_2x2": {},
-               "contradiction": {}, "per_round": {}, "injection": {}, "llm_sample": {}, "leak_filter": {},
-               "epsilon": None, "epsilon_target": 4.0, "delta": 1e-5, "bytes_per_client_round": None,
-               "bytes_per_client_round_max": None, "bytes_per_client_round_private": None,
-               "arms": {"docs_only": arm(0.4), "classifier": arm(0.8)}}
+    results = _folder_results(arms={"docs_only": _seen(0.4), "classifier": _seen(0.8)})
     results["targets"] = targets(results)
     text = tables(results)
     assert "0 bytes" not in text and "Wire: not measured (no federation ran)." in text
     assert "| target | measured |" not in text and "No target measured" in text
 
     results.update(bytes_per_client_round=20_000, bytes_per_client_round_max=50_087,
-                   arms={**results["arms"], "federated": arm(0.5)})
+                   arms={**results["arms"], "federated": _seen(0.5)})
     results["targets"] = targets(results)
     text = tables(results)
     assert "no federation with privacy on ran; 20,000 on average over all clean federations (max 50,087)" in text
@@ -966,18 +972,10 @@ def test_the_summary_says_how_much_each_compendium_arm_left_to_the_documentation
     gate): the summary says so beside the arms, with the tools with experience, not a small gain unexplained."""
     from synapse_flwr.simulations.experiment_report import summary_lines, tables
 
-    def arm(seen, gated=None):
-        m = {"acc_mean": seen, "acc_sd": 0.0, "r5_mean": seen, "n": [100]}
-        return {"seen": m if gated is None else {**m, "docs_gated_mean": gated}}
-
-    results = {"name": "mine", "dataset": "my_folder", "seeds": [7], "orgs": 3, "alpha": 0.5, "rounds": 2,
-               "embedder": "static", "reranker": "fields", "k": 5, "orgs_as_given": True, "ablation_2x2": {},
-               "contradiction": {}, "per_round": {}, "injection": {}, "llm_sample": {}, "leak_filter": {},
-               "epsilon": None, "epsilon_target": 4.0, "delta": 1e-5, "bytes_per_client_round": None,
-               "bytes_per_client_round_max": None, "bytes_per_client_round_private": None, "targets": [],
-               "seed_info": {"7": {"test_sizes": {"seen": 100, "heldout": 0}, "tools_with_experience": 159,
-                                   "catalog_tools": 432, "globals": {"federated": "runs/g/global_round_2.json"}}},
-               "arms": {"docs_only": arm(0.254), "federated": arm(0.269, 0.696)}}
+    results = _folder_results(
+        seed_info={"7": {"test_sizes": {"seen": 100, "heldout": 0}, "tools_with_experience": 159, "catalog_tools": 432,
+                         "globals": {"federated": "runs/g/global_round_2.json"}}},
+        arms={"docs_only": _seen(0.254), "federated": _seen(0.269, docs_gated_mean=0.696)})
     summary = "\n".join(summary_lines(results))
     assert "tools with experience: 159 of 432 in the catalog" in summary
     assert "queries whose route reads no prototype" in summary
@@ -985,7 +983,7 @@ def test_the_summary_says_how_much_each_compendium_arm_left_to_the_documentation
     assert ("final globals of seed 7 (`synapse route --compendium PATH`): federated runs/g/global_round_2.json"
             in summary)
     assert "Queries whose route reads no prototype" in tables(results)
-    results["arms"]["federated"] = arm(0.269)  # results written before the share was measured
+    results["arms"]["federated"] = _seen(0.269)  # results written before the share was measured
     assert "reads no prototype" not in "\n".join(summary_lines(results))
 
 
@@ -994,14 +992,9 @@ def test_the_clean_rate_alone_is_no_sweep_table_nor_figure(tmp_path):
     again, beside a centralized row the config did not ask for) and a one-point accuracy_vs_contradiction.png."""
     from synapse_flwr.simulations.experiment_report import figures, tables
 
-    cell = {"seen": {"acc_mean": 0.7, "acc_sd": 0.0, "r5_mean": 0.9, "n": [100]}}
-    results = {"name": "mine", "dataset": "my_folder", "seeds": [7], "orgs": 3, "alpha": 0.5, "rounds": 2,
-               "embedder": "static", "reranker": "fields", "k": 5, "orgs_as_given": True,
-               "ablation_2x2": {"typed/typed": cell}, "contradiction": {"0": {"typed/typed": cell}},
-               "per_round": {}, "injection": {}, "llm_sample": {}, "leak_filter": {}, "epsilon": None,
-               "epsilon_target": 4.0, "delta": 1e-5, "bytes_per_client_round": None,
-               "bytes_per_client_round_max": None, "bytes_per_client_round_private": None, "targets": [],
-               "arms": {"federated": cell}}
+    cell = _seen(0.7)
+    results = _folder_results(ablation_2x2={"typed/typed": cell}, contradiction={"0": {"typed/typed": cell}},
+                              arms={"federated": cell})
     assert "Contradiction injection" not in tables(results) and "Merge x render" in tables(results)
     assert figures(results, tmp_path) == [] and not list(tmp_path.iterdir())
     results["contradiction"] = {"0.3": {"typed/typed": cell}}  # one rate, not the clean one: a sweep's row
