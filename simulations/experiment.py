@@ -30,7 +30,7 @@ import math
 import shutil
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from functools import cached_property
 from pathlib import Path
@@ -48,7 +48,12 @@ from synapse_flwr.simulations.experiment_report import (
 
 from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.catalog import Catalog
-from synapse_flwr.core.documentation import catalog_arguments, distinctive_parameters
+from synapse_flwr.core.documentation import (
+    COMMON_ARGUMENT_SHARE,
+    catalog_arguments,
+    distinctive_parameters,
+    schema_properties,
+)
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.experience import TestItem
 from synapse_flwr.core.files import write_atomic, write_problem
@@ -781,12 +786,6 @@ def _log_documentation(catalog: Catalog, dataset: str) -> None:
     log.info("%s", arguments_line(catalog))
 
 
-def _argument_names(schema: Mapping[str, Any] | None) -> set[str]:
-    """The top-level argument names of a parameters' JSON Schema (none when it lists no properties)."""
-    props = (schema or {}).get("properties")
-    return set(props) if isinstance(props, Mapping) else set()
-
-
 def arguments_line(catalog: Catalog) -> str:
     """What the documentation reads of the tools' parameters' schemas: given, read, and the arguments it drops.
 
@@ -807,18 +806,18 @@ def arguments_line(catalog: Catalog) -> str:
         One line for the run's log.
     """
     schemas = {d.tool_id: d.parameters for d in catalog.tools}
-    given = sum(bool(_argument_names(s)) for s in schemas.values())
+    given = sum(bool(schema_properties(s)) for s in schemas.values())
     if not given:
         return (f"no tool of the {len(schemas)} gives a parameters' schema with arguments (parameters, inputSchema): "
                 "the documentation reads names and descriptions (docs/formats.md)")
     kept = distinctive_parameters(schemas)
-    dropped = sorted({a for t, s in schemas.items() for a in _argument_names(s) - _argument_names(kept[t])})
+    dropped = sorted({a for t, s in schemas.items() for a in schema_properties(s).keys() - schema_properties(kept[t])})
     read = sum(map(bool, catalog_arguments(catalog).values()))
     line = (f"the documentation reads the arguments of {read} of the {given} tools whose parameters' schema lists "
             f"some (of {len(schemas)} tools; docs/formats.md)")
     if dropped:
         shown = ", ".join(repr(a) for a in dropped[:8]) + (f" and {len(dropped) - 8} more" if len(dropped) > 8 else "")
-        line += (f"; not read, as more than half of the catalog's tools take them (they say nothing of which tool a "
+        line += (f"; not read, as more than {COMMON_ARGUMENT_SHARE:.0%} of the catalog's tools take them (they say nothing of which tool a "
                  f"request wants): {shown}")
     return line
 

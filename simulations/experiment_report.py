@@ -159,12 +159,12 @@ def _wire(results: dict) -> str:
 
 
 def _gate_line(results: dict) -> str | None:
-    """How much of each split every compendium arm routed on the documentation alone (the no-harm gate), or None.
+    """Per compendium arm and split, the share of queries whose route reads no prototype, or None when none says.
 
     On a catalog where most tools have no experience, most seen queries have a
-    documentation-best tool without any and route exactly as docs_only does:
-    this line says so beside the arms' accuracy, instead of leaving a small
-    gain over docs_only unexplained.
+    documentation-best tool without any and route as docs_only does: this line
+    says so beside the arms' accuracy, instead of leaving a small gain over
+    docs_only unexplained.
     """
     arms = results["arms"]
     shares = [f"{arm} " + ", ".join(f"{split} {m['docs_gated_mean']:.0%}" for split, m in arms[arm].items()

@@ -41,7 +41,8 @@ def name_words(name: str) -> str:
 COMMON_ARGUMENT_SHARE = 0.5
 
 
-def _properties(parameters: Mapping[str, Any] | None) -> Mapping[str, Any]:
+def schema_properties(parameters: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """The top-level ``properties`` of a parameters' JSON Schema (empty when it lists none)."""
     props = (parameters or {}).get("properties")
     return props if isinstance(props, Mapping) else {}
 
@@ -57,7 +58,7 @@ def arguments_text(parameters: Mapping[str, Any] | None) -> str:
     schema lists no properties.
     """
     parts = []
-    for key, spec in _properties(parameters).items():
+    for key, spec in schema_properties(parameters).items():
         about = spec.get("description") if isinstance(spec, Mapping) else None
         about = " ".join(about.split()) if isinstance(about, str) else ""
         parts.append(f"{name_words(str(key))}: {about}" if about else name_words(str(key)))
@@ -84,13 +85,13 @@ def distinctive_parameters(schemas: Mapping[str, Mapping[str, Any] | None]) -> d
 
     takes: dict[str, int] = {}
     for schema in schemas.values():
-        for name in {key(k) for k in _properties(schema)}:
+        for name in {key(k) for k in schema_properties(schema)}:
             takes[name] = takes.get(name, 0) + 1
     common = {name for name, n in takes.items() if n > COMMON_ARGUMENT_SHARE * len(schemas)}
     if not common:
         return dict(schemas)
-    return {tool: {"properties": {k: v for k, v in _properties(schema).items() if key(k) not in common}}
-            if _properties(schema) else schema for tool, schema in schemas.items()}
+    return {tool: {"properties": {k: v for k, v in schema_properties(schema).items() if key(k) not in common}}
+            if schema_properties(schema) else schema for tool, schema in schemas.items()}
 
 
 def catalog_arguments(catalog: Catalog) -> dict[str, str]:
