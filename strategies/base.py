@@ -177,7 +177,8 @@ def client_error_reason(code: int, reason: str) -> str:
 
 
 def verify_reply(
-    msg: Message, max_bytes: int, registry: Registry | None = None, round_: int = 0, base: bytes | None = None
+    msg: Message, max_bytes: int, registry: Registry | None = None, round_: int = 0, base: bytes | None = None,
+    run: int = 0,
 ) -> tuple[Compendium | None, bytes | None, int, str | None]:
     """:func:`check_reply` that also returns the artifact's canonical JSON (the next round's delta base)."""
     if msg.has_error():
@@ -188,7 +189,7 @@ def verify_reply(
     sig = None
     if registry is not None:
         sig, reason = signature_from(msg.content)
-        reason = reason or registry.verify(sig, ARTIFACT, body, round_)
+        reason = reason or registry.verify(sig, ARTIFACT, body, run, round_)
         if reason:
             return None, None, size, f"rejected signature: {reason}"
     try:
@@ -203,7 +204,8 @@ def verify_reply(
 
 
 def check_reply(
-    msg: Message, max_bytes: int, registry: Registry | None = None, round_: int = 0, base: bytes | None = None
+    msg: Message, max_bytes: int, registry: Registry | None = None, round_: int = 0, base: bytes | None = None,
+    run: int = 0,
 ) -> tuple[Compendium | None, int, str | None]:
     """Validate one reply at the edge: ``(artifact, size, reason_if_rejected)``. Never raises.
 
@@ -211,10 +213,25 @@ def check_reply(
     (the canonical JSON the server accepted from the node's org last), which is
     rebuilt and checked against its target digest first. With a ``registry``
     the signature is checked on the (rebuilt) JSON bytes before they are parsed
-    (unsigned, unknown key, wrong org, other round, forged), and the artifact's
-    issuer must be the signer.
+    (unsigned, unknown key, wrong org, other run or round, forged), and the
+    artifact's issuer must be the signer.
+
+    Parameters
+    ----------
+    msg : Message
+        The node's reply.
+    max_bytes : int
+        Largest accepted payload, compressed or not.
+    registry : Registry or None
+        Public keys the signature must verify under (None: signing off).
+    round_ : int
+        The current server round.
+    base : bytes or None
+        The delta base: the org's last accepted canonical JSON.
+    run : int
+        The current Flower run id.
     """
-    art, _, size, reason = verify_reply(msg, max_bytes, registry, round_, base)
+    art, _, size, reason = verify_reply(msg, max_bytes, registry, round_, base, run)
     return art, size, reason
 
 
@@ -421,6 +438,9 @@ class CompendiumStrategy(Strategy):
         Public keys every reply's signature is verified against (None: signing off).
     signer : Signer or None
         The server's key, which signs every broadcast global (None: signing off).
+    run_id : int
+        The Flower run this strategy serves (its ``Context.run_id``): globals are
+        signed for it and replies must be signed for it.
     vote_phase : bool
         Whether each round ends with the vote exchange (the run votes: typed
         globals with prototypes).
@@ -449,6 +469,7 @@ class CompendiumStrategy(Strategy):
         wait_timeout: float = 300.0,
         registry: Registry | None = None,
         signer: Signer | None = None,
+        run_id: int = 0,
         vote_phase: bool = False,
         embedding: EmbeddingSpace | None = None,
         catalog: Collection[str] | None = None,
@@ -463,6 +484,7 @@ class CompendiumStrategy(Strategy):
         self.wait_timeout = wait_timeout
         self.registry = registry
         self.signer = signer
+        self.run_id = run_id
         self.vote_phase = vote_phase
         self.embedding = embedding
         self.catalog = None if catalog is None else frozenset(catalog)
@@ -514,8 +536,8 @@ class CompendiumStrategy(Strategy):
                   message_type: str) -> list[Message]:
         rnd = self.round_offset + server_round
         config = ConfigRecord({**dict(config), "server-round": rnd, "policy": self.policy})
-        content = attach_signature(RecordDict({"arrays": arrays, "config": config}), self.signer, GLOBAL, rnd,
-                                   from_record(arrays))
+        content = attach_signature(RecordDict({"arrays": arrays, "config": config}), self.signer, GLOBAL,
+                                   self.run_id, rnd, from_record(arrays))
         held = {node: self.bases[org][0] for org, (node, _) in self.latest.items() if org in self.bases}
         return [Message(content=self._for_node(content, held.get(node)), message_type=message_type, dst_node_id=node)
                 for node in nodes]
@@ -590,7 +612,7 @@ class CompendiumStrategy(Strategy):
             # the SuperLink answers for an unavailable node from node 1: name the node the message went to
             node = sent_to.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
             base = self.bases.get(node_orgs.get(node, ""), (None, None))[1]
-            art, body, size, reason = verify_reply(msg, self.max_bytes, self.registry, rnd, base)
+            art, body, size, reason = verify_reply(msg, self.max_bytes, self.registry, rnd, base, self.run_id)
             intake.bytes_in += size
             intake.artifacts_in += size > 0
             if reason is None and art is not None:

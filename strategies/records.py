@@ -36,12 +36,17 @@ def from_record(record: ArrayRecord) -> bytes:
 
 
 SIGNATURE_KEY = "signature"
-_SIGNATURE_FIELDS = ("signer", "key-id", "round", "value")
+_SIGNATURE_FIELDS = ("signer", "key-id", "run", "round", "value")
+_MAX_RUN_DIGITS = 20  # Flower run ids are unsigned 64-bit
 
 
 def signature_record(sig: Signature) -> ConfigRecord:
-    """A detached signature as the ConfigRecord that travels beside the artifact (public data only)."""
-    return ConfigRecord({"signer": sig.signer, "key-id": sig.key_id, "round": sig.round, "value": sig.value})
+    """A detached signature as the ConfigRecord that travels beside the artifact (public data only).
+
+    The run id travels as decimal text: Flower's run ids are unsigned 64-bit,
+    past a record's signed 64-bit integers."""
+    return ConfigRecord({"signer": sig.signer, "key-id": sig.key_id, "run": str(sig.run), "round": sig.round,
+                         "value": sig.value})
 
 
 def signature_from(content: RecordDict) -> tuple[Signature | None, str | None]:
@@ -53,25 +58,29 @@ def signature_from(content: RecordDict) -> tuple[Signature | None, str | None]:
     missing = [k for k in _SIGNATURE_FIELDS if k not in rec]
     if missing:
         return None, f"signature: malformed record, missing {', '.join(missing)}"
-    signer, kid, round_, value = (rec[k] for k in _SIGNATURE_FIELDS)
-    if not (isinstance(signer, str) and isinstance(kid, str) and isinstance(value, str)
+    signer, kid, run, round_, value = (rec[k] for k in _SIGNATURE_FIELDS)
+    if not (isinstance(signer, str) and isinstance(kid, str) and isinstance(value, str) and isinstance(run, str)
             and isinstance(round_, int) and not isinstance(round_, bool)):
-        return None, "signature: malformed record, expected str signer, key-id, value and int round"
-    if len(signer) > 128 or len(kid) > 64 or len(value) > 256:
+        return None, "signature: malformed record, expected str signer, key-id, run, value and int round"
+    if len(signer) > 128 or len(kid) > 64 or len(value) > 256 or len(run) > _MAX_RUN_DIGITS:
         return None, "signature: malformed record, a field is longer than a signature's"
-    return Signature(signer, kid, round_, value), None
+    if not (run.isascii() and run.isdigit()):
+        return None, f"signature: malformed record, run {run!r} is not a decimal run id"
+    return Signature(signer, kid, int(run), round_, value), None
 
 
-def attach_signature(content: RecordDict, signer: Signer | None, what: str, round_: int, wire: bytes) -> RecordDict:
-    """``content`` with ``signer``'s signature of the wire payload's JSON bytes added (unchanged when off)."""
+def attach_signature(content: RecordDict, signer: Signer | None, what: str, run: int, round_: int,
+                     wire: bytes) -> RecordDict:
+    """``content`` with ``signer``'s signature of the wire payload's JSON bytes for round ``round_`` of run
+    ``run`` added (unchanged when signing is off)."""
     if signer is not None:
-        content[SIGNATURE_KEY] = signature_record(signer.sign(what, round_, unwrap(wire)))
+        content[SIGNATURE_KEY] = signature_record(signer.sign(what, run, round_, unwrap(wire)))
     return content
 
 
-def signature_problem(content: RecordDict, registry: Registry | None, what: str, round_: int,
+def signature_problem(content: RecordDict, registry: Registry | None, what: str, run: int, round_: int,
                       wire: bytes, signer: str | None = None) -> str | None:
-    """Why the signature beside ``wire`` in ``content`` is not valid for ``round_``; None when it is
+    """Why the signature beside ``wire`` in ``content`` is not valid for ``round_`` of ``run``; None when it is
     (or signing is off). Never raises: a payload that cannot be unwrapped is reported too.
 
     Parameters
@@ -82,6 +91,8 @@ def signature_problem(content: RecordDict, registry: Registry | None, what: str,
         The registered public keys (None: signing is off, nothing is checked).
     what : str
         :data:`~synapse_flwr.core.signing.ARTIFACT` or :data:`~synapse_flwr.core.signing.GLOBAL`.
+    run : int
+        The current Flower run.
     round_ : int
         The current server round.
     wire : bytes
@@ -103,4 +114,4 @@ def signature_problem(content: RecordDict, registry: Registry | None, what: str,
         body = unwrap(wire)
     except ArtifactError as exc:
         return str(exc)
-    return registry.verify(sig, what, body, round_)
+    return registry.verify(sig, what, body, run, round_)

@@ -11,7 +11,7 @@ import pytest
 from flwr.app import ConfigRecord, MessageType, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 from hostile.corpus import base_artifact
-from hostile.signatures import ROUND, make_keys, reply
+from hostile.signatures import ROUND, RUN, make_keys, reply
 from synapse_flwr.strategies.base import (
     DELTA_BASE,
     DELTA_KEY,
@@ -61,7 +61,7 @@ def delta_reply(base_body: bytes, target, signer=KEYS.org_a, tamper=None):
     if tamper:
         tamper(delta)
     content = RecordDict({DELTA_KEY: to_record(encode_delta(delta))})
-    return reply(1, attach_signature(content, signer, ARTIFACT, ROUND, encode(target)))
+    return reply(1, attach_signature(content, signer, ARTIFACT, RUN, ROUND, encode(target)))
 
 
 def test_round_trip_rebuilds_the_exact_bytes():
@@ -81,7 +81,7 @@ def test_round_trip_rebuilds_the_exact_bytes():
 def test_accepted_by_the_edge_with_a_valid_signature():
     base, target = rounds_apart()
     art, size, reason = check_reply(delta_reply(canonical_json(base), target), MAX_WIRE_BYTES, KEYS.registry, ROUND,
-                                    base=canonical_json(base))
+                                    base=canonical_json(base), run=RUN)
     assert reason is None and art == target and 0 < size
 
 
@@ -111,13 +111,15 @@ def _edit_tool_and_digest(delta):
 def test_a_tampered_delta_is_rejected(tamper, expect):
     base, target = rounds_apart()
     b = canonical_json(base)
-    art, _, reason = check_reply(delta_reply(b, target, tamper=tamper), MAX_WIRE_BYTES, KEYS.registry, ROUND, base=b)
+    art, _, reason = check_reply(delta_reply(b, target, tamper=tamper), MAX_WIRE_BYTES, KEYS.registry, ROUND, base=b,
+                                 run=RUN)
     assert art is None and expect in reason, reason
 
 
 def test_a_delta_without_a_base_on_the_server_is_rejected_with_a_reason():
     base, target = rounds_apart()
-    _, _, reason = check_reply(delta_reply(canonical_json(base), target), MAX_WIRE_BYTES, KEYS.registry, ROUND)
+    _, _, reason = check_reply(delta_reply(canonical_json(base), target), MAX_WIRE_BYTES, KEYS.registry, ROUND,
+                               run=RUN)
     assert "holds no base" in reason and "send the full artifact" in reason
 
 
@@ -162,8 +164,8 @@ def test_what_a_client_sent_last_is_kept_for_its_owner_only(tmp_path):
 def test_the_strategy_announces_each_nodes_base_and_accepts_its_delta(monkeypatch):
     for attr in ("_run_id", "_node_id", "_task_id"):
         monkeypatch.setattr(TaskIdentity, attr, 1)
-    strategy = CompendiumStrategy(merge_typed, "typed", min_nodes=1, registry=KEYS.registry, wait_timeout=0.0,
-                                  round_offset=ROUND - 1)
+    strategy = CompendiumStrategy(merge_typed, "typed", min_nodes=1, registry=KEYS.registry, run_id=RUN,
+                                  wait_timeout=0.0, round_offset=ROUND - 1)
 
     class Grid:
         def get_node_ids(self):
@@ -172,7 +174,7 @@ def test_the_strategy_announces_each_nodes_base_and_accepts_its_delta(monkeypatc
     base, target = rounds_apart()
     b = canonical_json(base)
     strategy.aggregate_train(0, [reply(1, attach_signature(RecordDict({"artifact": to_record(encode(base))}),
-                                                           KEYS.org_a, ARTIFACT, ROUND - 1, encode(base)))])
+                                                           KEYS.org_a, ARTIFACT, RUN, ROUND - 1, encode(base)))])
     msgs = strategy.configure_train(1, to_record(encode(base)), ConfigRecord({}), Grid())
     announced = {m.metadata.dst_node_id: m.content["config"].get(DELTA_BASE) for m in msgs}
     assert announced == {1: sha256_hex(b), 2: None}
@@ -210,15 +212,15 @@ def test_the_vote_phase_sends_the_new_global_to_the_merged_nodes_and_merges_thei
     base, target = rounds_apart()
     b = canonical_json(base)
     train = [reply(1, attach_signature(RecordDict({"artifact": to_record(encode(base))}), KEYS.org_a, ARTIFACT,
-                                       ROUND, encode(base)))]
-    off = CompendiumStrategy(merge_typed, "typed", min_nodes=1, registry=KEYS.registry, wait_timeout=0.0,
+                                       RUN, ROUND, encode(base)))]
+    off = CompendiumStrategy(merge_typed, "typed", min_nodes=1, registry=KEYS.registry, run_id=RUN, wait_timeout=0.0,
                              round_offset=ROUND - 1)
     merged, _ = off.aggregate_train(1, train)
     assert list(off.configure_evaluate(1, merged, ConfigRecord({}), Grid())) == []
     assert off.aggregate_evaluate(1, []) is None
 
-    strategy = CompendiumStrategy(merge_typed, "typed", min_nodes=1, registry=KEYS.registry, wait_timeout=0.0,
-                                  round_offset=ROUND - 1, vote_phase=True)
+    strategy = CompendiumStrategy(merge_typed, "typed", min_nodes=1, registry=KEYS.registry, run_id=RUN,
+                                  wait_timeout=0.0, round_offset=ROUND - 1, vote_phase=True)
     strategy.configure_train(1, to_record(encode(base)), ConfigRecord({}), Grid())
     merged, _ = strategy.aggregate_train(1, train)
     msgs = list(strategy.configure_evaluate(1, merged, ConfigRecord({}), Grid()))
@@ -236,7 +238,7 @@ def test_the_vote_phase_sends_the_new_global_to_the_merged_nodes_and_merges_thei
     nxt = strategy.configure_train(2, merged, ConfigRecord({}), Grid())
     assert from_record(nxt[0].content["arrays"]) == from_record(strategy.current) != from_record(merged)
     # a vote reply that fails the edge is rejected by name, and the train artifact stays merged
-    again = CompendiumStrategy(merge_typed, "typed", min_nodes=1, registry=KEYS.registry, wait_timeout=0.0,
+    again = CompendiumStrategy(merge_typed, "typed", min_nodes=1, registry=KEYS.registry, run_id=RUN, wait_timeout=0.0,
                                round_offset=ROUND - 1, vote_phase=True)
     again.configure_train(1, to_record(encode(base)), ConfigRecord({}), Grid())
     merged, _ = again.aggregate_train(1, train)

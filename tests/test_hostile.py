@@ -16,7 +16,7 @@ from collections import Counter
 import pytest
 from flwr.app import RecordDict
 from hostile.corpus import INJECTION, Case, base_artifact, cases
-from hostile.signatures import make_keys, reply
+from hostile.signatures import RUN, make_keys, reply
 from synapse_flwr.strategies.base import CompendiumStrategy
 from synapse_flwr.strategies.records import attach_signature, from_record, to_record
 from typer.testing import CliRunner
@@ -157,7 +157,7 @@ def org_wire(org: str, support: float) -> bytes:
 def signed(node: int, wire: bytes, signer, round_: int = 1):
     content = RecordDict({"artifact": to_record(wire)})
     try:
-        content = attach_signature(content, signer, ARTIFACT, round_, wire)
+        content = attach_signature(content, signer, ARTIFACT, RUN, round_, wire)
     except ArtifactError:
         pass  # a payload that cannot even be unwrapped travels unsigned; the edge rejects it first
     return reply(node, content)
@@ -170,7 +170,7 @@ def test_strategy_rejects_every_case_and_the_global_is_unchanged(signing):
     registry = keys.registry
     if signing:
         registry.keys[hostile.key_id] = (hostile.owner, hostile.public)
-    kwargs = {"registry": registry, "signer": keys.server} if signing else {}
+    kwargs = {"registry": registry, "signer": keys.server, "run_id": RUN} if signing else {}
     sign = (lambda s: s) if signing else (lambda s: None)
     valid = [signed(1, org_wire("org_a", 5.0), sign(keys.org_a)), signed(2, org_wire("org_b", 7.0), sign(keys.org_b))]
     bad = [signed(100 + i, c.data, sign(hostile)) for i, c in enumerate(CASES)]

@@ -9,7 +9,14 @@ import pytest
 from flwr.app import ConfigRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 from hostile.corpus import base_artifact
-from hostile.signatures import ROUND, all_cases, artifact_wire, make_keys, signed_reply
+from hostile.signatures import (
+    ROUND,
+    RUN,
+    all_cases,
+    artifact_wire,
+    make_keys,
+    signed_reply,
+)
 from synapse_flwr.strategies.base import CompendiumStrategy, check_reply
 from synapse_flwr.strategies.records import (
     attach_signature,
@@ -47,27 +54,32 @@ def test_bad_signature_is_rejected_with_its_reason(case):
 
 
 def test_a_good_signature_is_accepted():
-    art, _, reason = check_reply(signed_reply(artifact_wire(), KEYS.org_a), MAX_WIRE_BYTES, KEYS.registry, ROUND)
+    art, _, reason = check_reply(signed_reply(artifact_wire(), KEYS.org_a), MAX_WIRE_BYTES, KEYS.registry, ROUND,
+                                 run=RUN)
     assert reason is None and art is not None and art.issuer.org == "org_a"
     wire = artifact_wire()
-    content = attach_signature(RecordDict({}), KEYS.server, GLOBAL, ROUND, wire)
-    assert signature_problem(content, KEYS.registry, GLOBAL, ROUND, wire) is None
+    content = attach_signature(RecordDict({}), KEYS.server, GLOBAL, RUN, ROUND, wire)
+    assert signature_problem(content, KEYS.registry, GLOBAL, RUN, ROUND, wire) is None
 
 
-def test_signature_covers_org_round_kind_and_bytes():
+def test_signature_covers_org_run_round_kind_and_bytes():
     body = canonical_json(base_artifact())
-    sig = KEYS.org_a.sign(ARTIFACT, ROUND, body)
-    assert KEYS.registry.verify(sig, ARTIFACT, body, ROUND) is None
-    assert KEYS.registry.verify(sig, ARTIFACT, body + b" ", ROUND) is not None
-    assert KEYS.registry.verify(sig, GLOBAL, body, ROUND) is not None
-    assert KEYS.registry.verify(sig, ARTIFACT, body, ROUND + 1) is not None
+    sig = KEYS.org_a.sign(ARTIFACT, RUN, ROUND, body)
+    assert KEYS.registry.verify(sig, ARTIFACT, body, RUN, ROUND) is None
+    assert KEYS.registry.verify(sig, ARTIFACT, body + b" ", RUN, ROUND) is not None
+    assert KEYS.registry.verify(sig, GLOBAL, body, RUN, ROUND) is not None
+    assert KEYS.registry.verify(sig, ARTIFACT, body, RUN, ROUND + 1) is not None
+    assert "signature.run" in KEYS.registry.verify(sig, ARTIFACT, body, RUN + 1, ROUND)
+    # the run is signed, not only compared: a signature relabelled with the current run does not verify
+    moved = type(sig)(sig.signer, sig.key_id, RUN + 1, sig.round, sig.value)
+    assert "signature.value" in KEYS.registry.verify(moved, ARTIFACT, body, RUN + 1, ROUND)
 
 
 def test_the_strategy_signs_the_global_it_broadcasts(monkeypatch):
     for attr in ("_run_id", "_node_id", "_task_id"):  # a Message outside a running app needs its identity
         monkeypatch.setattr(TaskIdentity, attr, 1)
     strategy = CompendiumStrategy(merge_typed, "typed", min_nodes=1, registry=KEYS.registry, signer=KEYS.server,
-                                  round_offset=2, wait_timeout=0.0)
+                                  run_id=RUN, round_offset=2, wait_timeout=0.0)
 
     class Grid:
         def get_node_ids(self):
@@ -76,8 +88,9 @@ def test_the_strategy_signs_the_global_it_broadcasts(monkeypatch):
     wire = artifact_wire()
     (msg,) = strategy.configure_train(1, to_record(wire), ConfigRecord({}), Grid())
     assert msg.content["config"]["server-round"] == 3
-    assert signature_problem(msg.content, KEYS.registry, GLOBAL, 3, wire) is None
-    assert "signature.round" in signature_problem(msg.content, KEYS.registry, GLOBAL, 4, wire)
+    assert signature_problem(msg.content, KEYS.registry, GLOBAL, RUN, 3, wire) is None
+    assert "signature.round" in signature_problem(msg.content, KEYS.registry, GLOBAL, RUN, 4, wire)
+    assert "signature.run" in signature_problem(msg.content, KEYS.registry, GLOBAL, RUN - 1, 3, wire)
 
 
 # --------------------------------------------------------------------------- demo keys
@@ -86,12 +99,12 @@ def test_the_strategy_signs_the_global_it_broadcasts(monkeypatch):
 def test_demo_keys_verify_and_are_per_org_and_seed():
     reg = demo_registry(42)
     body = b"{}"
-    assert reg.verify(demo_signer("org_a", 42).sign(ARTIFACT, 1, body), ARTIFACT, body, 1) is None
-    other_seed = demo_signer("org_a", 7).sign(ARTIFACT, 1, body)
-    assert "not a registered key" in reg.verify(other_seed, ARTIFACT, body, 1)
-    a = demo_signer("org_a", 42).sign(ARTIFACT, 1, body)
-    claimed = type(a)("org_b", a.key_id, a.round, a.value)
-    assert "not a registered key" in reg.verify(claimed, ARTIFACT, body, 1)
+    assert reg.verify(demo_signer("org_a", 42).sign(ARTIFACT, RUN, 1, body), ARTIFACT, body, RUN, 1) is None
+    other_seed = demo_signer("org_a", 7).sign(ARTIFACT, RUN, 1, body)
+    assert "not a registered key" in reg.verify(other_seed, ARTIFACT, body, RUN, 1)
+    a = demo_signer("org_a", 42).sign(ARTIFACT, RUN, 1, body)
+    claimed = type(a)("org_b", a.key_id, a.run, a.round, a.value)
+    assert "not a registered key" in reg.verify(claimed, ARTIFACT, body, RUN, 1)
     assert demo_signer("org_a", 42).key_id == demo_signer("org_a", 42).key_id != demo_signer("org_b", 42).key_id
 
 
@@ -146,14 +159,14 @@ def test_rotation_keeps_then_drops_the_old_key(tmp_path):
     new = load_private_key(tmp_path / "new" / "org_a.key", "org_a")
     body = b"{}"
     both = load_registry(reg_file)
-    assert both.verify(old.sign(ARTIFACT, 1, body), ARTIFACT, body, 1) is None  # overlap: both verify
-    assert both.verify(new.sign(ARTIFACT, 1, body), ARTIFACT, body, 1) is None
+    assert both.verify(old.sign(ARTIFACT, RUN, 1, body), ARTIFACT, body, RUN, 1) is None  # overlap: both verify
+    assert both.verify(new.sign(ARTIFACT, RUN, 1, body), ARTIFACT, body, RUN, 1) is None
     assert runner.invoke(cli.app, ["keygen", "org_a", "--dir", str(tmp_path / "new"), "--registry", str(reg_file),
                                    "--replace"]).exit_code == 0
     newest = load_private_key(tmp_path / "new" / "org_a.key", "org_a")
     after = load_registry(reg_file)
     assert list(after.keys) == [newest.key_id]
-    assert "not a registered key" in after.verify(old.sign(ARTIFACT, 1, body), ARTIFACT, body, 1)
+    assert "not a registered key" in after.verify(old.sign(ARTIFACT, RUN, 1, body), ARTIFACT, body, RUN, 1)
 
 
 @pytest.mark.parametrize("text, match", [
@@ -179,20 +192,21 @@ def test_a_non_key_file_is_refused_without_its_bytes(tmp_path):
 
 def test_signed_bytes_are_the_wire_payloads_json():
     wire = artifact_wire()
-    content = attach_signature(RecordDict({}), KEYS.org_a, ARTIFACT, 1, wire)
+    content = attach_signature(RecordDict({}), KEYS.org_a, ARTIFACT, RUN, 1, wire)
     sig_value = content["signature"]["value"]
-    assert KEYS.org_a.sign(ARTIFACT, 1, unwrap(wire)).value == sig_value  # Ed25519 is deterministic
+    assert KEYS.org_a.sign(ARTIFACT, RUN, 1, unwrap(wire)).value == sig_value  # Ed25519 is deterministic
     assert new_signer("org_a").key_id != KEYS.org_a.key_id
 
 
 def test_the_round_report_names_each_signature_rejection():
     strategy = CompendiumStrategy(merge_typed, "typed", min_nodes=1, registry=KEYS.registry, signer=KEYS.server,
-                                  round_offset=ROUND - 1)
+                                  run_id=RUN, round_offset=ROUND - 1)
     replies = [
         signed_reply(artifact_wire("org_a"), KEYS.org_a, node=1),
         signed_reply(artifact_wire("org_b"), None, node=2),
         signed_reply(artifact_wire("org_b"), KEYS.org_b, round_=ROUND - 1, node=3),
         signed_reply(artifact_wire("org_a"), KEYS.org_b, node=4),
+        signed_reply(artifact_wire("org_b"), KEYS.org_b, run=RUN - 1, node=5),
     ]
     merged, _ = strategy.aggregate_train(1, replies)
     report = strategy.reports[ROUND]
@@ -201,6 +215,7 @@ def test_the_round_report_names_each_signature_rejection():
     assert "signature: missing" in reasons[2]
     assert "signature.round" in reasons[3] and "replay" in reasons[3]
     assert "issuer.org 'org_a' is not the signer 'org_b'" in reasons[4]
+    assert "signature.run" in reasons[5] and "replay from another run" in reasons[5]
 
 
 # --------------------------------------------------------------------------- who may sign a global
@@ -213,16 +228,16 @@ def test_a_client_uses_only_a_global_the_server_signed():
     wire = artifact_wire()
 
     def signed_by(signer) -> RecordDict:
-        return attach_signature(RecordDict({"arrays": to_record(wire)}), signer, GLOBAL, ROUND, wire)
+        return attach_signature(RecordDict({"arrays": to_record(wire)}), signer, GLOBAL, RUN, ROUND, wire)
 
-    assert global_problem(signed_by(KEYS.server), KEYS.registry, ROUND) is None
-    assert signature_problem(signed_by(KEYS.org_a), KEYS.registry, GLOBAL, ROUND, wire) is None  # a valid org key
-    problem = global_problem(signed_by(KEYS.org_a), KEYS.registry, ROUND)
+    assert global_problem(signed_by(KEYS.server), KEYS.registry, RUN, ROUND) is None
+    assert signature_problem(signed_by(KEYS.org_a), KEYS.registry, GLOBAL, RUN, ROUND, wire) is None  # an org key
+    problem = global_problem(signed_by(KEYS.org_a), KEYS.registry, RUN, ROUND)
     assert problem == "signature.signer: signed by 'org_a', but only 'server' may sign a global"
     demo = demo_registry(42)  # under the demo key set too: an org's demo key is no server's
-    assert global_problem(signed_by(demo_signer(SERVER, 42)), demo, ROUND) is None
-    assert "only 'server' may sign" in global_problem(signed_by(demo_signer("org_b", 42)), demo, ROUND)
-    assert global_problem(signed_by(None), None, ROUND) is None  # signing off (sign=false): nothing to check
+    assert global_problem(signed_by(demo_signer(SERVER, 42)), demo, RUN, ROUND) is None
+    assert "only 'server' may sign" in global_problem(signed_by(demo_signer("org_b", 42)), demo, RUN, ROUND)
+    assert global_problem(signed_by(None), None, RUN, ROUND) is None  # signing off (sign=false): nothing to check
 
 
 # --------------------------------------------------------------------------- an organisation's own keys

@@ -4,8 +4,11 @@ Every party (an organisation, or the server under :data:`SERVER`) holds one
 private key; a registry file lists the public keys of all parties, so that the
 server can check who sent an artifact and every client can check the global it
 receives. A signature covers a domain tag, what is signed (``artifact`` or
-``global``), the signer's id, the server round and the sha256 of the canonical
-JSON bytes, so that it cannot be moved to another org, round or payload.
+``global``), the signer's id, the Flower run, the server round and the sha256
+of the canonical JSON bytes, so that it cannot be moved to another org, run,
+round or payload (a new federation numbers its rounds from 1 again, so the
+round alone would let an earlier federation's round-1 artifact pass in a later
+one's round 1).
 
 The demo key set (:func:`demo_keys`) is derived from public names: anyone can
 compute it. It exercises the code path of a real key set and is never a secret.
@@ -49,10 +52,11 @@ def key_id(public: Ed25519PublicKey) -> str:
     return hashlib.sha256(raw).hexdigest()[:16]
 
 
-def signed_bytes(what: str, signer: str, round_: int, body: bytes) -> bytes:
-    """The message a signature covers: domain, kind, signer, round and sha256 of the body."""
+def signed_bytes(what: str, signer: str, run: int, round_: int, body: bytes) -> bytes:
+    """The message a signature covers: domain, kind, signer, run, round and sha256 of the body."""
     digest = hashlib.sha256(body).hexdigest()
-    return b"\n".join([_DOMAIN, what.encode(), signer.encode(), str(round_).encode(), digest.encode()])
+    fields = [_DOMAIN, what.encode(), signer.encode(), str(run).encode(), str(round_).encode(), digest.encode()]
+    return b"\n".join(fields)
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,8 @@ class Signature:
         Org id (or :data:`SERVER`) the signer claims to be.
     key_id : str
         Id of the public key that verifies it.
+    run : int
+        Flower run id it was made in.
     round : int
         Server round it was made for.
     value : str
@@ -73,6 +79,7 @@ class Signature:
 
     signer: str
     key_id: str
+    run: int
     round: int
     value: str
 
@@ -101,10 +108,10 @@ class Signer:
         """The matching public key."""
         return self._private.public_key()
 
-    def sign(self, what: str, round_: int, body: bytes) -> Signature:
-        """Sign ``body`` (canonical JSON bytes) as ``what`` for ``round_``."""
-        raw = self._private.sign(signed_bytes(what, self.owner, round_, body))
-        return Signature(self.owner, self.key_id, round_, base64.b64encode(raw).decode("ascii"))
+    def sign(self, what: str, run: int, round_: int, body: bytes) -> Signature:
+        """Sign ``body`` (canonical JSON bytes) as ``what`` for round ``round_`` of run ``run``."""
+        raw = self._private.sign(signed_bytes(what, self.owner, run, round_, body))
+        return Signature(self.owner, self.key_id, run, round_, base64.b64encode(raw).decode("ascii"))
 
     def private_pem(self) -> bytes:
         """The private key as unencrypted PKCS#8 PEM (for :func:`save_private_key` only)."""
@@ -122,8 +129,8 @@ class Registry:
 
     keys: dict[str, tuple[str, Ed25519PublicKey]]
 
-    def verify(self, sig: Signature | None, what: str, body: bytes, round_: int) -> str | None:
-        """Why ``sig`` does not authenticate ``body`` for ``round_``, or None when it does. Never raises.
+    def verify(self, sig: Signature | None, what: str, body: bytes, run: int, round_: int) -> str | None:
+        """Why ``sig`` does not authenticate ``body`` for round ``round_`` of run ``run``, or None. Never raises.
 
         Parameters
         ----------
@@ -133,6 +140,8 @@ class Registry:
             :data:`ARTIFACT` or :data:`GLOBAL`.
         body : bytes
             The canonical JSON bytes received.
+        run : int
+            The current Flower run: a signature from another run is a replay.
         round_ : int
             The current server round: an older signature is a replay.
         """
@@ -144,12 +153,14 @@ class Registry:
         owner, public = entry
         if owner != sig.signer:
             return f"signature.signer: key {sig.key_id!r} belongs to {owner!r}, not {sig.signer!r}"
+        if sig.run != run:
+            return f"signature.run: signed in run {sig.run}, this is run {run} (replay from another run)"
         if sig.round < round_:
             return f"signature.round: signed for round {sig.round}, current round is {round_} (replay)"
         if sig.round > round_:
             return f"signature.round: signed for round {sig.round}, ahead of the current round {round_}"
         try:
-            public.verify(base64.b64decode(sig.value, validate=True), signed_bytes(what, owner, round_, body))
+            public.verify(base64.b64decode(sig.value, validate=True), signed_bytes(what, owner, run, round_, body))
         except (InvalidSignature, binascii.Error, ValueError):
             return f"signature.value: does not verify {what} bytes under key {sig.key_id!r} of {owner!r}"
         return None

@@ -238,7 +238,7 @@ def cap_refusal(name: str, asked: float, cap: object) -> str | None:
     return None
 
 
-def global_problem(content: RecordDict, registry: Registry | None, server_round: int) -> str | None:
+def global_problem(content: RecordDict, registry: Registry | None, run: int, server_round: int) -> str | None:
     """Why this organisation must not use the global in ``content``; None when the server signed it.
 
     Only the server may sign a global: every organisation's key is in the
@@ -251,10 +251,13 @@ def global_problem(content: RecordDict, registry: Registry | None, server_round:
         The train or evaluate message's content (``arrays`` and its signature).
     registry : Registry or None
         The registered keys (None: the run config turns signing off).
+    run : int
+        The current Flower run: a signature from another run is a replay.
     server_round : int
         The current round: an older signature is a replay.
     """
-    return signature_problem(content, registry, GLOBAL, server_round, from_record(content["arrays"]), signer=SERVER)
+    return signature_problem(content, registry, GLOBAL, run, server_round, from_record(content["arrays"]),
+                             signer=SERVER)
 
 
 def noise_seed(cfg: RunConfig) -> int:
@@ -569,7 +572,8 @@ def respond(msg: Message, context: Context, vote_phase: bool) -> Message:
         log.error("refusing the run: %s", refusal)
         raise ReasonForServer(refusal)
     server_round = int(msg.content["config"]["server-round"])
-    if problem := global_problem(msg.content, registry_for(cfg, context.node_config), server_round):
+    if problem := global_problem(msg.content, registry_for(cfg, context.node_config), context.run_id,
+                                 server_round):
         raise ReasonForServer(f"global rejected: {problem}")
     incoming = decoded_global(from_record(msg.content["arrays"]))  # raises on an invalid global
     try:
@@ -601,8 +605,9 @@ def respond(msg: Message, context: Context, vote_phase: bool) -> Message:
     log.info("%s round %d: %s -> %d bytes as %s (global in: %d tools)", data.org, server_round, done,
              len(payload), key, len(getattr(incoming, "tools", [])))
     content = RecordDict({key: to_record(payload), "metrics": reply_metrics(payload, wire, artifact)})
-    signer = signer_for(cfg, data.org, context.node_config)  # signing: over the artifact, org and round
-    return Message(content=attach_signature(content, signer, ARTIFACT, server_round, wire), reply_to=msg)
+    signer = signer_for(cfg, data.org, context.node_config)  # signing: over the artifact, org, run and round
+    return Message(content=attach_signature(content, signer, ARTIFACT, context.run_id, server_round, wire),
+                   reply_to=msg)
 
 
 @app.train()

@@ -259,6 +259,7 @@ def main(grid: Grid, context: Context) -> None:
         round_offset=done,
         registry=registry_for(cfg),  # signing: verify replies, sign the global
         signer=signer_for(cfg, SERVER),
+        run_id=context.run_id,  # signatures name the run: an earlier federation's round r is no round r here
         vote_phase=cfg.votes,
         # the run's space: an artifact in another is refused at intake, not left to fail the merge
         embedding=None if cfg.embedder == "none" else space_of(get_embedder(cfg.embedder)),

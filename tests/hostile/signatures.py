@@ -40,6 +40,7 @@ from synapse_flwr.core.signing import (
 from synapse_flwr.core.wire import MAX_WIRE_BYTES, canonical_json, encode
 
 ROUND = 3
+RUN = 2**63 + 5  # past a signed 64-bit integer, as Flower run ids may be
 
 
 @dataclass(frozen=True)
@@ -64,9 +65,9 @@ def artifact_wire(org: str = "org_a") -> bytes:
 
 
 def signed_reply(wire: bytes, signer: Signer | None, round_: int = ROUND, node: int = 1,
-                 what: str = ARTIFACT) -> Message:
+                 what: str = ARTIFACT, run: int = RUN) -> Message:
     """A reply carrying ``wire``, signed by ``signer`` (unsigned when None)."""
-    return reply(node, attach_signature(RecordDict({"artifact": to_record(wire)}), signer, what, round_, wire))
+    return reply(node, attach_signature(RecordDict({"artifact": to_record(wire)}), signer, what, run, round_, wire))
 
 
 @dataclass(frozen=True)
@@ -86,15 +87,16 @@ def make_keys() -> Keys:
 
 
 def _edge(keys: Keys, msg: Message) -> Callable[[], str | None]:
-    return lambda: check_reply(msg, MAX_WIRE_BYTES, keys.registry, ROUND)[2]
+    return lambda: check_reply(msg, MAX_WIRE_BYTES, keys.registry, ROUND, run=RUN)[2]
 
 
 def _global(keys: Keys, content: RecordDict, wire: bytes) -> Callable[[], str | None]:
-    return lambda: signature_problem(content, keys.registry, GLOBAL, ROUND, wire, signer=SERVER)
+    return lambda: signature_problem(content, keys.registry, GLOBAL, RUN, ROUND, wire, signer=SERVER)
 
 
 def _with_signature(wire: bytes, **fields) -> RecordDict:
-    rec = {"signer": "org_a", "key-id": "0" * 16, "round": ROUND, "value": base64.b64encode(b"\0" * 64).decode()}
+    rec = {"signer": "org_a", "key-id": "0" * 16, "run": str(RUN), "round": ROUND,
+           "value": base64.b64encode(b"\0" * 64).decode()}
     rec.update(fields)
     return RecordDict({"artifact": to_record(wire), SIGNATURE_KEY: ConfigRecord(rec)})
 
@@ -109,7 +111,7 @@ def _tampered(wire: bytes, signer: Signer) -> Message:
 def edge_cases(keys: Keys) -> list[SigCase]:
     """Org replies the strategy must reject."""
     wire = artifact_wire()
-    forged = keys.org_a.sign(ARTIFACT, ROUND, canonical_json(base_artifact()))
+    forged = keys.org_a.sign(ARTIFACT, RUN, ROUND, canonical_json(base_artifact()))
     stranger = new_signer("org_a")
     return [
         SigCase("unsigned", _edge(keys, signed_reply(wire, None)), "signature: missing"),
@@ -123,6 +125,8 @@ def edge_cases(keys: Keys) -> list[SigCase]:
         SigCase("replayed-older-round", _edge(keys, signed_reply(wire, keys.org_a, round_=ROUND - 1)),
                 "signature.round"),
         SigCase("future-round", _edge(keys, signed_reply(wire, keys.org_a, round_=ROUND + 1)), "signature.round"),
+        SigCase("replayed-from-another-run", _edge(keys, signed_reply(wire, keys.org_a, run=RUN - 1)),
+                "signature.run"),
         SigCase("unregistered-key", _edge(keys, signed_reply(wire, stranger)), "signature.key_id"),
         SigCase("demo-key-under-registry", _edge(keys, signed_reply(wire, demo_signer("org_a", 42))),
                 "signature.key_id"),
@@ -134,15 +138,18 @@ def edge_cases(keys: Keys) -> list[SigCase]:
         SigCase("value-not-base64", _edge(keys, reply(1, _with_signature(
             wire, **{"key-id": keys.org_a.key_id, "value": "***"}))), "signature.value"),
         SigCase("round-not-int", _edge(keys, reply(1, _with_signature(wire, round="3"))), "signature: malformed"),
+        SigCase("run-not-decimal", _edge(keys, reply(1, _with_signature(wire, run="-1"))), "signature: malformed"),
+        SigCase("run-not-text", _edge(keys, reply(1, _with_signature(wire, run=5))), "signature: malformed"),
     ]
 
 
 def global_cases(keys: Keys) -> list[SigCase]:
     """Globals a client must refuse to use."""
     wire = artifact_wire()  # any compendium bytes: only the signature is checked here
-    good = attach_signature(RecordDict({"arrays": to_record(wire)}), keys.server, GLOBAL, ROUND, wire)
-    older = attach_signature(RecordDict({"arrays": to_record(wire)}), keys.server, GLOBAL, ROUND - 1, wire)
-    as_server = Signature(SERVER, keys.org_a.key_id, ROUND, keys.org_a.sign(GLOBAL, ROUND, canonical_json(
+    good = attach_signature(RecordDict({"arrays": to_record(wire)}), keys.server, GLOBAL, RUN, ROUND, wire)
+    older = attach_signature(RecordDict({"arrays": to_record(wire)}), keys.server, GLOBAL, RUN, ROUND - 1, wire)
+    other_run = attach_signature(RecordDict({"arrays": to_record(wire)}), keys.server, GLOBAL, RUN + 1, ROUND, wire)
+    as_server = Signature(SERVER, keys.org_a.key_id, RUN, ROUND, keys.org_a.sign(GLOBAL, RUN, ROUND, canonical_json(
         base_artifact())).value)  # an org's key, claiming to be the server
     by_org = RecordDict({"arrays": to_record(wire), SIGNATURE_KEY: signature_record(as_server)})
     other = encode(base_artifact().model_copy(update={"policy": "x"}))
@@ -150,12 +157,13 @@ def global_cases(keys: Keys) -> list[SigCase]:
         SigCase("global-unsigned", _global(keys, RecordDict({"arrays": to_record(wire)}), wire),
                 "signature: missing"),
         SigCase("global-replayed-older-round", _global(keys, older, wire), "signature.round"),
+        SigCase("global-from-another-run", _global(keys, other_run, wire), "signature.run"),
         SigCase("global-signed-by-an-org", _global(keys, by_org, wire), "signature.signer"),
         SigCase("global-signed-by-an-org-as-itself", _global(keys, attach_signature(
-            RecordDict({"arrays": to_record(wire)}), keys.org_a, GLOBAL, ROUND, wire), wire), "signature.signer"),
+            RecordDict({"arrays": to_record(wire)}), keys.org_a, GLOBAL, RUN, ROUND, wire), wire), "signature.signer"),
         SigCase("global-tampered", _global(keys, good, other), "signature.value"),
         SigCase("global-org-artifact-signature", _global(
-            keys, attach_signature(RecordDict({}), keys.server, ARTIFACT, ROUND, wire), wire), "signature.value"),
+            keys, attach_signature(RecordDict({}), keys.server, ARTIFACT, RUN, ROUND, wire), wire), "signature.value"),
     ]
 
 
