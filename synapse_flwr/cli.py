@@ -260,6 +260,9 @@ def _release_once(cache: Path, events: list, keys: list[str], catalog, org: str,
                   drop_votes: bool):
     """The artifact to write: the cache's release plus a window of the records it has not released.
 
+    Every build releases a window, noise alone when no record is new: whether
+    records arrived must not show in what is sent.
+
     ``make(window, windows_before)`` builds a window (each window draws its own
     noise, :func:`~synapse_flwr.core.builder.window_seed`). The cache is saved
     first, holding the artifact as written: a failure after it leaves records
@@ -282,6 +285,9 @@ def _release_once(cache: Path, events: list, keys: list[str], catalog, org: str,
     save_release_state(cache, new.model_copy(update={"artifact": comp}))
     log.info("%s: %d records released now; %d released before, re-sent at no further cost", cache, released,
              len(state.released))
+    if not released and state.artifact is not None:
+        log.info("no record was new: the window added holds noise alone (a build releases one whatever the log "
+                 "holds, so that what is sent does not show whether records arrived)")
     return comp
 
 
@@ -331,7 +337,7 @@ def vote(
     from synapse_flwr.core.builder import artifact_vote_noise, derive_seed
     from synapse_flwr.core.catalog import load_catalog
     from synapse_flwr.core.embed import get_embedder
-    from synapse_flwr.core.experience import load_experience
+    from synapse_flwr.core.experience import event_label, load_experience
     from synapse_flwr.core.prototypes import space_mismatch
     from synapse_flwr.core.release import (
         cast_votes,
@@ -363,6 +369,9 @@ def vote(
         waiting = may_vote(state, keys)
         events, keys = [e for e, ok in zip(events, waiting) if ok], [k for k, ok in zip(keys, waiting) if ok]
         log.info("%s: %d records of %s released and not voted yet", release_cache, len(keys), experience)
+    if not any(event_label(e, cat) is not None for e in events):  # noise alone would vote for nobody
+        raise SynapseError(f"{experience} holds no record with a catalog tool "
+                           f"{'that was released and has not voted ' if state else ''}to vote with")
     emb = get_embedder(embedder)
     if mismatch := space_mismatch(merged.embedding, emb):
         raise SynapseError(f"--embedder {embedder}: {mismatch}")
@@ -372,9 +381,6 @@ def vote(
     log.info("routing %d records against %s, each left out of it, under %d settings", len(events), global_,
              len(SETTINGS))
     cast = cast_votes(events, cat, merged, emb, sd, rng)
-    if cast is None:
-        raise SynapseError(f"{experience} holds no record with a catalog tool "
-                           f"{'that was released and has not voted ' if state else ''}to vote with")
     _save_votes(output, own, state, release_cache, cast, list(keys), epsilon, experience, artifact)
     log.info("wrote %s: %.0f records voted (noise SD %.1f), %s; alone, these votes favour %s. "
              "Merge every organisation's voted artifact into the next global.", output, cast.records, cast.sd,

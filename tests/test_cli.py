@@ -744,10 +744,12 @@ def test_a_release_cache_releases_each_record_once_across_builds_and_counts_each
 
     with caplog.at_level(logging.INFO, logger="synapse_flwr"):
         ok(build(early, "a1.json"))
-        ok(build(early, "a2.json"))  # nothing new: the cached release, no fresh noise
-    assert "0 records released now; 20 released before" in caplog.text
+        ok(build(early, "a2.json"))  # nothing new: a window of noise alone, no record released again
+    assert "0 records released now; 20 released before" in caplog.text and "holds noise alone" in caplog.text
     a1, a2 = (load_artifact(tmp_path / f) for f in ("a1.json", "a2.json"))
-    assert a2.tools == a1.tools and a2.privacy == a1.privacy
+    # the same per-record bound; one more window's noise, so that a build does not show whether records arrived
+    assert a2.privacy == a1.privacy and a2.tools != a1.tools
+    assert ReleaseState.model_validate_json(cache.read_bytes()).windows == 2
     ok(build(data["acme"], "a3.json"))  # the grown log: only its 10 new records are released
     a3 = load_artifact(tmp_path / "a3.json")
     assert a3.tools != a1.tools and a3.privacy.epsilon == a1.privacy.epsilon  # the per-record bound holds
@@ -782,7 +784,7 @@ def test_a_release_cache_releases_each_record_once_across_builds_and_counts_each
     assert abs(v4.votes.records - v1.votes.records - 5) < 6 * v4.votes.sd  # the five new records only
     assert v4.privacy.epsilon == pytest.approx(4.0, abs=1e-5)
     def rebuilt_under(catalog: list, out: str):
-        """The grown log built again under another catalog: nothing released again, the cache re-sent."""
+        """The grown log built again under another catalog: no record released again (a window of noise alone)."""
         (tmp_path / f"{out}.catalog.json").write_text(json.dumps(catalog))
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="synapse_flwr"):
@@ -795,14 +797,14 @@ def test_a_release_cache_releases_each_record_once_across_builds_and_counts_each
     a5 = rebuilt_under(json.loads(json.dumps(CATALOG).replace("Current weather for a city.",
                                                                "Weather now and ahead for a city.")), "a5.json")
     assert a5.tool("get_weather").description == "Weather now and ahead for a city."
-    assert [t.prototype for t in a5.tools] == [t.prototype for t in v4.tools]
+    assert a5.privacy.epsilon == v4.privacy.epsilon and a5.votes == v4.votes
     assert not (tmp_path / "x.json").exists()
     # the catalog renames the tool and keeps its old name as an alias: the log still loads, its records keep
     # their keys (regression: they were keyed as resolved, and released again), the cached entry follows
     a6 = rebuilt_under([{"name": "weather_now", "description": "Current weather for a city.",
                          "aliases": ["get_weather"]}, *CATALOG[1:]], "a6.json")
-    assert a6.tool("weather_now").prototype == v4.tool("get_weather").prototype is not None
-    assert a6.tool("get_weather") is None
+    assert a6.tool("weather_now").prototype is not None and a6.tool("get_weather") is None
+    assert a6.tool("weather_now").stats.calls > 0.5 * v4.tool("get_weather").stats.calls
 
 
 def test_a_seeded_release_cache_draws_new_noise_for_each_window(data, tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -12,6 +13,7 @@ from synapse_flwr.core.catalog import ToolDoc, make_catalog
 from synapse_flwr.core.experience import Event, load_experience, write_jsonl
 from synapse_flwr.core.release import (
     ReleaseState,
+    combine,
     logged_keys,
     record_keys,
     release_round,
@@ -25,6 +27,8 @@ from synapse_flwr.flower.client_app import (
     load_state,
     node_refusal,
     org_release,
+    replay_refusal,
+    window_due,
 )
 from synapse_flwr.flower.config import RunConfig
 
@@ -51,15 +55,58 @@ def test_record_keys_tell_duplicates_apart_and_are_stable():
     assert len(set(keys)) == 3 and keys == record_keys([ev, ev, _events(1)[0]])
 
 
-def test_an_unchanged_org_releases_nothing_after_round_one():
+def test_an_org_re_sends_its_release_when_no_window_is_due():
     keyed = list(zip(record_keys(_events(30)), _events(30)))
     first, state, n1 = release_round(keyed, ReleaseState(fingerprint="f"), _build, 1, CATALOG)
     calls = []
-    second, state2, n2 = release_round(keyed, state, lambda evs: calls.append(evs) or _build(evs), 2, CATALOG)
+    second, state2, n2 = release_round(keyed, state, lambda evs: calls.append(evs) or _build(evs), 2, CATALOG,
+                                       due=False)
     assert n1 == 60 and n2 == 0 and not calls  # no new window, no new noise
     assert state2 == state and state2.windows == 1
     assert second.issuer.round == 2 and second.privacy == first.privacy  # epsilon unchanged
     assert second.tools == first.tools
+
+
+def test_whether_a_window_goes_out_does_not_depend_on_the_records():
+    """Regression (privacy audit): a round re-sent the cache exactly when no record had arrived, so the
+    server learnt whether one had; the schedule (``window_due``) now decides, never the records."""
+    cfg = RunConfig.from_mapping({"epsilon": 4.0, "embedder": "none", "num-rounds": 3})
+    old = _events(10)
+    logs = (old, [*old, Event(query="weather in oslo", tool="get_weather", success=True)])  # without, with one more
+    for rnd, run, due in ((2, 7, False), (3, 7, False), (1, 8, True)):  # later rounds of run 7, then a new run
+        for events in logs:
+            data = OrgData("acme", CATALOG, events, record_keys(events))
+            state = org_release(OrgData("acme", CATALOG, old), cfg, ReleaseState(fingerprint="f"), 1, [], None,
+                                run=7)[1]
+            assert window_due(cfg, state, rnd, run) is due
+            art, after, n = org_release(data, cfg, state, rnd, [], None, run=run)
+            resent = art.model_copy(update={"issuer": state.artifact.issuer}) == state.artifact
+            assert after.windows == state.windows + due and (resent or due)  # noise alone without the new record
+            assert n == (due and len(events) > len(old))
+
+
+def test_replay_refuses_an_earlier_federation_s_cache_and_resumes_its_own():
+    """Regression (privacy audit): with replay a second federation on one cache released records' replays
+    again (keys of its own rounds), past the num-rounds releases each record's budget covers."""
+    cfg = RunConfig.from_mapping({"epsilon": 4.0, "embedder": "none", "replay": True, "num-rounds": 3})
+    _, state, _ = org_release(OrgData("acme", CATALOG, _events(10)), cfg, ReleaseState(fingerprint="f"), 1, [],
+                              None, run=7)
+    assert "earlier federation" in replay_refusal(cfg, state, 1, 8)
+    assert replay_refusal(cfg, state, 4, 8) is None  # a resumed federation continues its rounds
+    assert replay_refusal(cfg, state, 1, 7) is None  # its own run (a restarted node)
+    assert replay_refusal(dataclasses.replace(cfg, replay=False), state, 1, 8) is None
+
+
+def test_an_org_s_own_windows_are_no_dissent_between_orgs():
+    """Regression (privacy audit): combining an org's windows logged its own rates as a disagreement
+    "across orgs" and put a dissent precaution naming it into its artifact."""
+    good = [Event(query=f"weather in {i}", tool="get_weather", success=True) for i in range(40)]
+    bad = [e.model_copy(update={"query": f"{e.query}!", "success": False}) for e in good]
+    windows = [build_compendium(evs, CATALOG, "acme", round_=r, epsilon=math.inf, rounds=1, seed=3)
+               for r, evs in ((1, good), (2, bad))]
+    combined = combine(*windows)
+    assert combined.tool("get_weather").stats.calls == 80
+    assert not [p for p in combined.tool("get_weather").precautions if p.kind == "dissent"]
 
 
 def test_new_events_are_what_gets_released():
@@ -93,7 +140,7 @@ def test_a_changed_catalog_keeps_the_cache_and_what_is_sent_carries_todays_catal
         ToolDoc("book_flight", "book_flight", "Book a flight."),
     ])
     kept = [e for e in events if e.tool == "get_weather"]  # the log as the renewed catalog still loads it
-    resent, state2, n = release_round(list(zip(record_keys(kept), kept)), state, _build, 2, renewed)
+    resent, state2, n = release_round(list(zip(record_keys(kept), kept)), state, _build, 2, renewed, due=False)
     assert n == 0 and state2.released == state.released and state2.windows == 1  # nothing released again
     assert [t.tool_id for t in resent.tools] == ["get_weather"]  # a gained tool waits for a window
     assert resent.tool("get_weather").description == "Today's forecast and the week ahead for any city."
@@ -122,7 +169,7 @@ def test_a_tool_renamed_in_the_catalog_keeps_its_records_keys_and_its_released_e
     assert logged_keys(log) == record_keys(before)  # a log naming tools by their ids keeps its old keys
     _, state, n1 = release_round(list(zip(logged_keys(log), before)), ReleaseState(fingerprint="f"), _build, 1,
                                  CATALOG)
-    resent, state2, n2 = release_round(list(zip(logged_keys(log), after)), state, _build, 2, renamed)
+    resent, state2, n2 = release_round(list(zip(logged_keys(log), after)), state, _build, 2, renamed, due=False)
     assert n1 == 12 and n2 == 0 and state2.released == state.released
     # the cached entry follows the rename (post-processing), its released values untouched
     assert [t.tool_id for t in resent.tools] == ["book_hotel", "weather_now"]

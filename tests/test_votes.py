@@ -193,7 +193,10 @@ def test_released_votes_are_noised_sums_and_merge_exactly_in_any_order():
     correct = np.array([[True, False] * 4 + [True]] * 7)
     exact = release_votes(correct, 0.0, np.random.default_rng(0))
     assert exact.records == 7 and exact.correct == [7.0, 0.0] * 4 + [7.0] and exact.sd == 0
-    assert release_votes(correct[:0], 1.0, np.random.default_rng(0)) is None
+    assert release_votes(correct[:0], 0.0, np.random.default_rng(0)) is None
+    # under noise nobody voting is released too, as noise alone: its absence would say that nobody voted
+    alone = release_votes(correct[:0], 1.0, np.random.default_rng(0))
+    assert alone.sd == 1.0 and len(alone.correct) == len(SETTINGS) and alone.records != 0
     noised = [release_votes(correct, 3.0, np.random.default_rng(s)) for s in range(3)]
     assert noised[0].correct != exact.correct and noised[0].sd == 3.0
     merged = [sum_votes(p) for p in itertools.permutations(noised)]
@@ -288,11 +291,12 @@ def test_each_record_votes_once_after_its_release_and_spends_the_whole_budget():
     # round 3: nobody votes again; the cached release (with its votes) is re-sent
     art3, state3, _ = org_release(data, cfg, state, 3, [], EMB, merge_typed([art2]))
     assert art3.votes == art2.votes and state3.voted == state.voted
-    # new records vote in the round after their release, adding to the votes already cast
+    # a new record waits for the next run's first round, then votes in the round after, adding to the votes cast
     more = OrgData("acme", CATALOG, [*EVENTS, Event(query="rain umbrella", tool="get_weather", success=True)])
-    art4, state4, released = org_release(more, cfg, state3, 4, [], EMB, merge_typed([art3]))
+    assert org_release(more, cfg, state3, 4, [], EMB, merge_typed([art3]))[2] == 0
+    art4, state4, released = org_release(more, cfg, state3, 1, [], EMB, merge_typed([art3]), run=1)
     assert released == 1 and art4.votes == art2.votes and len(state4.voted) == len(EVENTS)
-    art5, state5, _ = org_release(more, cfg, state4, 5, [], EMB, merge_typed([art4]))
+    art5, state5, _ = org_release(more, cfg, state4, 2, [], EMB, merge_typed([art4]), run=1)
     assert len(state5.voted) == len(EVENTS) + 1 and art5.votes.records != art4.votes.records
 
 
@@ -319,6 +323,24 @@ def test_records_vote_in_the_round_that_released_them_against_its_merge():
     assert released == 0 and art2.votes == voted.votes and state2.voted == state1.voted
     again, _, cast = org_vote(data, cfg, state2, 2, EMB, merge_typed([art2, other]))
     assert cast == 0 and again.votes == voted.votes
+
+
+def test_a_window_s_vote_goes_out_even_when_none_of_its_records_can_vote():
+    """Regression (privacy audit): a window of unlabelled records released no vote, one labelled record did,
+    so whether a vote block came said whether the window held a labelled record. It now comes as noise alone."""
+    cfg = RunConfig.from_mapping({"epsilon": 4.0, "num-rounds": 3, "noise": "seeded"})
+    unlabelled = [e.model_copy(update={"success": False}) for e in EVENTS]  # failed calls, no gold: no label
+    for events in (unlabelled, [*unlabelled, EVENTS[0]]):
+        data = OrgData("acme", CATALOG, events)
+        art, state, _ = org_release(data, cfg, ReleaseState(fingerprint="f"), 1, [], EMB)
+        assert state.votes_due
+        glob = merge_typed([art])
+        voted, after, _ = org_vote(data, cfg, state, 1, EMB, glob)
+        assert voted.votes is not None and voted.votes.sd > 0 and not after.votes_due
+        assert sorted(after.voted) == sorted(data.keys)  # every released record has had its vote
+        # a node that missed the vote phase votes late, in the next round, also as noise alone
+        late, late_state, _ = org_release(data, cfg, state, 2, [], EMB, glob)
+        assert late.votes is not None and late.votes.sd > 0 and not late_state.votes_due
 
 
 def test_a_vote_phase_against_a_global_without_the_org_s_release_casts_nothing():
@@ -410,11 +432,11 @@ def test_a_run_without_votes_resumed_with_votes_neither_re_releases_nor_votes_wi
     art2, state2, released = org_release(data, resumed, state, 2, [], EMB, merge_typed([art1]))
     assert released == 0 and art2.votes is None and not state2.voted  # no share kept: no vote
     assert org_vote(data, resumed, state2, 2, EMB, merge_typed([art2]))[2] == 0
-    # records that arrive in the resumed run are released with the share and vote in their round's vote phase
+    # records that arrive later are released with the share in the next run and vote in its vote phase
     more = OrgData("acme", CATALOG, [*EVENTS, Event(query="rain umbrella", tool="get_weather", success=True)])
-    art3, state3, released = org_release(more, resumed, state2, 3, [], EMB, merge_typed([art2]))
+    art3, state3, released = org_release(more, resumed, state2, 1, [], EMB, merge_typed([art2]), run=1)
     assert released == 1 and len(state3.no_vote) == len(EVENTS)
-    art3v, state3v, cast = org_vote(more, resumed, state3, 3, EMB, merge_typed([art3]))
+    art3v, state3v, cast = org_vote(more, resumed, state3, 1, EMB, merge_typed([art3]))
     assert cast == 1 and len(state3v.voted) == 1 and art3v.votes is not None
 
 

@@ -499,7 +499,8 @@ def rate_conflict(
         for org, s, sigma in org_stats
         if s.calls >= config.min_calls + config.noise_calls * sigma
     ]
-    if len(rated) < 2:
+    # windows of one org (its own releases, combined) are not a disagreement between orgs
+    if len({org for org, _, _ in rated}) < 2:
         return None
     rates = [r for _, r, _ in rated]
     if max(rates) - min(rates) <= config.rate_gap:

@@ -1,12 +1,15 @@
-"""Release-once: each private record is released in one window of the run, then re-sent.
+"""Release-once: each private record is released in one window, then re-sent.
 
-An organisation's experience grows over the run. Round ``r`` releases only the
-records it has not released before (one window, with the full per-record
-budget) and combines that window with its earlier releases; a round with
-nothing new re-sends the cached release. Windows hold disjoint records, so
-they compose in parallel: the per-record guarantee over the whole run is the
-one of a single window (docs/privacy.md). Re-sending and combining released
-artifacts is post-processing and costs nothing.
+An organisation's experience grows. A window is released on a schedule that
+does not look at the data (the caller's ``due``): it holds the records not
+released before (with the full per-record budget), noise alone when there are
+none, and is combined with the earlier releases; a round in which no window
+is due re-sends the cached release. Whether records arrived must not decide
+whether a window goes out: the artifact would change exactly when one did,
+and that bit is no DP release. Windows hold disjoint records, so they compose
+in parallel: the per-record guarantee over the whole run is the one of a
+single window (docs/privacy.md). Re-sending and combining released artifacts
+is post-processing and costs nothing.
 
 A record is identified by the content of its event and its occurrence among
 identical events (:func:`record_keys`); an outcome derived from a record later
@@ -48,7 +51,7 @@ from synapse_flwr.core.schema import (
     Issuer,
     ToolEntry,
 )
-from synapse_flwr.core.votes import loo_correct, release_votes, sum_votes
+from synapse_flwr.core.votes import SETTINGS, loo_correct, release_votes, sum_votes
 from synapse_flwr.core.wire import Artifact, content_hash
 
 log = logging.getLogger(__name__)
@@ -68,9 +71,9 @@ class ReleaseState(BaseModel):
     released : list of str
         Keys of the records already released, sorted.
     windows : int
-        Releases made so far (rounds with new records).
+        Windows released so far (with records or noise alone).
     artifact : Compendium or None
-        The combined release, re-sent as long as nothing new arrives.
+        The combined release, re-sent in the rounds in which no window is due.
     voted : list of str
         Keys of the records whose fusion vote was released, sorted
         (:mod:`synapse_flwr.core.votes`: one vote per record).
@@ -78,6 +81,13 @@ class ReleaseState(BaseModel):
         Keys of the records released privately without a share of their
         budget kept for a vote (a run planned for one round, resumed with
         more), sorted: they never vote.
+    run : str
+        The Flower run of the latest window ('' outside Flower): a window is
+        due in the first round of another run.
+    votes_due : bool
+        A window went out whose records' votes have not: the next vote is
+        released even when none of them can vote (noise alone), since its
+        absence would say that the window held no labelled record.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -89,6 +99,8 @@ class ReleaseState(BaseModel):
     artifact: Compendium | None = None
     voted: list[str] = Field(default_factory=list)
     no_vote: list[str] = Field(default_factory=list)
+    run: str = ""
+    votes_due: bool = False
 
 
 class ReleaseCacheError(SynapseError):
@@ -289,8 +301,10 @@ def release_round(
     build: Callable[[list[Event]], Compendium],
     round_: int,
     catalog: Catalog,
+    due: bool = True,
+    run: str = "",
 ) -> tuple[Compendium, ReleaseState, int]:
-    """This round's artifact: the cached release, plus a new window for unreleased records.
+    """This round's artifact: the cached release, plus a new window when one is due.
 
     Parameters
     ----------
@@ -304,24 +318,32 @@ def release_round(
         Server round, written into the re-sent artifact's issuer block.
     catalog : Catalog
         Today's catalog (:func:`with_catalog`; the window is built with it).
+    due : bool
+        Whether the schedule releases a window now, decided without looking
+        at the records: the window holds the unreleased records, or noise
+        alone. Not due, the cached release is re-sent and new records wait;
+        an organisation that released nothing yet always releases.
+    run : str
+        The Flower run the window is released in (kept in the state).
 
     Returns
     -------
     (Compendium, ReleaseState, int)
-        The artifact to send, the new state and the number of events released
-        this round (0 when the cached release is re-sent).
+        The artifact to send, the new state and the number of records released
+        this round (0 when the cached release is re-sent, or the window holds noise alone).
     """
     released = set(state.released)
-    fresh = [(k, e) for k, e in keyed if k not in released]
-    if not fresh and state.artifact is not None:
+    if not due and state.artifact is not None:
         current = with_catalog(state.artifact, catalog)
         artifact = as_sent(current, round_)
         # the cache holds what was sent: a record votes against the global its release went into
         return artifact, state if current is state.artifact else state.model_copy(update={"artifact": current}), 0
+    fresh = [(k, e) for k, e in keyed if k not in released]
     window = build([e for _, e in fresh])
     artifact = window if state.artifact is None else combine(with_catalog(state.artifact, catalog), window)
     new_state = state.model_copy(update={
-        "released": sorted(released | {k for k, _ in fresh}), "windows": state.windows + 1, "artifact": artifact})
+        "released": sorted(released | {k for k, _ in fresh}), "windows": state.windows + 1, "artifact": artifact,
+        "run": run})
     return artifact, new_state, len(fresh)
 
 
@@ -334,7 +356,8 @@ def with_votes(
     record votes twice.
     """
     voted = add_votes(artifact, votes, epsilon)
-    new_state = state.model_copy(update={"voted": sorted(set(state.voted) | set(keys)), "artifact": voted})
+    new_state = state.model_copy(update={"voted": sorted(set(state.voted) | set(keys)), "artifact": voted,
+                                         "votes_due": False})
     return voted, new_state
 
 
@@ -408,8 +431,8 @@ def cast_votes(events: Sequence[Event], catalog: Catalog, incoming: Compendium, 
     """
     # the query as its release embedded it (PII masked), so leave-one-out takes out exactly its vector
     labelled = [(mask_pii(e.query), label) for e in events if (label := event_label(e, catalog)) is not None]
-    if not labelled:
-        return None
+    if not labelled:  # noise alone under privacy (:func:`release_votes`)
+        return release_votes(np.zeros((0, len(SETTINGS))), sd, rng)
     router = Router(incoming, catalog, embedder=embedder, reranker="none")
     queries, labels = zip(*labelled)
     return release_votes(loo_correct(router, queries, labels), sd, rng)

@@ -128,10 +128,15 @@ def _loo_chunk(router: Router, queries: list[str], y: np.ndarray,
 
 
 def release_votes(correct: np.ndarray, sd: float, rng: np.random.Generator) -> FusionVotes | None:
-    """The Gaussian release of the vote sums (None when no record votes)."""
-    if not len(correct):
+    """The Gaussian release of the vote sums ``correct`` (records x settings).
+
+    With no record it is noise alone, since a release that goes out only when
+    someone votes would say that someone did; None only without noise.
+    """
+    if not len(correct) and sd <= 0:
         return None
-    sums = np.concatenate([[len(correct)], correct.sum(axis=0)]).astype(np.float64)
+    tally = correct.sum(axis=0) if len(correct) else np.zeros(len(SETTINGS))
+    sums = np.concatenate([[len(correct)], tally]).astype(np.float64)
     if sd > 0:
         sums = sums + rng.normal(0.0, sd, size=sums.shape)
     return FusionVotes(settings=list(SETTINGS), correct=[round(float(x), 4) for x in sums[1:]],

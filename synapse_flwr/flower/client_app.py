@@ -35,6 +35,7 @@ from synapse_flwr.core.builder import (
     build_compendium,
     derive_seed,
     vote_noise,
+    window_seed,
 )
 from synapse_flwr.core.catalog import Catalog, load_catalog
 from synapse_flwr.core.delta import encode_delta, make_delta, sha256_hex
@@ -282,6 +283,34 @@ def build_config(cfg: RunConfig) -> BuildConfig:
     return BuildConfig(vote_share=VOTE_SHARE if cfg.votes else 0.0)
 
 
+def window_due(cfg: RunConfig, state: ReleaseState, server_round: int, run: int) -> bool:
+    """Whether this round releases a window, decided without looking at the records.
+
+    Once per run, in its first round (a node that misses it waits for the
+    next run), and every round with replay on (each round's outcomes are new
+    records); an organisation that released nothing yet always releases. A
+    window that went out only when records had arrived would tell the server
+    that they had (docs/privacy.md).
+    """
+    return cfg.replay or state.artifact is None or (server_round == 1 and state.run != str(run))
+
+
+def replay_refusal(cfg: RunConfig, state: ReleaseState, server_round: int, run: int) -> str | None:
+    """Why this cache cannot start a new federation with replay on, or None when it can (never raises).
+
+    With replay on, each record is calibrated for ``num-rounds`` releases in
+    one federation (its own and its replays, keyed by round). A new federation
+    (its round 1, another run) on a cache that already holds windows would
+    release each record's replays again: more releases than its budget
+    covers. A resumed federation continues its rounds and keeps its cache.
+    """
+    if cfg.replay and server_round == 1 and state.windows and state.run != str(run):
+        return ("this release cache holds replay windows of an earlier federation; with replay on a record's "
+                "budget covers one federation's rounds, so a new one would release its records again: move the "
+                "cache away (a new ledger) to allow it")
+    return None
+
+
 def org_release(
     data: OrgData,
     cfg: RunConfig,
@@ -290,21 +319,25 @@ def org_release(
     replayed: list[Event],
     embedder: Embedder | None,
     incoming: Artifact | None = None,
+    run: int = 0,
 ) -> tuple[Compendium, ReleaseState, int]:
     """This round's artifact: each record released once, the cached release re-sent.
 
-    Replayed outcomes are released under keys of their own round, but count as
-    their record: with replay on, the budget covers one release per round.
-    When the run votes and ``incoming`` (the global this round started from)
-    carries prototypes, the records released in earlier rounds that have not
-    voted cast their fusion votes against it (:func:`cast_votes`).
+    A window goes out when :func:`window_due` says so, noise alone when no
+    record is new. Replayed outcomes are released under keys of their own
+    round, but count as their record: with replay on, the budget covers one
+    release per round. When the run votes and ``incoming`` (the global this
+    round started from) holds an earlier window whose votes are still due,
+    its records that have not voted cast their fusion votes against it
+    (:func:`cast_votes`). ``run``: the Flower run (``Context.run_id``).
     """
     keyed = list(zip(data.keys, data.events))
     keyed += [(f"{k}/replay{server_round}", e) for k, e in zip(record_keys(replayed), replayed)]
     rounds = planned_releases(cfg)
     config = build_config(cfg)
     releases = min(state.windows + 1, rounds)
-    seed = noise_seed(cfg)
+    # each window its own noise, also when seeded: two windows with the same draws would cancel in a difference
+    seed = window_seed(noise_seed(cfg), state.windows)
 
     def build(events: list[Event]) -> Compendium:
         return build_compendium(
@@ -313,17 +346,20 @@ def org_release(
         )
 
     before = state
-    artifact, state, released = release_round(keyed, state, build, server_round, data.catalog)
+    artifact, state, released = release_round(keyed, state, build, server_round, data.catalog,
+                                              due=window_due(cfg, before, server_round, run), run=str(run))
     if cfg.private and not config.vote_share:
         state = without_votes(before, state)
     # records that missed the vote phase of the round that released them (a node down then), once the
     # global holds their release: leave-one-out takes each record out of a sum that must hold it
-    voters = [(k, e) for k, e, ok in zip(data.keys, data.events, may_vote(before, data.keys)) if ok]
-    if voters and not holds_release(incoming, before.artifact, server_round):
-        voters = []
+    late = before.votes_due and holds_release(incoming, before.artifact, server_round)
+    voters = [(k, e) for k, e, ok in zip(data.keys, data.events, may_vote(before, data.keys)) if ok] if late else []
+    # a late vote draws noise of its own: two vote releases of one round with the same draws would cancel
     artifact, state, _ = vote_round(data, cfg, artifact, state, voters, releases, seed, server_round, embedder,
-                                    incoming)
-    return artifact, state, released
+                                    incoming, due=late, phase="late votes")
+    # the window released now votes in this round's vote phase (when its records kept a share for it)
+    owed = state.votes_due or (cfg.votes and state.windows > before.windows)
+    return artifact, state.model_copy(update={"votes_due": owed}), released
 
 
 def org_vote(
@@ -375,8 +411,10 @@ def org_vote(
         log.info("%s round %d: no votes: %s", data.org, server_round, refusal)
         return sent, state, 0
     voters = [(k, e) for k, e, ok in zip(data.keys, data.events, may_vote(state, data.keys)) if ok]
-    return vote_round(data, cfg, sent, state, voters, min(state.windows, planned_releases(cfg)), noise_seed(cfg),
-                      server_round, embedder, incoming)
+    # the window's own seed (:func:`window_seed`): a vote phase of another run's round 1 draws other noise
+    return vote_round(data, cfg, sent, state, voters, min(state.windows, planned_releases(cfg)),
+                      window_seed(noise_seed(cfg), state.windows - 1), server_round, embedder, incoming,
+                      due=state.votes_due)
 
 
 def vote_round(
@@ -390,10 +428,14 @@ def vote_round(
     server_round: int,
     embedder: Embedder | None,
     incoming: Artifact | None,
+    due: bool,
+    phase: str = "votes",
 ) -> tuple[Compendium, ReleaseState, int]:
     """``artifact`` and ``state`` after the records ``voters`` cast their votes against ``incoming``.
 
     Nothing happens unless the run votes and ``incoming`` carries prototypes.
+    A vote that is ``due`` is released even when no voter has a label (noise
+    alone): whether it went out must not say what the window held.
 
     Parameters
     ----------
@@ -419,6 +461,10 @@ def vote_round(
         The federation's embedding space.
     incoming : Artifact or None
         The global the records vote against (it holds their release).
+    due : bool
+        Whether a window's vote is owed (``ReleaseState.votes_due``).
+    phase : str
+        Part of the votes' noise seed: each vote release of a round draws its own.
 
     Returns
     -------
@@ -429,14 +475,14 @@ def vote_round(
         return artifact, state, 0
     sd, epsilon = vote_noise(cfg.epsilon, cfg.delta, planned_releases(cfg), max(releases, 1), build_config(cfg),
                              embedder)
-    if not voters:
+    if not voters and not due:
         if state.voted and epsilon is not None and epsilon > (artifact.privacy.epsilon or 0.0):
             # records that voted in an earlier round compose their vote with this round's releases
             artifact = add_votes(artifact, None, epsilon)
             state = state.model_copy(update={"artifact": artifact})
         return artifact, state, 0
     votes = cast_votes([e for _, e in voters], data.catalog, incoming, embedder, sd,
-                       np.random.default_rng(derive_seed(seed, data.org, server_round, "votes")))
+                       np.random.default_rng(derive_seed(seed, data.org, server_round, phase)))
     artifact, state = with_votes(artifact, state, votes, [k for k, _ in voters], epsilon)
     return artifact, state, len(voters)
 
@@ -505,16 +551,16 @@ def decoded_global(wire: bytes) -> Artifact:
 
 
 def load_failure_reason(exc: InputError | DataError) -> str:
-    """What the server is told when this org's experience cannot be loaded: where, never what.
+    """What the server is told when this org's experience cannot be loaded: which field, never what or where.
 
     The message stays in the organisation's log: it may quote a record's
     value (a query, a tool name outside the public catalog) or a file path,
-    none of which is released under DP.
+    none of which is released under DP; nor is the line, which moves by one
+    with each record before it.
     """
     first = exc.report.problems[0] if isinstance(exc, DataError) else exc
-    where = f"line {int(first.line)}" if first.line is not None else "the file"
-    field = f", field {first.field!r}" if first.field else ""
-    return f"invalid local experience data ({where}{field}; the organisation's log says what is wrong)"
+    field = f" (field {first.field!r})" if first.field else ""
+    return f"invalid local experience data{field}; the organisation's log says where and what is wrong"
 
 
 @functools.cache
@@ -586,12 +632,16 @@ def respond(msg: Message, context: Context, vote_phase: bool) -> Message:
     nc = context.node_config
     state = load_state(path, cache_settings(cfg, data.org, own_data="data-path" in nc),
                        pinned=bool(nc.get("release-cache")))
+    if refusal := replay_refusal(cfg, state, server_round, context.run_id):
+        log.error("refusing the run: %s", refusal)
+        raise ReasonForServer(refusal)
     if vote_phase:
         artifact, new_state, voted = org_vote(data, cfg, state, server_round, embedder, incoming)
         done = f"vote phase: {voted} records voted"
     else:
         replayed = replay_round(cfg, data, state, incoming, embedder)
-        artifact, new_state, released = org_release(data, cfg, state, server_round, replayed, embedder, incoming)
+        artifact, new_state, released = org_release(data, cfg, state, server_round, replayed, embedder, incoming,
+                                                    context.run_id)
         done = f"{len(data.events)} events, {released} released now, {len(replayed)} replayed"
     if new_state is not state:
         save_release_state(path, new_state)  # before replying: a restart never re-releases
