@@ -1002,3 +1002,20 @@ def test_the_clean_rate_alone_is_no_sweep_table_nor_figure(tmp_path):
     results["contradiction"]["0"] = {"typed/typed": cell}
     assert "| 30% | typed/typed |" in tables(results)
     assert [p.name for p in figures(results, tmp_path)] == ["accuracy_vs_contradiction.png"]
+
+
+def test_a_figure_this_run_does_not_draw_is_not_left_from_an_earlier_run(tmp_path):
+    """Regression: a run into a folder that held an earlier run's results (``-o``, or the default
+    ``docs/results/<name>`` of a config re-run with fewer arms) rewrote results.json and tables.md but left the
+    earlier accuracy_per_round.png beside them, a figure of arms and rounds the new results do not hold."""
+    from synapse_flwr.simulations.experiment_report import figures
+
+    cell = _seen(0.7)
+    drawn = _folder_results(contradiction={"0": {"typed/typed": cell}, "0.4": {"typed/typed": cell}},
+                            arms={"federated": cell}, per_round={"federated": [cell, cell]})
+    assert sorted(p.name for p in figures(drawn, tmp_path)) == ["accuracy_per_round.png",
+                                                                 "accuracy_vs_contradiction.png"]
+    (tmp_path / "notes.txt").write_text("mine")
+    docs_only = _folder_results(contradiction={"0": {"typed/typed": cell}}, arms={"docs_only": cell}, per_round={})
+    assert figures(docs_only, tmp_path) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # a file of another name stays
