@@ -808,8 +808,8 @@ def arguments_line(catalog: Catalog) -> str:
     schemas = {d.tool_id: d.parameters for d in catalog.tools}
     given = sum(bool(schema_properties(s)) for s in schemas.values())
     if not given:
-        return (f"no tool of the {len(schemas)} gives a parameters' schema with arguments (parameters, inputSchema): "
-                "the documentation reads names and descriptions (docs/formats.md)")
+        return (f"no tool of the {len(schemas)} gives a parameters' schema with arguments (parameters, inputSchema, "
+                "input_schema): the documentation reads names and descriptions (docs/formats.md)")
     kept = distinctive_parameters(schemas)
     dropped = sorted({a for t, s in schemas.items() for a in schema_properties(s).keys() - schema_properties(kept[t])})
     read = sum(map(bool, catalog_arguments(catalog).values()))

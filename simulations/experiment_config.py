@@ -6,6 +6,7 @@ key, raised before any work starts (:meth:`ExperimentConfig.from_toml`).
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import inspect
 import json
@@ -184,7 +185,10 @@ class ExperimentConfig:
             raise SynapseError(f"{path}: needs an [experiment] table")
         known = {f.name for f in fields(cls)}
         if unknown := sorted(set(table) - known):
-            raise SynapseError(f"{path}: unknown keys in [experiment]: {', '.join(unknown)} "
+            # a misspelt key (seed for seeds, epsilson) is named with the key meant
+            close = [f"{k} -> {m[0]}" for k in unknown if (m := difflib.get_close_matches(k, known, 1, 0.75))]
+            meant = f"; did you mean {', '.join(close)}?" if close else ""
+            raise SynapseError(f"{path}: unknown keys in [experiment]: {', '.join(unknown)}{meant} "
                                f"(known: {', '.join(sorted(known))})")
         for key in ("epsilon", "sweep_epsilon"):
             if table.get(key) == "inf":
@@ -192,9 +196,15 @@ class ExperimentConfig:
         if "dataset" not in table:
             raise SynapseError(f"{path}: [experiment] needs dataset = \"demo\", \"metatool\", \"taubench\" or a folder")
         annotations = {f.name: str(f.type) for f in fields(cls)}
-        if wrong := [p for k, v in table.items() if (p := _wrong_type(k, v, annotations[k]))]:
+        # a budget given as a word ("infinity", "none") is told the one word read
+        wrong = [p + (' (a number, or "inf": privacy off)' if k in ("epsilon", "sweep_epsilon") else "")
+                 for k, v in table.items() if (p := _wrong_type(k, v, annotations[k]))]
+        if wrong:
             raise SynapseError(f"{path}: " + "; ".join(wrong))
-        cfg = cls(**{**table, "dataset": resolve_dataset(table["dataset"], path)})
+        dataset = resolve_dataset(table["dataset"], path)
+        if dataset not in KNOWN_DATASETS and not os.path.exists(dataset):
+            raise SynapseError(f"{path}: {_missing_dataset(table['dataset'], path)}")
+        cfg = cls(**{**table, "dataset": dataset})
         cfg.check(path)
         return cfg
 
@@ -310,6 +320,19 @@ _SCALARS: dict[str, Callable[[Any], bool]] = {
     "bool": lambda v: isinstance(v, bool),
     "dict": lambda v: isinstance(v, dict),
 }
+
+
+def _missing_dataset(dataset: str, config: Path) -> str:
+    """Why a config's ``dataset`` names nothing, with every place it was looked for (:func:`resolve_dataset`).
+
+    Found first after the config was read, it named only the working folder's path, not the config's folder a
+    relative one is also read from.
+    """
+    places = [f"{os.path.abspath(dataset)} (from the working folder)"]
+    if not Path(dataset).is_absolute():
+        places.append(f"{os.path.abspath(config.parent / dataset)} (beside the config)")
+    return (f"dataset: no folder {' nor '.join(places)}; name {', '.join(map(repr, KNOWN_DATASETS))} or a "
+            "dataset folder")
 
 
 def _fedavg_options() -> dict[str, Any]:

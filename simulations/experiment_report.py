@@ -360,8 +360,24 @@ def _panel_figure(out_dir: Path, name: str, splits: Sequence[str], draw: Callabl
     return out_dir / name
 
 
+FIGURES = ("accuracy_vs_contradiction.png", "accuracy_per_round.png")
+
+
 def figures(results: dict, out_dir: Path) -> list[Path]:
-    """PNG figures: accuracy vs contradiction rate (unless rate 0 ran alone), and accuracy per round."""
+    """PNG figures: accuracy vs contradiction rate (unless rate 0 ran alone), and accuracy per round.
+
+    A figure of :data:`FIGURES` that these results do not draw is removed from ``out_dir``: left by an earlier
+    run into the same folder (a sweep, or a config with the federated arms), it showed results these are not.
+    """
+    written = _draw_figures(results, out_dir)
+    for name in FIGURES:
+        if out_dir / name not in written:
+            (out_dir / name).unlink(missing_ok=True)
+    return written
+
+
+def _draw_figures(results: dict, out_dir: Path) -> list[Path]:
+    """The figures these results draw, written into ``out_dir``."""
     written = []
     rates = {} if set(results["contradiction"]) == {"0"} else results["contradiction"]  # rate 0 alone: no sweep
     splits = [s for s in SPLITS if any(s in m for row in rates.values() for m in row.values())]

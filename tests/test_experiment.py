@@ -293,10 +293,12 @@ def test_the_2x2_and_the_contradiction_sweep_run_only_with_the_federated_arm(tmp
 
 
 def test_a_config_naming_only_its_dataset_loads_and_takes_its_title_from_it(tmp_path):
+    folder = tmp_path / "data" / "bench" / "tools92"
+    folder.mkdir(parents=True)
     path = tmp_path / "exp.toml"
-    path.write_text('[experiment]\ndataset = "/data/bench/tools92"\n')
+    path.write_text(f'[experiment]\ndataset = "{folder}"\n')
     cfg = ExperimentConfig.from_toml(path)
-    assert cfg.name == "tools92" and cfg.dataset == "/data/bench/tools92"
+    assert cfg.name == "tools92" and cfg.dataset == str(folder)
     assert (cfg.output, cfg.cache) == ("docs/results/tools92", "runs/experiments/tools92")
 
 
@@ -335,6 +337,26 @@ def test_a_dataset_found_nowhere_is_named_with_the_folder_looked_for(tmp_path, m
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SynapseError, match=f"or a dataset folder \\(no folder {tmp_path / 'tools92'}\\)"):
         load_dataset("tools92", 42)
+
+
+def test_a_config_whose_dataset_is_found_nowhere_names_both_places_looked_before_any_work(tmp_path, monkeypatch):
+    """Regression: a relative ``dataset`` missing both from the working folder and beside the config was refused
+    after the data modules loaded (seconds later), naming only the working folder's path, so a user who meant it
+    relative to the config was not told where that was looked for."""
+    (tmp_path / "configs" / "mine").mkdir(parents=True)
+    path = tmp_path / "configs" / "mine" / "exp.toml"
+    path.write_text('[experiment]\ndataset = "../data/tools92"\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    with pytest.raises(SynapseError) as info:
+        ExperimentConfig.from_toml(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: dataset: no folder {tmp_path / 'data' / 'tools92'} (from the working folder)")
+    assert f"nor {tmp_path / 'configs' / 'data' / 'tools92'} (beside the config)" in message
+    path.write_text(f'[experiment]\ndataset = "{tmp_path / "nowhere"}"\n')  # absolute: one place only
+    with pytest.raises(SynapseError, match="no folder .*nowhere \\(from the working folder\\); name 'demo'"):
+        ExperimentConfig.from_toml(path)
 
 
 def test_a_dataset_naming_a_file_of_the_folder_names_the_folder(tmp_path):
@@ -1002,3 +1024,36 @@ def test_the_clean_rate_alone_is_no_sweep_table_nor_figure(tmp_path):
     results["contradiction"]["0"] = {"typed/typed": cell}
     assert "| 30% | typed/typed |" in tables(results)
     assert [p.name for p in figures(results, tmp_path)] == ["accuracy_vs_contradiction.png"]
+
+
+def test_a_figure_this_run_does_not_draw_is_not_left_from_an_earlier_run(tmp_path):
+    """Regression: a run into a folder that held an earlier run's results (``-o``, or the default
+    ``docs/results/<name>`` of a config re-run with fewer arms) rewrote results.json and tables.md but left the
+    earlier accuracy_per_round.png beside them, a figure of arms and rounds the new results do not hold."""
+    from synapse_flwr.simulations.experiment_report import figures
+
+    cell = _seen(0.7)
+    drawn = _folder_results(contradiction={"0": {"typed/typed": cell}, "0.4": {"typed/typed": cell}},
+                            arms={"federated": cell}, per_round={"federated": [cell, cell]})
+    assert sorted(p.name for p in figures(drawn, tmp_path)) == ["accuracy_per_round.png",
+                                                                 "accuracy_vs_contradiction.png"]
+    (tmp_path / "notes.txt").write_text("mine")
+    docs_only = _folder_results(contradiction={"0": {"typed/typed": cell}}, arms={"docs_only": cell}, per_round={})
+    assert figures(docs_only, tmp_path) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # a file of another name stays
+
+
+def test_a_misspelt_key_or_a_budget_given_as_a_word_is_told_what_is_read(tmp_path):
+    """A config with ``seed = [42]`` was refused with the 23 known keys but not the one meant; ``epsilon =
+    "infinity"`` with 'expected float', not that "inf" turns privacy off."""
+    path = tmp_path / "exp.toml"
+    path.write_text('[experiment]\ndataset = "demo"\nseed = [42]\nepsilson = 4.0\nbogus = 1\n')
+    with pytest.raises(SynapseError, match="unknown keys in \\[experiment\\]: bogus, epsilson, seed; did you mean "
+                                           "epsilson -> epsilon, seed -> seeds\\? \\(known: "):
+        ExperimentConfig.from_toml(path)
+    path.write_text('[experiment]\ndataset = "demo"\nepsilon = "infinity"\n')
+    with pytest.raises(SynapseError,
+                       match="epsilon: expected float, got 'infinity' \\(a number, or \"inf\": privacy off\\)"):
+        ExperimentConfig.from_toml(path)
+    path.write_text('[experiment]\ndataset = "demo"\nepsilon = "inf"\nsweep_epsilon = "inf"\n')
+    assert ExperimentConfig.from_toml(path).epsilon == math.inf

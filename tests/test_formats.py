@@ -16,6 +16,7 @@ from synapse_flwr.core.catalog import (
     make_catalog,
     normalize_tool_id,
     parse_tool,
+    unread_fields,
 )
 from synapse_flwr.core.errors import InputError, SynapseError
 from synapse_flwr.core.experience import (
@@ -621,3 +622,26 @@ def test_a_catalog_that_is_not_utf8_asks_for_utf8(tmp_path):
     path.write_bytes(b'[{"name": "caf\xe9"}]')
     err = raises_input_error(load_catalog, path)
     assert "not UTF-8 text (byte 0xe9 on line 1): save it as UTF-8" in err.message
+
+
+def test_an_anthropic_tool_is_read_with_its_arguments():
+    """Regression: an Anthropic Messages API tool (``input_schema``, a common shape of public tool lists) was read
+    as a plain entry whose ``input_schema`` was an unread key (an INFO line), so its arguments were silently left
+    out of the documentation."""
+    anthropic = {"name": "get_weather", "description": "Current weather for a city.", "input_schema": PARAMS}
+    doc = parse_tool(anthropic)
+    assert doc == parse_tool(MCP) and doc.parameters == PARAMS
+    assert unread_fields(anthropic) == []
+    with pytest.raises(ValueError, match="input_schema: not a JSON object"):
+        parse_tool({"name": "x", "input_schema": [1]})
+
+
+def test_a_saved_json_rpc_tools_list_response_is_told_to_keep_its_result(tmp_path):
+    """A whole JSON-RPC response to tools/list saved as the catalog was refused as 'a catalog is a JSON list',
+    without saying that its "result" ({"tools": [...]}) is a catalog."""
+    path = tmp_path / "catalog.json"
+    path.write_text(json.dumps({"jsonrpc": "2.0", "id": 1, "result": {"tools": [MCP]}}))
+    err = raises_input_error(load_catalog, path)
+    assert 'or {"tools": [...]}' in str(err) and 'save its "result"' in str(err)
+    path.write_text(json.dumps({"result": {"tools": [MCP]}}["result"]))
+    assert load_catalog(path).ids == ["get_weather"]

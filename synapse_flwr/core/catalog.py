@@ -1,10 +1,11 @@
 """Tool catalogs: the tools an agent can call, with their documentation.
 
-Three real-world shapes are accepted per tool:
+Four real-world shapes are accepted per tool:
 
 * plain: ``{"name", "description", "parameters"?, "aliases"?, "examples"?}``
 * OpenAI function tool: ``{"type": "function", "function": {"name", "description", "parameters"}}``
 * MCP ``tools/list`` entry: ``{"name", "description", "inputSchema"}``
+* Anthropic Messages API tool: ``{"name", "description", "input_schema"}``
 
 Tool ids are normalised (:func:`normalize_tool_id`). Any spelling that differs
 only in case or punctuation (``get-weather``, ``GetWeather``) resolves to a
@@ -54,9 +55,11 @@ MAX_EXAMPLES = 16
 MAX_NAME = 256
 _ID_JUNK = re.compile(r"[^a-z0-9_.\-]+")
 #: Keys of a catalog entry in any accepted shape: an object with none of them is not a tool.
-_TOOL_KEYS = frozenset({"name", "description", "function", "type", "inputSchema", "parameters"})
+_TOOL_KEYS = frozenset({"name", "description", "function", "type", "inputSchema", "input_schema", "parameters"})
 #: Keys :func:`parse_tool` reads of a tool (a plain or MCP entry, or an OpenAI tool's ``function``).
-_READ_KEYS = frozenset({"name", "description", "parameters", "inputSchema", "aliases", "examples"})
+_READ_KEYS = frozenset({"name", "description", "parameters", "inputSchema", "input_schema", "aliases", "examples"})
+#: Keys of a parameters' schema, in the order one is read: MCP's, Anthropic's, then a plain entry's.
+_SCHEMA_KEYS = ("inputSchema", "input_schema", "parameters")
 #: An alias without letters or digits would resolve every name without them ("?", "-") to its tool.
 _NAMELESS_ALIAS = ("{alias!r} has no letters or digits, so any record's tool without them ('?', '-') would "
                    "resolve to it; remove it")
@@ -174,12 +177,16 @@ def parse_tool(obj: Mapping[str, Any]) -> ToolDoc:
         body, prefix, params_key = obj["function"], "function.", "parameters"
     else:
         body, prefix = obj, ""
-        params_key = "inputSchema" if "inputSchema" in obj else "parameters"
+        params_key = next((k for k in _SCHEMA_KEYS if k in obj), "parameters")
     name = body.get("name")
     if not _TOOL_KEYS & obj.keys():  # e.g. a {tool name: description} table where entries were expected
         keys = ", ".join(map(repr, list(obj)[:3])) + (", ..." if len(obj) > 3 else "")
+        result = obj.get("result")
+        # a whole JSON-RPC response to tools/list, saved as it came: its "result" is the catalog
+        hint = ('; a JSON-RPC response: save its "result", the {"tools": [...]} object'
+                if isinstance(result, Mapping) and "tools" in result else "")
         raise ValueError(f": expected a tool object {{\"name\", \"description\"}} (a catalog is a JSON list "
-                         f"of them), found an object with keys {keys}")
+                         f"of them, or {{\"tools\": [...]}}), found an object with keys {keys}{hint}")
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"{prefix}name: missing or not a non-empty string")
     if len(name.strip()) > MAX_NAME:

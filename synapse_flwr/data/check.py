@@ -63,7 +63,7 @@ DATASET_OPTION = ('or point the run at the folder that holds the dataset: datase
 #: Each kind of record: keys one of which marks it, keys none of which it has, and the file it goes in.
 #: A record that fails in its own file but has another kind's marks is named as that kind.
 _OTHER_KIND: dict[str, tuple[frozenset[str], frozenset[str], str]] = {
-    "a catalog entry": (frozenset({"name", "function", "inputSchema"}), frozenset({"query"}),
+    "a catalog entry": (frozenset({"name", "function", "inputSchema", "input_schema"}), frozenset({"query"}),
                         "tools go in catalog.json"),
     "an experience event": (frozenset({"tool", "success"}), frozenset({"name", "function"}),
                             "events go in org_<name>.jsonl"),
