@@ -182,7 +182,9 @@ class ExperimentConfig:
             raise SynapseError(f"{path}: not valid TOML: {exc}") from None
         table = raw.get("experiment")
         if not isinstance(table, dict):
-            raise SynapseError(f"{path}: needs an [experiment] table")
+            found = [k for k, v in raw.items() if isinstance(v, dict)]
+            seen = f" (it holds {', '.join(f'[{k}]' for k in found)})" if found else ""
+            raise SynapseError(f"{path}: needs an [experiment] table{seen}")
         known = {f.name for f in fields(cls)}
         if unknown := sorted(set(table) - known):
             # a misspelt key (seed for seeds, epsilson) is named with the key meant

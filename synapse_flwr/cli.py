@@ -527,7 +527,7 @@ def check_data(folder: Annotated[Path, typer.Argument(help="Dataset folder: cata
     Prints one line per problem, naming the file, line and field, with the fix
     where one is known.
     """
-    from synapse_flwr.data.check import DataError, require_valid
+    from synapse_flwr.data.check import TEST_FILE, DataError, require_valid
 
     if folder.is_file():
         raise SynapseError(f"{folder} is a file; check-data reads a dataset folder (e.g. {folder.parent})")
@@ -537,6 +537,9 @@ def check_data(folder: Annotated[Path, typer.Argument(help="Dataset folder: cata
         typer.echo(exc.listing)
         raise typer.Exit(2) from None
     typer.echo(f"valid: {report.summary()}")
+    if not (folder / TEST_FILE).is_file():  # valid for simulate and build, but an experiment scores a test set
+        typer.echo(f"note: no {TEST_FILE}: `synapse experiment` needs one (JSONL of query and gold, "
+                   "docs/formats.md); `synapse simulate` and `build` do not")
 
 
 @app.command("split-orgs")

@@ -304,7 +304,12 @@ def test_hashes_change_with_the_data(folder):
 def test_cli_check_data(folder):
     runner = CliRunner()
     ok = runner.invoke(cli.app, ["check-data", str(folder)])
-    assert ok.exit_code == 0 and "valid:" in ok.output
+    assert ok.exit_code == 0 and "valid:" in ok.output and "note:" not in ok.output
+    test = (folder / "test.jsonl").read_bytes()
+    (folder / "test.jsonl").unlink()  # valid without a test set, which only an experiment needs: said so
+    untested = runner.invoke(cli.app, ["check-data", str(folder)])
+    assert untested.exit_code == 0 and "note: no test.jsonl: `synapse experiment` needs one" in untested.output
+    (folder / "test.jsonl").write_bytes(test)
     shutil.copy(folder / "org_a.jsonl", folder / "train.jsonl")
     _jsonl(folder / "test.jsonl", [{"query": "x", "gold": "nope"}])
     bad = runner.invoke(cli.app, ["check-data", str(folder)])

@@ -97,7 +97,7 @@ def _write(tmp_path: Path, body: str) -> Path:
         ('[experiment]\nname="x"\ndataset="demo"\nrates=[0.0, 1.0]\n', "rates"),
         ('[experiment]\nname="x"\ndataset="demo"\norgs=1\n', "orgs"),
         ('[experiment]\nname="x"\n', "dataset"),
-        ("[other]\n", "needs an \\[experiment\\] table"),
+        ("[other]\n", "needs an \\[experiment\\] table \\(it holds \\[other\\]\\)"),
         ("[experiment\n", "not valid TOML"),
         # values of the wrong type, named before anything runs (a string is not a number, nor a list)
         ('[experiment]\ndataset="demo"\nepsilon="4"\n', "epsilon: expected float, got '4'"),
