@@ -737,6 +737,10 @@ def schema(
         typer.echo(text, nl=False)
 
 
+#: Terminal columns below which ``synapse inspect`` leaves the scenario column out.
+INSPECT_SCENARIO_WIDTH = 100
+
+
 @app.command()
 def inspect(
     file: Annotated[Path, typer.Argument(help="An artifact.")],
@@ -773,10 +777,12 @@ def inspect(
         console.print(_votes_line(art.votes))
     read = {tool: f"{art.tool(tool).prototype.count:.0f}" + (" *" if m else "") for tool, m in _above_noise(art).items()}
     ranked = sorted(art.tools, key=lambda t: (-t.stats.calls, t.tool_id))[:limit]
-    # the tool's id whole (up to 40 columns) and the short columns unbroken: the orgs and the scenario wrap instead
+    # the tool's id whole (up to 40 columns) and the short columns unbroken: the orgs wrap, and the scenario is cut
+    # to one line (wrapped into a narrow terminal's last columns it read one word per line)
     widest = min(40, max([4, *(len(t.tool_id) for t in ranked)]))
     columns = [Column("tool", no_wrap=True, min_width=widest), Column("when/not/prec", no_wrap=True), Column("calls"),
-               Column("success"), Column("prototype", no_wrap=True), Column("orgs"), Column("top scenario")]
+               Column("success"), Column("prototype", no_wrap=True), Column("orgs"),
+               Column("top scenario", no_wrap=True, overflow="ellipsis")]
     rows = [[t.tool_id, f"{len(t.when)}/{len(t.when_not)}/{len(t.precautions)}", f"{t.stats.calls:.0f}",
              "-" if t.stats.success_rate is None else f"{t.stats.success_rate:.0%}", read.get(t.tool_id, "-"),
              ",".join(t.provenance.orgs), max(t.when, key=lambda s: s.support).text if t.when else ""]
@@ -785,6 +791,10 @@ def inspect(
     # its noised release shows experience of the tool: post-processing of that release)
     optional = ("orgs", "top scenario")
     shown = [i for i, c in enumerate(columns) if c.header not in optional or any(row[i] for row in rows)]
+    if console.width < INSPECT_SCENARIO_WIDTH and (cut := [i for i in shown if columns[i].header == "top scenario"]):
+        shown.remove(cut[0])  # no room beside the other columns: a wider terminal shows it
+        console.print(f"(top scenario column left out: the terminal is {console.width} columns wide, "
+                      f"it needs {INSPECT_SCENARIO_WIDTH})")
     table = Table(*(columns[i] for i in shown))
     for row in rows:
         table.add_row(*(row[i] for i in shown))

@@ -219,6 +219,17 @@ def test_inspect_prints_the_tool_table(built):
     assert sum(t in res.stdout for t in ("book_flight", "convert_currency", "get_weather")) == 1
 
 
+def test_inspect_leaves_the_scenario_out_of_a_narrow_terminal_and_says_so(built):
+    """Regression: in 80 columns the scenario wrapped into the last columns, one word per line."""
+    wide, narrow = (runner.invoke(cli.app, ["inspect", str(built["global"])], env={**ENV, "COLUMNS": str(n)})
+                    for n in (160, 80))
+    ok(wide)
+    ok(narrow)
+    assert "top scenario" in wide.stdout and "column left out" not in wide.stdout
+    assert "top scenario column left out: the terminal is 80 columns wide" in narrow.stdout
+    assert max(map(len, narrow.stdout.splitlines())) <= 80 and "acme,globex" in narrow.stdout
+
+
 def test_inspect_leaves_out_the_columns_no_tool_fills(data, tmp_path):
     """A private artifact names no orgs and releases no scenarios here: no empty columns squeeze the table."""
     private = tmp_path / "private.json"
