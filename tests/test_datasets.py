@@ -7,6 +7,7 @@ when no data folder is found (set SYNAPSE_DATA_DIR to run them).
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -326,6 +327,27 @@ def test_leak_filter_synthetic():
     # Without a catalog the unknown tool is not garbage.
     _, report = leak_filter(train, test)
     assert (report.garbage, report.kept) == (0, 2)
+
+
+def test_leak_filter_reads_the_request_inside_a_prompt_template(caplog):
+    """Regression (acceptance pass): queries written into one long template ("Hi there. ... {request}. Please
+    ...") were near duplicates of every test query in it, so a different request was dropped as a leak."""
+    catalog = make_catalog([parse_tool({"name": "weather"}), parse_tool({"name": "news"})])
+    wrap = ("Hi there. I have a somewhat complicated situation at work and at home, and I would really appreciate "
+            "your help with the following: {}. Please also keep in mind that I am in a hurry and prefer short "
+            "answers, thank you so much in advance for your help.")
+    asks = ["msft share price", "who was napoleon", "lisbon weather", "spain football", "porto faro train",
+            "ten euros in yen"]
+    test = [wrap.format(a) for a in asks[:3]]
+    train = [_event(wrap.format(a)) for a in asks[3:]]  # other requests in the same template
+    train.append(_event(wrap.format("lisbon weathers")))  # a test request again: a leak
+    assert near_duplicates([normalize_text(e.query) for e in train], [normalize_text(q) for q in test], 0.8).all()
+    with caplog.at_level(logging.INFO, logger="synapse_flwr"):
+        kept, report = leak_filter(train, test, jaccard=0.8, catalog=catalog)
+    assert [e.query for e in kept] == [e.query for e in train[:3]] and report.near == 1
+    assert "4 of the 4 near duplicates of a test query open or close with a wrapper" in caplog.text
+    # without the template the same requests are compared as before
+    assert leak_filter([_event(a) for a in asks[3:]], asks[:3], jaccard=0.8, catalog=catalog)[1].near == 0
 
 
 def test_leak_filter_reads_queries_in_every_script():

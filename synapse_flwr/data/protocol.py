@@ -3,7 +3,9 @@
 :func:`make_splits` holds out whole tools (the held-out-tool test set) and a
 share of every other tool's events (the seen-tool test set); the rest is
 training, freed of near duplicates of any test query by :func:`leak_filter`
-(exact character 3-gram Jaccard, :func:`near_duplicates`).
+(exact character 3-gram Jaccard, :func:`near_duplicates`; a wrapper many
+texts share, a prompt template around the request, is left out of a second
+comparison, :func:`without_wrappers`).
 :func:`partition_noniid` spreads experience over organisations, non-IID over
 tools.
 """
@@ -191,6 +193,50 @@ def near_duplicates(keys: Sequence[str], reference: Sequence[str], threshold: fl
     return found
 
 
+# A word prefix (or suffix) that at least this share of all texts, and at least _WRAPPER_TEXTS of them, open
+# (or close) with, over _WRAPPER_CHARS characters or more, is a template's wrapper: prompts written as "Hi
+# there. I have a situation... {request}. Please keep in mind..." share it whatever the request.
+_WRAPPER_SHARE = 0.01
+_WRAPPER_TEXTS = 5
+_WRAPPER_CHARS = 30
+_WRAPPER_WORDS = 64
+
+
+def _wrapper_words(texts: Sequence[list[str]]) -> list[int]:
+    """Per text (as words), how many of its first words are a wrapper prefix many texts share (0: none).
+
+    At least one word is left to the request.
+    """
+    ids: dict[tuple[int, str], int] = {}
+    counts: defaultdict[int, int] = defaultdict(int)
+    paths = []
+    for words in texts:
+        node, path = 0, []
+        for word in words[:_WRAPPER_WORDS]:
+            node = ids.setdefault((node, word), len(ids) + 1)
+            counts[node] += 1
+            path.append(node)
+        paths.append(path)
+    need = max(_WRAPPER_TEXTS, int(np.ceil(_WRAPPER_SHARE * len(texts))))
+    out = []
+    for words, path in zip(texts, paths):
+        n = max((k + 1 for k, node in enumerate(path[: len(words) - 1]) if counts[node] >= need), default=0)
+        out.append(n if len(" ".join(words[:n])) >= _WRAPPER_CHARS else 0)
+    return out
+
+
+def without_wrappers(keys: Sequence[str]) -> list[str]:
+    """Each normalised text without the wrapper prefix and suffix it shares with many others (see above).
+
+    A text without one is returned as it is.
+    """
+    words = [k.split() for k in keys]
+    head = _wrapper_words(words)
+    rest = [w[h:] for w, h in zip(words, head)]
+    tail = _wrapper_words([r[::-1] for r in rest])
+    return [k if not (h or t) else " ".join(r[: len(r) - t]) for k, r, h, t in zip(keys, rest, head, tail)]
+
+
 def leak_filter(
     train: Sequence[Event],
     test_queries: Sequence[str],
@@ -233,6 +279,16 @@ def leak_filter(
         else:
             candidates.append((event, key))
     near_flags = near_duplicates([k for _, k in candidates], test_keys, jaccard)
+    # a text near a test query only through a wrapper both share is another request: compared again without it
+    cores = without_wrappers([*(k for _, k in candidates), *test_keys])
+    wrapped = [i for i in np.flatnonzero(near_flags) if cores[i] != candidates[i][1]]
+    if wrapped:
+        before = int(near_flags.sum())
+        again = near_duplicates([cores[i] for i in wrapped], cores[len(candidates):], jaccard)
+        near_flags[wrapped] = again
+        log.info("leak filter: %d of the %d near duplicates of a test query open or close with a wrapper many "
+                 "texts share (a prompt template around the request); compared without it, %d are other requests "
+                 "and kept", len(wrapped), before, int((~again).sum()))
     kept = [event for (event, _), near in zip(candidates, near_flags, strict=True) if not near]
     report = LeakReport(
         total=len(train), exact=exact, near=int(near_flags.sum()), garbage=garbage, kept=len(kept)
