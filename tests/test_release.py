@@ -109,6 +109,16 @@ def test_an_org_s_own_windows_are_no_dissent_between_orgs():
     assert not [p for p in combined.tool("get_weather").precautions if p.kind == "dissent"]
 
 
+def test_a_cache_belongs_to_its_vote_share(monkeypatch):
+    """Regression (privacy audit): the vote share's constant was no setting of a cache, so records released under
+    one share would have voted at another version's noise and spent more than their budget."""
+    from synapse_flwr.core import release
+
+    before = settings_fingerprint(cache_settings(RunConfig.from_mapping({}), "acme"))
+    monkeypatch.setattr(release, "VOTE_SHARE", 0.1)
+    assert settings_fingerprint(cache_settings(RunConfig.from_mapping({}), "acme")) != before
+
+
 def test_new_events_are_what_gets_released():
     old, new = _events(30), _events(10, start=100)
     state = ReleaseState(fingerprint="f")

@@ -51,7 +51,13 @@ from synapse_flwr.core.schema import (
     Issuer,
     ToolEntry,
 )
-from synapse_flwr.core.votes import SETTINGS, loo_correct, release_votes, sum_votes
+from synapse_flwr.core.votes import (
+    SETTINGS,
+    VOTE_SHARE,
+    loo_correct,
+    release_votes,
+    sum_votes,
+)
 from synapse_flwr.core.wire import Artifact, content_hash
 
 log = logging.getLogger(__name__)
@@ -119,8 +125,10 @@ def release_settings(org: str, named: Mapping[str, object]) -> dict[str, str]:
     catalog is not one of them: one record adds to one tool whatever the
     catalog holds, and :func:`with_catalog` brings a cached release up to date.
     """
-    return {"org": org, **{k: str(v) for k, v in named.items()}, "builder": repr(BuildConfig()),
-            "schema": SCHEMA_VERSION, "record_keys": RECORD_KEYS}
+    # the vote share's constant too: records released under one share must not vote at another's noise
+    return {"org": org, **{k: str(v) for k, v in named.items()},
+            "builder": f"{BuildConfig()!r} vote share {VOTE_SHARE}", "schema": SCHEMA_VERSION,
+            "record_keys": RECORD_KEYS}
 
 
 def settings_fingerprint(settings: Mapping[str, str]) -> str:
