@@ -43,8 +43,9 @@ _MAX_RUN_DIGITS = 20  # Flower run ids are unsigned 64-bit
 def signature_record(sig: Signature) -> ConfigRecord:
     """A detached signature as the ConfigRecord that travels beside the artifact (public data only).
 
-    The run id travels as decimal text: Flower's run ids are unsigned 64-bit,
-    past a record's signed 64-bit integers."""
+    The run id travels as decimal text: one form for every run id (Flower
+    draws them as unsigned 64-bit integers), whatever integer types a record
+    keeps."""
     return ConfigRecord({"signer": sig.signer, "key-id": sig.key_id, "run": str(sig.run), "round": sig.round,
                          "value": sig.value})
 

@@ -41,8 +41,9 @@ OutOption = Annotated[
 ReleaseCacheOption = Annotated[Path | None, typer.Option(
     help="This organisation's release cache: a JSON file on its own disk, never sent, that records which "
          "records were released (and voted). With it each record is released once across builds: a later build "
-         "of a grown log releases only the new records and re-sends the rest at no further cost. A cache made "
-         "under other settings (org, epsilon, delta, rounds, embedder, catalog) is refused, not replaced.")]
+         "of a grown log releases a window of the new records (noise alone when none is new, so that what is sent "
+         "does not show whether records arrived) and re-sends the rest at no further cost. A cache made under "
+         "other settings (org, epsilon, delta, rounds, embedder) is refused, not replaced.")]
 
 
 def check_output(output: Path, inputs: list[Path], option: str = "--output") -> None:
@@ -369,9 +370,13 @@ def vote(
         waiting = may_vote(state, keys)
         events, keys = [e for e, ok in zip(events, waiting) if ok], [k for k, ok in zip(keys, waiting) if ok]
         log.info("%s: %d records of %s released and not voted yet", release_cache, len(keys), experience)
-    if not any(event_label(e, cat) is not None for e in events):  # noise alone would vote for nobody
-        raise SynapseError(f"{experience} holds no record with a catalog tool "
-                           f"{'that was released and has not voted ' if state else ''}to vote with")
+    if not any(event_label(e, cat) is not None for e in events):
+        unvoted = "that was released and has not voted " if state else ""
+        what = f"{experience} holds no record with a catalog tool {unvoted}"
+        if not sd:  # without privacy nothing is released for nobody
+            raise SynapseError(f"{what}to vote with")
+        # under privacy the vote goes out as noise alone: a vote sent only when some record had a label would say so
+        log.warning("%sto vote with: the votes released are noise alone", what)
     emb = get_embedder(embedder)
     if mismatch := space_mismatch(merged.embedding, emb):
         raise SynapseError(f"--embedder {embedder}: {mismatch}")

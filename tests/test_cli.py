@@ -779,7 +779,19 @@ def test_a_release_cache_releases_each_record_once_across_builds_and_counts_each
     assert len(ReleaseState.model_validate_json(cache.read_bytes()).voted) == 30
     refused(vote("a3.json", "g1.json", "x.json"), "is not the release")  # the cache holds the voted one now
     merged("v1.json", "g2.json")
-    refused(vote("v1.json", "g2.json", "x.json"), "that was released and has not voted")
+    # nobody left to vote: under privacy the vote still goes out, as noise alone (on a copy of the ledger here)
+    copy = tmp_path / "copy.cache.json"
+    copy.write_bytes(cache.read_bytes())
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="synapse_flwr"):
+        ok(invoke("vote", "--experience", data["acme"], "--catalog", data["catalog"], "--artifact",
+                  tmp_path / "v1.json", "--global", tmp_path / "g2.json", "--embedder", "static",
+                  "--release-cache", copy, "-o", tmp_path / "alone.json"))
+    assert "that was released and has not voted to vote with: the votes released are noise alone" in caplog.text
+    alone = load_artifact(tmp_path / "alone.json")
+    # the earlier votes plus a block of noise alone at the same SD
+    assert alone.votes.sd == pytest.approx(math.sqrt(2) * v1.votes.sd, rel=1e-4)
+    assert len(ReleaseState.model_validate_json(copy.read_bytes()).voted) == 30
     more = tmp_path / "more.jsonl"
     more.write_text("".join(lines) + "".join(lines[:5]))  # five new records (repeats count as records of their own)
     caplog.clear()

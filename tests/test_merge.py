@@ -13,11 +13,13 @@ from strategies_hyp import artifact_lists
 
 from synapse_flwr.core.merge import (
     POLICIES,
+    MergeConfig,
     group_scenarios,
     merge,
     merge_flat_majority,
     merge_support_weighted,
     merge_typed,
+    rate_conflict,
 )
 from synapse_flwr.core.phrases import token_jaccard
 from synapse_flwr.core.prototypes import decode_prototype, encode_prototype
@@ -314,3 +316,14 @@ def test_sums_past_the_schemas_bound_saturate_instead_of_failing_the_merge(polic
     if policy == "typed":  # nothing scaled down: every sum saturates
         assert entry.stats.calls == entry.stats.starts == entry.confusions[0].count == MAX_COUNT
         assert entry.prototype.count == MAX_COUNT and entry.stats.successes <= entry.stats.calls
+
+
+def test_an_org_s_entries_are_pooled_before_rates_are_compared_across_orgs():
+    """Regression (review): with two orgs rated, two entries of one org (its windows) were compared with each
+    other: an org whose windows average what the other org sees was logged as a dissent."""
+    good, bad = ToolStats(calls=40, successes=40), ToolStats(calls=40, successes=0)
+    half = ToolStats(calls=80, successes=40)
+    assert rate_conflict("t", [("a", good, 0.0), ("a", bad, 0.0), ("b", half, 0.0)], MergeConfig(), "typed") is None
+    conflict, _ = rate_conflict("t", [("a", good, 0.0), ("a", good, 0.0), ("b", bad, 0.0)],
+                                MergeConfig(), "typed")
+    assert {c.orgs[0] for c in conflict.claims} == {"a", "b"} and len(conflict.claims) == 2

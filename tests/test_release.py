@@ -109,6 +109,19 @@ def test_an_org_s_own_windows_are_no_dissent_between_orgs():
     assert not [p for p in combined.tool("get_weather").precautions if p.kind == "dissent"]
 
 
+def test_with_replay_a_round_run_again_after_a_crash_re_sends_its_window():
+    """Regression (review): a resumed federation runs the crashed round again under a new run id; with replay
+    every round was due, so an org that had saved that round's window released a second one."""
+    cfg = RunConfig.from_mapping({"epsilon": 4.0, "embedder": "none", "replay": True, "num-rounds": 3})
+    data = OrgData("acme", CATALOG, _events(10))
+    _, state, _ = org_release(data, cfg, ReleaseState(fingerprint="f"), 1, [], None, run=7)
+    art2, state2, _ = org_release(data, cfg, state, 2, [], None, run=7)
+    assert state2.windows == 2 and state2.window_round == 2
+    again, state2b, n = org_release(data, cfg, state2, 2, [], None, run=8)  # round 2 again, resumed
+    assert n == 0 and state2b.windows == 2 and again == art2  # the same bytes, epsilon included
+    assert org_release(data, cfg, state2b, 3, [], None, run=8)[1].windows == 3
+
+
 def test_a_cache_belongs_to_its_vote_share(monkeypatch):
     """Regression (privacy audit): the vote share's constant was no setting of a cache, so records released under
     one share would have voted at another version's noise and spent more than their budget."""

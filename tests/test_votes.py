@@ -343,6 +343,23 @@ def test_a_window_s_vote_goes_out_even_when_none_of_its_records_can_vote():
         assert late.votes is not None and late.votes.sd > 0 and not late_state.votes_due
 
 
+def test_with_replay_the_epsilon_sent_does_not_show_whether_a_record_voted():
+    """Regression (review): a later round raised the artifact's epsilon only when some record had voted, so an
+    organisation without records sent another epsilon than one with a single record."""
+    cfg = RunConfig.from_mapping({"epsilon": 4.0, "num-rounds": 3, "replay": True})
+    sent = []
+    for events in ([], EVENTS[:1]):
+        data, state, glob, eps = OrgData("acme", CATALOG, events), ReleaseState(fingerprint="f"), None, []
+        for rnd in (1, 2, 3):
+            art, state, _ = org_release(data, cfg, state, rnd, [], EMB, glob, run=5)
+            eps.append(art.privacy.epsilon)  # the train reply's
+            art, state, _ = org_vote(data, cfg, state, rnd, EMB, merge_typed([art]))
+            glob = merge_typed([art])
+            eps.append(art.privacy.epsilon)
+        sent.append(eps)
+    assert sent[0] == sent[1] and sent[0][-1] == pytest.approx(4.0, abs=1e-6)
+
+
 def test_a_vote_phase_against_a_global_without_the_org_s_release_casts_nothing():
     cfg = RunConfig.from_mapping({"epsilon": 4.0, "noise": "seeded"})
     data = OrgData("acme", CATALOG, EVENTS)

@@ -488,19 +488,29 @@ def resolve_scenario_conflicts(
     )
 
 
+def _pooled(entries: Sequence[tuple[ToolStats, float]]) -> tuple[float, float, float]:
+    """One org's calls, successes and their noise SD over its entries (a lone entry's own values)."""
+    if len(entries) == 1:
+        (stats, sigma), = entries
+        return stats.calls, stats.successes, sigma
+    return (math.fsum(s.calls for s, _ in entries), math.fsum(s.successes for s, _ in entries),
+            math.sqrt(math.fsum(sigma**2 for _, sigma in entries)))
+
+
 def rate_conflict(
     tool_id: str, org_stats: Sequence[tuple[str, ToolStats, float]], config: MergeConfig, policy: str
 ) -> tuple[Conflict, list[Precaution]] | None:
     """Log success rates that disagree across orgs; the outliers become precautions."""
     # A rate is compared only when its calls dwarf the org's noise: noised counts
     # of a handful of calls give rates anywhere in [0, 1] and spurious conflicts.
-    rated = [
-        (org, s.successes / s.calls, s.calls)
-        for org, s, sigma in org_stats
-        if s.calls >= config.min_calls + config.noise_calls * sigma
-    ]
-    # windows of one org (its own releases, combined) are not a disagreement between orgs
-    if len({org for org, _, _ in rated}) < 2:
+    # windows of one org (its own releases, combined) are not a disagreement between orgs: pooled first
+    by_org: defaultdict[str, list[tuple[ToolStats, float]]] = defaultdict(list)
+    for org, s, sigma in org_stats:
+        by_org[org].append((s, sigma))
+    pooled = [(org, *_pooled(entries)) for org, entries in by_org.items()]
+    rated = [(org, successes / calls, calls) for org, calls, successes, sigma in pooled
+             if calls >= config.min_calls + config.noise_calls * sigma]
+    if len(rated) < 2:
         return None
     rates = [r for _, r, _ in rated]
     if max(rates) - min(rates) <= config.rate_gap:

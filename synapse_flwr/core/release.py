@@ -90,6 +90,9 @@ class ReleaseState(BaseModel):
     run : str
         The Flower run of the latest window ('' outside Flower): a window is
         due in the first round of another run.
+    window_round : int
+        The server round of the latest window (0: none): with replay a round
+        that runs again after a crash does not release a second one.
     votes_due : bool
         A window went out whose records' votes have not: the next vote is
         released even when none of them can vote (noise alone), since its
@@ -106,6 +109,7 @@ class ReleaseState(BaseModel):
     voted: list[str] = Field(default_factory=list)
     no_vote: list[str] = Field(default_factory=list)
     run: str = ""
+    window_round: int = Field(default=0, ge=0)
     votes_due: bool = False
 
 
@@ -351,7 +355,7 @@ def release_round(
     artifact = window if state.artifact is None else combine(with_catalog(state.artifact, catalog), window)
     new_state = state.model_copy(update={
         "released": sorted(released | {k for k, _ in fresh}), "windows": state.windows + 1, "artifact": artifact,
-        "run": run})
+        "run": run, "window_round": round_})
     return artifact, new_state, len(fresh)
 
 

@@ -38,7 +38,7 @@ SERVER = "server"
 REGISTRY_FORMAT = "synapse-keys/1"
 ARTIFACT = "artifact"
 GLOBAL = "global"
-_DOMAIN = b"synapse-flwr/signature/v1"
+_DOMAIN = b"synapse-flwr/signature/v2"  # v2: the run is signed too
 _DEMO_LABEL = b"synapse-flwr demo key (public, not a secret)"
 
 

@@ -128,10 +128,19 @@ def _loo_chunk(router: Router, queries: list[str], y: np.ndarray,
 
 
 def release_votes(correct: np.ndarray, sd: float, rng: np.random.Generator) -> FusionVotes | None:
-    """The Gaussian release of the vote sums ``correct`` (records x settings).
+    """The Gaussian release of the vote sums: the records, and those routed right under each setting.
 
     With no record it is noise alone, since a release that goes out only when
     someone votes would say that someone did; None only without noise.
+
+    Parameters
+    ----------
+    correct : numpy.ndarray
+        Records x :data:`SETTINGS`: whether each record is routed right.
+    sd : float
+        Noise SD of every sum (0: no noise).
+    rng : numpy.random.Generator
+        The noise source.
     """
     if not len(correct) and sd <= 0:
         return None

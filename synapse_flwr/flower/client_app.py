@@ -141,7 +141,8 @@ def cache_settings(cfg: RunConfig, org: str, own_data: bool = False) -> dict[str
     ``num-rounds`` is one of them only with replay on, the one case where it sets
     the calibration (one release per round): without replay a record is released
     once whatever the rounds, so a run resumed with more rounds keeps its cache
-    and releases only what is new, instead of releasing every record again.
+    (its new records wait for the next window, :func:`window_due`) instead of
+    releasing every record again.
     Nor is the budget share kept for fusion votes (run config ``fusion-votes``):
     records released without it are marked and never vote. With ``own_data``
     (the node's own ``data-path``, a deployment) the split's settings
@@ -287,12 +288,28 @@ def window_due(cfg: RunConfig, state: ReleaseState, server_round: int, run: int)
     """Whether this round releases a window, decided without looking at the records.
 
     Once per run, in its first round (a node that misses it waits for the
-    next run), and every round with replay on (each round's outcomes are new
-    records); an organisation that released nothing yet always releases. A
-    window that went out only when records had arrived would tell the server
-    that they had (docs/privacy.md).
+    next run), and with replay on in every round after the latest window's
+    (each round's outcomes are new records; a round that runs again after a
+    crash re-sends); an organisation that released nothing yet always
+    releases. A window that went out only when records had arrived would tell
+    the server that they had (docs/privacy.md).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The run config (``replay``).
+    state : ReleaseState
+        The release cache: whether, in which run and in which round a window went out.
+    server_round : int
+        The federation's round.
+    run : int
+        The Flower run (``Context.run_id``).
     """
-    return cfg.replay or state.artifact is None or (server_round == 1 and state.run != str(run))
+    if state.artifact is None:
+        return True
+    if cfg.replay:
+        return server_round > state.window_round
+    return server_round == 1 and state.run != str(run)
 
 
 def replay_refusal(cfg: RunConfig, state: ReleaseState, server_round: int, run: int) -> str | None:
@@ -302,12 +319,25 @@ def replay_refusal(cfg: RunConfig, state: ReleaseState, server_round: int, run: 
     one federation (its own and its replays, keyed by round). A new federation
     (its round 1, another run) on a cache that already holds windows would
     release each record's replays again: more releases than its budget
-    covers. A resumed federation continues its rounds and keeps its cache.
+    covers. A resumed federation continues its rounds and keeps its cache;
+    one that crashed in its first round starts again at round 1 and is told
+    apart from a new one by no one, so it is refused too.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The run config (``replay``).
+    state : ReleaseState
+        The release cache.
+    server_round : int
+        The federation's round.
+    run : int
+        The Flower run (``Context.run_id``).
     """
     if cfg.replay and server_round == 1 and state.windows and state.run != str(run):
-        return ("this release cache holds replay windows of an earlier federation; with replay on a record's "
-                "budget covers one federation's rounds, so a new one would release its records again: move the "
-                "cache away (a new ledger) to allow it")
+        return ("this release cache holds replay windows of another run (an earlier federation, or one that "
+                "stopped in its first round); with replay on a record's budget covers one federation's rounds, so "
+                "this run would release its records again: move the cache away (a new ledger) to allow it")
     return None
 
 
@@ -335,7 +365,8 @@ def org_release(
     keyed += [(f"{k}/replay{server_round}", e) for k, e in zip(record_keys(replayed), replayed)]
     rounds = planned_releases(cfg)
     config = build_config(cfg)
-    releases = min(state.windows + 1, rounds)
+    due = window_due(cfg, state, server_round, run)
+    releases = min(state.windows + due, rounds)  # a record's releases after this round
     # each window its own noise, also when seeded: two windows with the same draws would cancel in a difference
     seed = window_seed(noise_seed(cfg), state.windows)
 
@@ -346,8 +377,8 @@ def org_release(
         )
 
     before = state
-    artifact, state, released = release_round(keyed, state, build, server_round, data.catalog,
-                                              due=window_due(cfg, before, server_round, run), run=str(run))
+    artifact, state, released = release_round(keyed, state, build, server_round, data.catalog, due=due,
+                                              run=str(run))
     if cfg.private and not config.vote_share:
         state = without_votes(before, state)
     # records that missed the vote phase of the round that released them (a node down then), once the
@@ -476,8 +507,9 @@ def vote_round(
     sd, epsilon = vote_noise(cfg.epsilon, cfg.delta, planned_releases(cfg), max(releases, 1), build_config(cfg),
                              embedder)
     if not voters and not due:
-        if state.voted and epsilon is not None and epsilon > (artifact.privacy.epsilon or 0.0):
-            # records that voted in an earlier round compose their vote with this round's releases
+        if artifact.votes is not None and epsilon is not None and epsilon > (artifact.privacy.epsilon or 0.0):
+            # records that voted in an earlier round compose their vote with this round's releases (asked of
+            # the votes released, which a schedule decides, not of who voted: none voting must not show)
             artifact = add_votes(artifact, None, epsilon)
             state = state.model_copy(update={"artifact": artifact})
         return artifact, state, 0
