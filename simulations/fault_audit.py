@@ -228,7 +228,8 @@ def killed_supernode(work: Path, rounds: int = 2, round_timeout: float = 90.0, o
         "rounds": rounds, "orgs": orgs, "killed_org": victim.org, "killed_pids": len(killed),
         "status": res.status, "rounds_completed": len(records),
         "superexec_outlived_node_s": result.get("orphan_s"),  # None: still there after 60 s
-        "round_wall_s": [r["wall_s"] - (records[i - 1]["wall_s"] if i else 0.0) for i, r in enumerate(records)],
+        "round_wall_s": [round(r["wall_s"] - (records[i - 1]["wall_s"] if i else 0.0), 3)
+                         for i, r in enumerate(records)],
         "round_timeout_s": round_timeout,
         "killed_node_named": bool(named) and all(x["org"] == victim.org for x in named),
         "rejections_after_kill": [{"round": r["round"], "node_id": x["node_id"], "org": x["org"],
