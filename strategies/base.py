@@ -36,6 +36,7 @@ from synapse_flwr.core.schema import (
     FlatCompendium,
 )
 from synapse_flwr.core.signing import ARTIFACT, GLOBAL, Registry, Signer
+from synapse_flwr.core.votes import SETTINGS
 from synapse_flwr.core.wire import (
     MAX_WIRE_BYTES,
     ArtifactError,
@@ -333,6 +334,21 @@ def catalog_problem(art: Compendium, catalog: Collection[str] | None) -> str | N
             f"{', '.join(map(repr, unknown[:3]))}{more}")
 
 
+def votes_problem(art: Compendium) -> str | None:
+    """Why ``art``'s fusion votes cannot be summed with the federation's, or None (never raises).
+
+    Votes sum setting by setting over the most common list of settings, so an
+    organisation's own list, winning a tie, would replace every other's votes
+    with its own (a prior of 10, say): only this package's settings are taken.
+    """
+    if art.votes is None:
+        return None
+    sent = [(s.prototype, s.prior) for s in art.votes.settings]
+    if sent == [(s.prototype, s.prior) for s in SETTINGS]:
+        return None
+    return f"votes.settings: {len(sent)} settings other than the federation's {len(SETTINGS)} (votes.SETTINGS)"
+
+
 def tool_union_problems(
     held: Mapping[str, Compendium], arrived: Sequence[tuple[int, Compendium]], limit: int = MAX_TOOLS
 ) -> dict[int, str]:
@@ -628,13 +644,14 @@ class CompendiumStrategy(Strategy):
         """Nodes whose valid artifact the merge could not take with the others, with the reason (never raises).
 
         Another embedding space than the federation's (:func:`federation_space`),
-        tools outside the catalog, or a tool union over the schema's limit
-        (:func:`tool_union_problems`).
+        tools outside the catalog, votes on other settings (:func:`votes_problem`),
+        or a tool union over the schema's limit (:func:`tool_union_problems`).
         """
         held = {org: art for org, (_, art) in self.latest.items()}
         space, source = federation_space(self.embedding, held.values(), [art for _, art in arrived])
         out = {node: reason for node, art in arrived
-               if (reason := space_problem(art, space, source) or catalog_problem(art, self.catalog))}
+               if (reason := space_problem(art, space, source) or catalog_problem(art, self.catalog)
+                   or votes_problem(art))}
         out.update(tool_union_problems(held, [(node, art) for node, art in arrived if node not in out]))
         return out
 

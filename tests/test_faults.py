@@ -47,10 +47,13 @@ from synapse_flwr.core.schema import (
     MAX_TOOLS,
     Compendium,
     EmbeddingSpace,
+    FusionSetting,
+    FusionVotes,
     Issuer,
     ToolEntry,
     ToolStats,
 )
+from synapse_flwr.core.votes import SETTINGS
 from synapse_flwr.core.wire import canonical_json, encode
 from synapse_flwr.data.federation import demo_dir
 from synapse_flwr.flower.server_app import RunRecorder, empty_global
@@ -469,6 +472,21 @@ def test_an_artifact_in_another_embedding_space_is_refused_whatever_the_arrival_
     strategy.aggregate_train(2, [reply(msgs[1], org_art("b", space=S2, round_=2))])
     assert "(that of the artifacts already merged)" in strategy.reports[2].rejected[-1].reason
     assert set(strategy.latest) == {"a"}
+
+
+def test_votes_on_an_organisation_s_own_settings_are_refused():
+    """Regression (security audit): votes sum over the most common list of settings, so an org's own list,
+    winning a tie, replaced the honest votes with its own (the router then followed a prior of 10)."""
+    own = [FusionSetting(prototype=0.0, prior=0.0), FusionSetting(prototype=0.0, prior=10.0)]
+    skewed = FusionVotes(settings=own, correct=[0.0, 5.0], records=5.0, sd=0.0)
+    honest = FusionVotes(settings=list(SETTINGS), correct=[5.0] * len(SETTINGS), records=5.0, sd=0.0)
+    strategy = make_strategy("robust", min_nodes=1)
+    msgs = send(strategy, 1, [10, 11])
+    arts = [org_art(o, space=S1).model_copy(update={"votes": v}) for o, v in (("a", honest), ("b", skewed))]
+    strategy.aggregate_train(1, [reply(m, a) for m, a in zip(msgs, arts)])
+    report = strategy.reports[1]
+    assert report.accepted == [10] and [r.node_id for r in report.rejected] == [11]
+    assert report.rejected[0].reason.startswith("votes.settings: 2 settings other than the federation's")
 
 
 def test_the_runs_embedding_space_decides_when_the_strategy_knows_it():

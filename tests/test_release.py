@@ -120,6 +120,10 @@ def test_with_replay_a_round_run_again_after_a_crash_re_sends_its_window():
     again, state2b, n = org_release(data, cfg, state2, 2, [], None, run=8)  # round 2 again, resumed
     assert n == 0 and state2b.windows == 2 and again == art2  # the same bytes, epsilon included
     assert org_release(data, cfg, state2b, 3, [], None, run=8)[1].windows == 3
+    # a server that announces rounds past num-rounds gets the cached release, not a window past the budget
+    state3 = org_release(data, cfg, state2b, 3, [], None, run=8)[1]
+    for rnd in (4, 50):
+        assert not window_due(cfg, state3, rnd, 8) and org_release(data, cfg, state3, rnd, [], None, run=8)[2] == 0
 
 
 def test_a_cache_belongs_to_its_vote_share(monkeypatch):

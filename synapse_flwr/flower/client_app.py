@@ -290,8 +290,9 @@ def window_due(cfg: RunConfig, state: ReleaseState, server_round: int, run: int)
     Once per run, in its first round (a node that misses it waits for the
     next run), and with replay on in every round after the latest window's
     (each round's outcomes are new records; a round that runs again after a
-    crash re-sends); an organisation that released nothing yet always
-    releases. A window that went out only when records had arrived would tell
+    crash re-sends) up to ``num-rounds`` windows (a server that announces more
+    rounds gets the cached release); an organisation that released nothing
+    yet always releases. A window that went out only when records had arrived would tell
     the server that they had (docs/privacy.md).
 
     Parameters
@@ -307,8 +308,8 @@ def window_due(cfg: RunConfig, state: ReleaseState, server_round: int, run: int)
     """
     if state.artifact is None:
         return True
-    if cfg.replay:
-        return server_round > state.window_round
+    if cfg.replay:  # never past the releases each record's budget covers, whatever rounds a server announces
+        return server_round > state.window_round and state.windows < planned_releases(cfg)
     return server_round == 1 and state.run != str(run)
 
 
