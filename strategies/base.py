@@ -341,12 +341,10 @@ def votes_problem(art: Compendium) -> str | None:
     organisation's own list, winning a tie, would replace every other's votes
     with its own (a prior of 10, say): only this package's settings are taken.
     """
-    if art.votes is None:
+    if art.votes is None or art.votes.settings == list(SETTINGS):
         return None
-    sent = [(s.prototype, s.prior) for s in art.votes.settings]
-    if sent == [(s.prototype, s.prior) for s in SETTINGS]:
-        return None
-    return f"votes.settings: {len(sent)} settings other than the federation's {len(SETTINGS)} (votes.SETTINGS)"
+    return (f"votes.settings: {len(art.votes.settings)} settings other than the federation's {len(SETTINGS)} "
+            "(votes.SETTINGS)")
 
 
 def tool_union_problems(

@@ -136,7 +136,7 @@ def release_votes(correct: np.ndarray, sd: float, rng: np.random.Generator) -> F
     Parameters
     ----------
     correct : numpy.ndarray
-        Records x :data:`SETTINGS`: whether each record is routed right.
+        Records x :data:`SETTINGS` (two dimensions, also with no record): whether each record is routed right.
     sd : float
         Noise SD of every sum (0: no noise).
     rng : numpy.random.Generator
@@ -144,8 +144,7 @@ def release_votes(correct: np.ndarray, sd: float, rng: np.random.Generator) -> F
     """
     if not len(correct) and sd <= 0:
         return None
-    tally = correct.sum(axis=0) if len(correct) else np.zeros(len(SETTINGS))
-    sums = np.concatenate([[len(correct)], tally]).astype(np.float64)
+    sums = np.concatenate([[len(correct)], correct.sum(axis=0)]).astype(np.float64)
     if sd > 0:
         sums = sums + rng.normal(0.0, sd, size=sums.shape)
     return FusionVotes(settings=list(SETTINGS), correct=[round(float(x), 4) for x in sums[1:]],

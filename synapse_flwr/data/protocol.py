@@ -280,7 +280,7 @@ def leak_filter(
             candidates.append((event, key))
     near_flags = near_duplicates([k for _, k in candidates], test_keys, jaccard)
     # a text near a test query only through a wrapper both share is another request: compared again without it
-    cores = without_wrappers([*(k for _, k in candidates), *test_keys])
+    cores = without_wrappers([*(k for _, k in candidates), *test_keys]) if near_flags.any() else []
     wrapped = [i for i in np.flatnonzero(near_flags) if cores[i] != candidates[i][1]]
     if wrapped:
         before = int(near_flags.sum())

@@ -292,8 +292,8 @@ def window_due(cfg: RunConfig, state: ReleaseState, server_round: int, run: int)
     (each round's outcomes are new records; a round that runs again after a
     crash re-sends) up to ``num-rounds`` windows (a server that announces more
     rounds gets the cached release); an organisation that released nothing
-    yet always releases. A window that went out only when records had arrived would tell
-    the server that they had (docs/privacy.md).
+    yet always releases. A window that went out only when records had arrived
+    would tell the server that they had (docs/privacy.md).
 
     Parameters
     ----------
