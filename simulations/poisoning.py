@@ -8,9 +8,14 @@ artifact is one release of :func:`~synapse_flwr.core.builder.build_compendium`
 only: every scenario and prototype attached to the wrong tool), then every
 count, support and prototype (sum, count and their noise SDs) scaled by
 ``inflate`` (:func:`~synapse_flwr.core.influence.scale_compendium`: it
-claims ``inflate`` times its data, and still validates at the edge, which
-this script checks; keeping the declared noise SDs instead makes its
-prototypes fail the edge's norm bound under privacy). Each policy merges the clean and the poisoned
+claims ``inflate`` times its data, and still passes the schema's checks,
+which this script makes; keeping the declared noise SDs instead makes its
+prototypes fail the schema's norm bound under privacy). Since 2026-12-06 a
+server also refuses noise claimed beyond ``max-windows`` release windows
+(:mod:`synapse_flwr.core.noise_claims`: 4 times one window's at the
+defaults), so at epsilon 4 this poisoner (5 times) is refused at a real
+server's edge; the table measures what each merge policy does with one
+that gets through. Each policy merges the clean and the poisoned
 federation; the ``seen`` and ``heldout`` test sets are routed with the
 ``fields`` reranker (``flat-majority`` with the flat render it is measured
 with elsewhere). The loss is clean minus poisoned top-1, in points.

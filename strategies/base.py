@@ -29,6 +29,7 @@ from synapse_flwr.strategies.records import (
 )
 
 from synapse_flwr.core.delta import apply_delta, sha256_hex
+from synapse_flwr.core.noise_claims import NoiseBound, noise_claim_problem
 from synapse_flwr.core.schema import (
     MAX_TOOLS,
     Compendium,
@@ -43,6 +44,7 @@ from synapse_flwr.core.wire import (
     encode,
     parse_body,
     unwrap,
+    wire_limit,
 )
 
 Merged = Compendium | FlatCompendium
@@ -331,7 +333,7 @@ def catalog_problem(art: Compendium, catalog: Collection[str] | None) -> str | N
         return None
     more = f" (+{len(unknown) - 3} more)" if len(unknown) > 3 else ""
     return (f"{len(unknown)} tool ids not in the federation's catalog of {len(catalog)} tools: "
-            f"{', '.join(map(repr, unknown[:3]))}{more}")
+            f"{', '.join(map(repr, unknown[:3]))}{more} (run config catalog names the federation's catalog file)")
 
 
 def votes_problem(art: Compendium) -> str | None:
@@ -407,7 +409,8 @@ class CompendiumStrategy(Strategy):
     valid signature (when a registry is set), fail validation, come from a
     node for an org that is another node's (or for a second org), or that the
     merge could not take (another embedding space, tools outside the catalog,
-    a tool union over the schema's limit) are rejected
+    votes on other settings, noise claimed beyond the run's bound, a tool
+    union over the schema's limit) are rejected
     with node id and reason, logged and counted, as are nodes that did not
     answer within the round's timeout and contributors no longer connected
     (each under the id of the node the message went to, with its org once
@@ -462,8 +465,15 @@ class CompendiumStrategy(Strategy):
         The run's embedding space: artifacts in another are refused (None: the
         space of the artifacts already merged, see :func:`federation_space`).
     catalog : collection of str or None
-        The federation's tool ids: artifacts with others are refused (None:
-        only those that would push the tool union over the schema's limit).
+        The federation's tool ids: artifacts with others are refused, and no
+        reply may be larger than an artifact of these tools may be
+        (:func:`~synapse_flwr.core.wire.wire_limit`, when below ``max_bytes``)
+        (None: only artifacts that would push the tool union over the schema's
+        limit are refused).
+    noise_bound : NoiseBound or None
+        The largest noise SDs an artifact may claim in this run: one claiming
+        more is refused (None: no check; see
+        :mod:`synapse_flwr.core.noise_claims`).
 
     Raises
     ------
@@ -487,12 +497,15 @@ class CompendiumStrategy(Strategy):
         vote_phase: bool = False,
         embedding: EmbeddingSpace | None = None,
         catalog: Collection[str] | None = None,
+        noise_bound: NoiseBound | None = None,
     ) -> None:
         check_strategy_args(min_nodes, max_bytes)
         self.merge_fn = merge_fn
         self.policy = policy
         self.min_nodes = min_nodes
-        self.max_bytes = max_bytes
+        self.catalog = None if catalog is None else frozenset(catalog)
+        # what an artifact of the federation's tools may take: a payload that inflates past it is never parsed
+        self.max_bytes = max_bytes if self.catalog is None else min(max_bytes, wire_limit(len(self.catalog)))
         self.compress = compress
         self.round_offset = round_offset
         self.wait_timeout = wait_timeout
@@ -501,7 +514,7 @@ class CompendiumStrategy(Strategy):
         self.run_id = run_id
         self.vote_phase = vote_phase
         self.embedding = embedding
-        self.catalog = None if catalog is None else frozenset(catalog)
+        self.noise_bound = noise_bound
         self.current: ArrayRecord | None = None  # the latest global merged (a vote phase's, after it)
         self.latest: dict[str, tuple[int | None, Compendium]] = {}
         self.bases: dict[str, tuple[str, bytes]] = {}  # org -> (sha256, canonical JSON) of its latest artifact
@@ -643,13 +656,14 @@ class CompendiumStrategy(Strategy):
 
         Another embedding space than the federation's (:func:`federation_space`),
         tools outside the catalog, votes on other settings (:func:`votes_problem`),
-        or a tool union over the schema's limit (:func:`tool_union_problems`).
+        noise claimed beyond the run's bound (:func:`noise_claim_problem`), or a
+        tool union over the schema's limit (:func:`tool_union_problems`).
         """
         held = {org: art for org, (_, art) in self.latest.items()}
         space, source = federation_space(self.embedding, held.values(), [art for _, art in arrived])
         out = {node: reason for node, art in arrived
                if (reason := space_problem(art, space, source) or catalog_problem(art, self.catalog)
-                   or votes_problem(art))}
+                   or votes_problem(art) or noise_claim_problem(art, self.noise_bound))}
         out.update(tool_union_problems(held, [(node, art) for node, art in arrived if node not in out]))
         return out
 

@@ -36,12 +36,13 @@ from synapse_flwr.simulations.privacy_audit import (
 )
 from synapse_flwr.strategies import make_strategy
 from synapse_flwr.strategies.base import CompendiumStrategy, tool_union_problems
-from synapse_flwr.strategies.records import to_record
+from synapse_flwr.strategies.records import from_record, to_record
 
 from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.catalog import load_catalog
 from synapse_flwr.core.experience import load_experience
 from synapse_flwr.core.merge import merge_typed
+from synapse_flwr.core.noise_claims import noise_claim_problem
 from synapse_flwr.core.prototypes import encode_prototype
 from synapse_flwr.core.schema import (
     MAX_TOOLS,
@@ -54,8 +55,16 @@ from synapse_flwr.core.schema import (
     ToolStats,
 )
 from synapse_flwr.core.votes import SETTINGS
-from synapse_flwr.core.wire import canonical_json, encode
+from synapse_flwr.core.wire import (
+    MAX_WIRE_BYTES,
+    canonical_json,
+    decode,
+    encode,
+    wire_limit,
+)
 from synapse_flwr.data.federation import demo_dir
+from synapse_flwr.flower.calibration import build_config, noise_bound, planned_releases
+from synapse_flwr.flower.config import RunConfig
 from synapse_flwr.flower.server_app import RunRecorder, empty_global
 
 SUPERLINK = 1  # the node id the SuperLink answers from for an unavailable node
@@ -529,7 +538,86 @@ def test_tools_outside_the_catalog_are_refused_when_the_strategy_knows_it():
     report = strategy.reports[1]
     assert report.accepted == [11]
     assert report.rejected[0].reason == ("4 tool ids not in the federation's catalog of 2 tools: "
-                                         "'x1', 'x2', 'x3' (+1 more)")
+                                         "'x1', 'x2', 'x3' (+1 more) (run config catalog names the federation's "
+                                         "catalog file)")
+
+
+def test_a_payload_over_what_the_catalog_s_tools_may_take_is_never_parsed(monkeypatch):
+    """Regression (security audit): a payload inflating to the schema's wire limit (~320 MB) was parsed before
+    the per-tool budget applied (~2 GB of memory); with the federation's catalog known, its tools' budget is the
+    limit, and the payload is refused while it inflates."""
+    strategy = make_strategy("typed", min_nodes=1, catalog=["real.tool", "other.tool"])
+    assert strategy.max_bytes == wire_limit(2) < MAX_WIRE_BYTES
+    monkeypatch.setattr("synapse_flwr.strategies.base.parse_body", lambda raw: pytest.fail("parsed"))
+    (msg,) = send(strategy, 1, [10])
+    bomb = Message(RecordDict({"artifact": to_record(gzip.compress(b" " * (wire_limit(2) + 1)))}), reply_to=msg)
+    strategy.aggregate_train(1, [bomb])
+    (why,) = strategy.reports[1].rejected
+    assert why.reason == f"invalid artifact: (wire): decompressed size exceeds the limit of {wire_limit(2)} bytes"
+
+
+RUN = RunConfig.from_mapping({})  # the defaults: epsilon 4, votes, 16 windows
+
+
+@pytest.fixture(scope="module")
+def releases() -> dict[str, Compendium]:
+    """The demo orgs' releases as the run's ClientApps build them (one window, the vote share kept, and votes)."""
+    catalog = load_catalog(demo_dir() / "catalog.json")
+    votes = FusionVotes(settings=list(SETTINGS), correct=[3.0] * len(SETTINGS), records=3.0,
+                        sd=noise_bound(RUN).vote_sd / 4)  # one window's
+
+    def release(org: str) -> Compendium:
+        events = load_experience(demo_dir() / f"org_{org}.jsonl", catalog)
+        art = build_compendium(events, catalog, org, round_=1, epsilon=RUN.epsilon, delta=RUN.delta,
+                               rounds=planned_releases(RUN), config=build_config(RUN), embedder="static", seed=1)
+        return art.model_copy(update={"votes": votes})
+
+    return {org: release(org) for org in "abc"}
+
+
+def inflated(art: Compendium, factor: float, tools: int = 1, votes: float = 1.0) -> Compendium:
+    """``art`` claiming ``factor`` times its noise on its first ``tools`` prototypes, ``votes`` times on its votes."""
+    def claim(t: ToolEntry, i: int) -> ToolEntry:
+        p = t.prototype
+        if i >= tools or p is None:
+            return t
+        return t.model_copy(update={"prototype": p.model_copy(update={"sum_sd": p.sum_sd * factor,
+                                                                       "count_sd": p.count_sd * factor})})
+    return art.model_copy(update={"tools": [claim(t, i) for i, t in enumerate(art.tools)],
+                                  "votes": art.votes.model_copy(update={"sd": art.votes.sd * votes})})
+
+
+def test_the_bound_is_one_window_s_calibration_over_max_windows(releases):
+    bound, honest = noise_bound(RUN), releases["a"]
+    sds = {(t.prototype.sum_sd, t.prototype.count_sd) for t in honest.tools}
+    assert sds == {(round(bound.sum_sd / 4, 6), round(bound.count_sd / 4, 6))}  # sqrt(16) windows
+    assert noise_claim_problem(honest, bound) is None
+    # 16 windows' noise is what an honest cache may hold; a little more is not
+    assert noise_claim_problem(inflated(honest, 4.0, tools=99, votes=4.0), bound) is None
+    assert noise_claim_problem(inflated(honest, 4.01), bound).startswith(
+        f"tools[{honest.tools[0].tool_id!r}].prototype.sum_sd ")
+    assert noise_claim_problem(inflated(honest, 1.0, votes=4.01), bound).startswith("votes.sd ")
+    # without privacy no noise may be claimed at all
+    exact = noise_bound(RunConfig.from_mapping({"epsilon": math.inf}))
+    assert "exceeds 0, the run's bound for 16 release windows" in noise_claim_problem(honest, exact)
+
+
+@pytest.mark.parametrize("policy", ["typed", "robust", "support-weighted"])
+def test_noise_claimed_beyond_the_run_s_bound_is_refused_and_keeps_the_others_readable(policy, releases):
+    """Regression (security audit): one signed org claiming huge noise SDs made every merged prototype read as
+    noise (merged in quadrature) under every policy, and the router fell back to the documentation."""
+    liar = inflated(releases["c"], 1e4, tools=99)
+    strategy = make_strategy(policy, min_nodes=1, noise_bound=noise_bound(RUN))
+    msgs = send(strategy, 1, [10, 11, 12])
+    strategy.aggregate_train(1, [reply(m, a) for m, a in zip(msgs, [releases["a"], releases["b"], liar])])
+    report = strategy.reports[1]
+    assert report.accepted == [10, 11] and [r.node_id for r in report.rejected] == [12]
+    assert "prototype.sum_sd 11888.1 exceeds 4.75524, the run's bound for 16 release windows (run config " \
+           "max-windows) (and 47 more)" in report.rejected[0].reason
+    merged = decode(from_record(strategy.current))
+    honest = strategy.merge_fn([releases["a"], releases["b"]])
+    assert [t.prototype for t in merged.tools] == [t.prototype for t in honest.tools]
+    assert max(t.prototype.sum_sd for t in merged.tools) < 2 * releases["a"].tools[0].prototype.sum_sd
 
 
 def test_a_node_speaks_for_one_org_only():

@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from synapse_flwr import cli
+from synapse_flwr.core.catalog import load_catalog
 from synapse_flwr.core.errors import InputError, SynapseError
 from synapse_flwr.core.signing import (
     SERVER,
@@ -21,14 +22,16 @@ from synapse_flwr.core.signing import (
     new_signer,
     save_private_key,
 )
+from synapse_flwr.data.federation import demo_dir
 from synapse_flwr.flower import deploy, launch
-from synapse_flwr.flower.config import RunConfigError
+from synapse_flwr.flower.config import RunConfig, RunConfigError
 from synapse_flwr.flower.deploy import (
     DeploymentConfig,
     NodeSpec,
     check_nodes,
     deployment_refusal,
     run_local_deployment,
+    with_node_catalog,
 )
 from synapse_flwr.flower.launch import (
     absolute_run_config,
@@ -39,6 +42,7 @@ from synapse_flwr.flower.launch import (
     run_log_dir,
     run_simulation,
 )
+from synapse_flwr.flower.server_app import federation_catalog
 
 APP_DIR = Path(__file__).resolve().parent.parent
 ENV = {"COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}
@@ -141,6 +145,29 @@ def test_a_dataset_that_is_neither_known_nor_a_folder_is_refused(tmp_path):
     (tmp_path / "data.jsonl").write_text("")
     with pytest.raises(RunConfigError, match="a file, not a folder"):
         check_dataset({"dataset": str(tmp_path / "data.jsonl")})
+
+
+def test_the_server_s_catalog_must_load_before_anything_starts(tmp_path):
+    """The ServerApp refuses tools outside run config catalog; a file it could not load would fail every round."""
+    good = demo_dir() / "catalog.json"
+    check_dataset({"catalog": str(good)})
+    assert absolute_run_config({"catalog": "catalog.json"})["catalog"] == str(Path("catalog.json").resolve())
+    with pytest.raises(RunConfigError, match=r"run config 'catalog' '.*nope\.json': .*file not found"):
+        check_dataset({"catalog": str(tmp_path / "nope.json")})
+    cfg = RunConfig.from_mapping({"catalog": str(good), "dataset": "metatool"})
+    assert federation_catalog(cfg).ids == load_catalog(good).ids  # named, it wins over the dataset's
+    with pytest.raises(RuntimeError, match=r"the catalog .*nope\.json is invalid \(see the ServerApp log above\)"):
+        federation_catalog(RunConfig.from_mapping({"catalog": str(tmp_path / "nope.json")}))
+
+
+def test_a_deployment_whose_nodes_share_a_catalog_names_it_for_the_server(tmp_path, org_data):
+    one = [NodeSpec(o, org_data["good"], org_data["catalog"]) for o in "ab"]
+    assert with_node_catalog({}, one)["catalog"] == str(org_data["catalog"].resolve())
+    assert with_node_catalog({"catalog": "/x.json"}, one) == {"catalog": "/x.json"}  # the operator's wins
+    two = [one[0], NodeSpec("b", org_data["good"], tmp_path / "other.json")]
+    assert "catalog" not in with_node_catalog({}, two) and "catalog" not in with_node_catalog({}, 3)
+    # a missing file is named by check_nodes, as the node's --catalog, not as the run config's
+    assert "catalog" not in with_node_catalog({}, [NodeSpec("a", org_data["good"], tmp_path / "nope.json")])
 
 
 def test_an_output_dir_that_is_a_file_is_refused(tmp_path):

@@ -10,7 +10,9 @@ import pytest
 
 from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.catalog import ToolDoc, make_catalog
+from synapse_flwr.core.embed import get_embedder
 from synapse_flwr.core.experience import Event, load_experience, write_jsonl
+from synapse_flwr.core.noise_claims import noise_claim_problem
 from synapse_flwr.core.release import (
     ReleaseState,
     combine,
@@ -20,6 +22,7 @@ from synapse_flwr.core.release import (
     settings_fingerprint,
 )
 from synapse_flwr.core.wire import canonical_json
+from synapse_flwr.flower.calibration import noise_bound
 from synapse_flwr.flower.client_app import (
     OrgData,
     cache_path,
@@ -124,6 +127,22 @@ def test_with_replay_a_round_run_again_after_a_crash_re_sends_its_window():
     state3 = org_release(data, cfg, state2b, 3, [], None, run=8)[1]
     for rnd in (4, 50):
         assert not window_due(cfg, state3, rnd, 8) and org_release(data, cfg, state3, rnd, [], None, run=8)[2] == 0
+
+
+def test_a_cache_holding_max_windows_windows_releases_no_more_and_stays_within_the_server_s_bound(caplog):
+    """Each run adds a window (noise alone without new records) to a pinned cache; past the run's max-windows
+    the server would refuse the noise it carries, so the cache re-sends its release and releases no record."""
+    cfg = RunConfig.from_mapping({"epsilon": 4.0, "embedder": "static", "max-windows": 2})
+    bound = noise_bound(cfg)
+    state = ReleaseState(fingerprint="f")
+    for run in (7, 8, 9):
+        data = OrgData("acme", CATALOG, _events(10 * run))  # new records in every run
+        art, state, n = org_release(data, cfg, state, 1, [], get_embedder("static"), run=run)
+        assert noise_claim_problem(art, bound) is None
+    assert state.windows == 2 and n == 0 and "holds 2 windows, the run's max-windows" in caplog.text
+    assert not window_due(cfg, state, 1, 10)
+    # the claimed noise is two windows' (the bound reached exactly): a third window's would be refused
+    assert [t.prototype.count_sd for t in art.tools] == pytest.approx([bound.count_sd] * len(art.tools), abs=1e-6)
 
 
 def test_a_cache_belongs_to_its_vote_share(monkeypatch):

@@ -43,9 +43,9 @@ from synapse_flwr.core.votes import (
     release_votes,
     sum_votes,
 )
+from synapse_flwr.flower.calibration import build_config
 from synapse_flwr.flower.client_app import (
     OrgData,
-    build_config,
     cache_settings,
     org_release,
     org_vote,

@@ -496,16 +496,21 @@ def vote_noise(epsilon: float, delta: float, rounds: int, releases: int, config:
     """
     if not math.isfinite(epsilon):
         return 0.0, None
-    params, cal = _private_calibration(config, epsilon, delta, rounds, embedder is not None)
+    _, params, cal = calibrated(config, epsilon, delta, rounds, embedder is not None)
     return _vote_noise_after(params, cal, releases)
 
 
-def _private_calibration(config: BuildConfig, epsilon: float, delta: float, rounds: int,
-                         prototypes: bool) -> tuple[PrivacyParams, Calibration]:
-    """The budget and calibration of a private :func:`build_compendium` (``prototypes``: it releases some)."""
+def calibrated(config: BuildConfig, epsilon: float, delta: float, rounds: int,
+               prototypes: bool) -> tuple[BuildConfig, PrivacyParams, Calibration]:
+    """The resolved config, budget and calibration :func:`build_compendium` releases under.
+
+    ``prototypes``: whether the build releases query prototypes (it has an
+    embedder); the other arguments are :func:`build_compendium`'s.
+    """
     weight = config.prototype_weight if prototypes else 0.0
-    params = config.resolved(True, prototypes).privacy_params(epsilon, delta, rounds, weight)
-    return params, calibrate(params)
+    config = config.resolved(math.isfinite(epsilon), prototypes)
+    params = config.privacy_params(epsilon, delta, rounds, weight)
+    return config, params, calibrate(params)
 
 
 def _vote_noise_after(params: PrivacyParams, cal: Calibration, releases: int) -> tuple[float, float]:
@@ -543,8 +548,8 @@ def artifact_vote_noise(privacy: PrivacyBlock, releases: int | None = None) -> t
     if privacy.vote_share <= 0:
         raise ValueError("it was built without a share of its budget kept for a vote (build --no-votes): "
                          "its records cannot vote")
-    params, cal = _private_calibration(BuildConfig(vote_share=privacy.vote_share), privacy.epsilon_target,
-                                       privacy.delta, privacy.rounds_planned, privacy.prototype_weight > 0)
+    _, params, cal = calibrated(BuildConfig(vote_share=privacy.vote_share), privacy.epsilon_target,
+                                privacy.delta, privacy.rounds_planned, privacy.prototype_weight > 0)
     if not math.isclose(cal.sigma, privacy.sigma, rel_tol=1e-5):
         raise ValueError(f"its noise (sigma {privacy.sigma:g}) is not what the default build gives for its budget "
                          f"({cal.sigma:g}): it was built under other settings, whose vote noise is not known")
@@ -741,14 +746,12 @@ def build_compendium(
         embedder = get_embedder(embedder)
     if seed is None:  # secret: a reproducible seed would let anyone regenerate and remove the noise
         seed = secrets.randbits(63)
-    weight = config.prototype_weight if embedder is not None else 0.0
-    config = config.resolved(math.isfinite(epsilon), embedder is not None)
     if releases > rounds:
         raise ValueError(f"release {releases} exceeds the {rounds} releases the privacy budget covers")
     if (sequences is None) != (config.sequences is None):
         raise ValueError("pass sequences exactly when the config has sequence bounds")
-    params = config.privacy_params(epsilon, delta, rounds, weight)
-    cal = calibrate(params)
+    config, params, cal = calibrated(config, epsilon, delta, rounds, embedder is not None)
+    weight = params.prototype_weight
     rng = np.random.default_rng(derive_seed(seed, org, round_))
     released = privatise_counts(count_experience(events, config), catalog.ids, cal, rng)
     per_tool = index_release(released)

@@ -51,7 +51,14 @@ MAX_TOOL_BYTES = 16 * 1024
 MAX_TOOL_VALUES = 1_000
 HEADER_BYTES = 1024 * 1024
 HEADER_VALUES = 10_000
-MAX_WIRE_BYTES = HEADER_BYTES + MAX_TOOLS * MAX_TOOL_BYTES
+
+
+def wire_limit(tools: int) -> int:
+    """Largest payload (compressed or not) an artifact of ``tools`` tools may take: its header and tool budget."""
+    return HEADER_BYTES + tools * MAX_TOOL_BYTES
+
+
+MAX_WIRE_BYTES = wire_limit(MAX_TOOLS)
 MAX_JSON_VALUES = HEADER_VALUES + MAX_TOOLS * MAX_TOOL_VALUES
 REQUIRED_BLOCKS = {Compendium: ("schema_version", "kind", "issuer", "privacy", "tools"),
                    FlatCompendium: ("schema_version", "kind", "issuer", "privacy", "texts")}
@@ -398,7 +405,7 @@ def over_budget(raw: bytes, obj: Any) -> list[str]:
 
 def budget_problems(raw: bytes, tools: int) -> list[str]:
     """Bytes or JSON values of ``raw`` beyond the budget of an artifact of ``tools`` tools."""
-    limits = (("bytes", len(raw), HEADER_BYTES + tools * MAX_TOOL_BYTES),
+    limits = (("bytes", len(raw), wire_limit(tools)),
               ("JSON values", json_values(raw), HEADER_VALUES + tools * MAX_TOOL_VALUES))
     return [f"(wire): {n} {what} for {tools} tools exceeds the budget of {limit} "
             f"({MAX_TOOL_BYTES if what == 'bytes' else MAX_TOOL_VALUES} per tool on average)"

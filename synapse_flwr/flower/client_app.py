@@ -31,7 +31,6 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from synapse_flwr.core.builder import (
-    BuildConfig,
     build_compendium,
     derive_seed,
     vote_noise,
@@ -66,10 +65,10 @@ from synapse_flwr.core.replay import replay_events
 from synapse_flwr.core.router import Router
 from synapse_flwr.core.schema import Compendium
 from synapse_flwr.core.signing import ARTIFACT, GLOBAL, SERVER, Registry
-from synapse_flwr.core.votes import VOTE_SHARE
 from synapse_flwr.core.wire import Artifact, ArtifactError, decode, encode, unwrap
 from synapse_flwr.data.check import DataError
 from synapse_flwr.data.federation import load_dataset, load_partition
+from synapse_flwr.flower.calibration import build_config, planned_releases
 from synapse_flwr.flower.capture import capture_mod
 from synapse_flwr.flower.config import RunConfig, RunConfigError
 from synapse_flwr.flower.keys import key_refusal, registry_for, signer_for
@@ -274,16 +273,6 @@ def noise_seed(cfg: RunConfig) -> int:
     return cfg.seed if cfg.noise == "seeded" else secrets.randbits(63)
 
 
-def planned_releases(cfg: RunConfig) -> int:
-    """Releases a record's budget covers: one per round with replay on (its replays count as it), else one."""
-    return cfg.num_rounds if cfg.replay else 1
-
-
-def build_config(cfg: RunConfig) -> BuildConfig:
-    """The builder's config for this run: part of each record's budget kept for its fusion vote when the run votes."""
-    return BuildConfig(vote_share=VOTE_SHARE if cfg.votes else 0.0)
-
-
 def window_due(cfg: RunConfig, state: ReleaseState, server_round: int, run: int) -> bool:
     """Whether this round releases a window, decided without looking at the records.
 
@@ -293,12 +282,15 @@ def window_due(cfg: RunConfig, state: ReleaseState, server_round: int, run: int)
     crash re-sends) up to ``num-rounds`` windows (a server that announces more
     rounds gets the cached release); an organisation that released nothing
     yet always releases. A window that went out only when records had arrived
-    would tell the server that they had (docs/privacy.md).
+    would tell the server that they had (docs/privacy.md). A cache holding
+    ``max-windows`` windows releases no more: each window adds its noise to
+    the cached release, and the server refuses noise claimed beyond them
+    (:mod:`synapse_flwr.core.noise_claims`).
 
     Parameters
     ----------
     cfg : RunConfig
-        The run config (``replay``).
+        The run config (``replay``, ``max-windows``).
     state : ReleaseState
         The release cache: whether, in which run and in which round a window went out.
     server_round : int
@@ -308,6 +300,8 @@ def window_due(cfg: RunConfig, state: ReleaseState, server_round: int, run: int)
     """
     if state.artifact is None:
         return True
+    if state.windows >= cfg.max_windows:
+        return False
     if cfg.replay:  # never past the releases each record's budget covers, whatever rounds a server announces
         return server_round > state.window_round and state.windows < planned_releases(cfg)
     return server_round == 1 and state.run != str(run)
@@ -367,6 +361,9 @@ def org_release(
     rounds = planned_releases(cfg)
     config = build_config(cfg)
     due = window_due(cfg, state, server_round, run)
+    if not due and state.windows >= cfg.max_windows:
+        log.warning("org %s: its release cache holds %d windows, the run's max-windows: no record that arrived since "
+                    "is released (docs/privacy.md, Release once)", data.org, state.windows)
     releases = min(state.windows + due, rounds)  # a record's releases after this round
     # each window its own noise, also when seeded: two windows with the same draws would cancel in a difference
     seed = window_seed(noise_seed(cfg), state.windows)

@@ -96,6 +96,8 @@ class Key:
 KEYS: tuple[Key, ...] = (
     Key("num-rounds", int, 3, "federation rounds", _between(1, 10_000)),
     Key("dataset", str, "demo", "demo | metatool | taubench | a folder in the generic format", _non_empty),
+    Key("catalog", str, "", "the federation's tool catalog file, which every artifact's tools must be from (empty: "
+        "the catalog of dataset); in a deployment whose organisations pass catalog-path, name that file here"),
     Key("policy", str, "typed", "merge policy: " + " | ".join(POLICIES), _one_of(tuple(POLICIES))),
     Key("min-nodes", int, 2, "fewest valid artifacts a round merges", _between(1, 100_000)),
     Key("epsilon", float, DEFAULT_EPSILON, "privacy budget per record over the whole run; inf turns privacy off",
@@ -111,6 +113,8 @@ KEYS: tuple[Key, ...] = (
     Key("release-cache", str, "", "client release cache folder (empty: <output-dir>/release-cache)"),
     Key("round-timeout", float, 600.0, "seconds a round waits for replies", _between(0.0, 86_400.0, low_open=True)),
     Key("replay", bool, False, "feedback loop: replay own traffic with the global, outcomes become experience"),
+    Key("max-windows", int, 16, "most release windows an organisation's cache may hold: a client releases no "
+        "window past them and the server refuses noise claimed beyond them (docs/privacy.md)", _between(1, 10_000)),
     Key("embedder", str, "minilm", "the federation's embedding space (query prototypes, replay, evaluation): "
         + " | ".join(SPACES) + " (none: no prototypes)", _one_of(SPACES)),
     Key("fusion-votes", bool, True, "after each round's merge its records vote, under DP, for how much the router "
@@ -137,6 +141,7 @@ class RunConfig:
 
     num_rounds: int
     dataset: str
+    catalog: str
     policy: str
     min_nodes: int
     epsilon: float
@@ -148,6 +153,7 @@ class RunConfig:
     release_cache: str
     round_timeout: float
     replay: bool
+    max_windows: int
     embedder: str
     fusion_votes: bool
     evaluate: bool
@@ -196,10 +202,11 @@ class RunConfig:
 # Keys a run may change when it resumes an output folder: more rounds, how long to wait
 # and for how many nodes, what is measured, votes switched on later (docs/privacy.md:
 # records released without the vote share never vote), where new noise comes from (what was
-# released stays as released), and the fault injection of tests.
+# released stays as released), how many windows a cache may hold (none is taken back), and
+# the fault injection of tests.
 # Every other key shaped the artifacts on disk (and the release cache their privacy rests on).
-RESUMABLE = frozenset({"num-rounds", "output-dir", "round-timeout", "min-nodes", "evaluate", "fusion-votes",
-                       "noise", "fail-round", "fail-orgs", "fail-delay", "capture-dir"})
+RESUMABLE = frozenset({"num-rounds", "max-windows", "output-dir", "round-timeout", "min-nodes", "evaluate",
+                       "fusion-votes", "noise", "fail-round", "fail-orgs", "fail-delay", "capture-dir"})
 
 
 def resume_conflict(output_dir: str | Path, recorded: Mapping[str, Any], current: Mapping[str, Any]) -> str | None:

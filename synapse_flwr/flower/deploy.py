@@ -480,6 +480,19 @@ def _start_federation(
     return node_ids
 
 
+def with_node_catalog(run_config: Mapping[str, Any], nodes: int | Sequence[NodeSpec]) -> dict[str, Any]:
+    """``run_config`` with ``catalog`` the explicit nodes' one catalog file, unless it names one or they have none.
+
+    The server refuses tools outside the run config's catalog (its dataset's
+    without one), so nodes that read a catalog of their own name it for it.
+    A file that does not exist is left to :func:`check_nodes` to name.
+    """
+    paths = {Path(s.catalog_path).resolve() for s in nodes if s.catalog_path} if not isinstance(nodes, int) else set()
+    if run_config.get("catalog") or len(paths) != 1 or not next(iter(paths)).is_file():
+        return dict(run_config)
+    return {**run_config, "catalog": str(paths.pop())}
+
+
 def run_local_deployment(cfg: DeploymentConfig) -> DeploymentResult:
     """Deploy the app for real on 127.0.0.1: SuperLink, SuperNodes, one run, teardown.
 
@@ -513,7 +526,8 @@ def run_local_deployment(cfg: DeploymentConfig) -> DeploymentResult:
         does not come online in time (with its log tail), or the run fails or
         times out (with the tail of ``flwr log``).
     """
-    launch = Launch("deployment", cfg.app_dir, cfg.run_config, cfg.flwr_home, "synapse-flwr-deploy-")
+    launch = Launch("deployment", cfg.app_dir, with_node_catalog(cfg.run_config, cfg.nodes), cfg.flwr_home,
+                    "synapse-flwr-deploy-")
     if problem := deployment_refusal(launch.effective_config):
         raise SynapseError(problem)
     explicit = check_nodes(cfg.nodes, launch.run_config, cfg.check_data)

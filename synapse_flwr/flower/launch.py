@@ -186,7 +186,7 @@ def absolute_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
     -------
     dict
         A validated copy with absolute ``output-dir``, ``release-cache``, ``capture-dir``,
-        ``keys-file`` and, when a folder, ``dataset``.
+        ``keys-file``, ``catalog`` and, when a folder, ``dataset``.
 
     Raises
     ------
@@ -195,7 +195,7 @@ def absolute_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
     """
     rc = check_overrides(run_config)  # a bad key or value fails here, before any process starts
     rc["output-dir"] = str(Path(RunConfig.from_mapping(rc).output_dir).expanduser().resolve())
-    for key in ("release-cache", "capture-dir", "keys-file"):
+    for key in ("release-cache", "capture-dir", "keys-file", "catalog"):
         if rc.get(key):
             rc[key] = str(Path(str(rc[key])).expanduser().resolve())
     dataset = rc.get("dataset")
@@ -455,25 +455,32 @@ def read_metrics(output_dir: Path) -> list[dict]:
 
 
 def check_dataset(run_config: Mapping[str, Any]) -> None:
-    """Check the dataset a run config names before any process starts.
+    """Check the dataset and the catalog a run config names before any process starts.
 
     A known name (:data:`KNOWN_DATASETS`) passes as is; anything else must be
-    a dataset folder, checked file by file.
+    a dataset folder, checked file by file. A ``catalog`` must load.
 
     Parameters
     ----------
     run_config : mapping
-        The absolute run config (its ``dataset``; none: the app's default).
+        The absolute run config (its ``dataset``, none: the app's default; its ``catalog``).
 
     Raises
     ------
     RunConfigError
-        If ``dataset`` is neither a known name nor a folder.
+        If ``dataset`` is neither a known name nor a folder, or ``catalog`` does not load.
     DataError
         Listing every problem of the folder, by file and line.
     """
     from synapse_flwr.data.check import require_valid
 
+    if catalog := str(run_config.get("catalog", "")):  # the server's: every artifact's tools must be from it
+        from synapse_flwr.core.catalog import load_catalog
+
+        try:
+            load_catalog(catalog)
+        except SynapseError as exc:
+            raise RunConfigError(f"run config 'catalog' {catalog!r}: {exc}") from None
     dataset = str(run_config.get("dataset", ""))
     if not dataset or dataset in KNOWN_DATASETS:
         return

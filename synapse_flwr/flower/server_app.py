@@ -26,6 +26,7 @@ from pathlib import Path
 from flwr.app import Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
+from synapse_flwr.core.catalog import Catalog, load_catalog
 from synapse_flwr.core.embed import get_embedder
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.files import write_atomic
@@ -45,6 +46,7 @@ from synapse_flwr.core.wire import (
     routing_hash,
 )
 from synapse_flwr.data.federation import load_dataset
+from synapse_flwr.flower.calibration import noise_bound
 from synapse_flwr.flower.config import RunConfig, recorded_run, resume_conflict
 from synapse_flwr.flower.keys import registry_for, signer_for
 from synapse_flwr.strategies import make_strategy
@@ -125,6 +127,22 @@ class RunRecorder:
 def empty_global() -> bytes:
     """The round-0 global: no tools yet."""
     return encode(Compendium(kind="global", issuer=Issuer(org=GLOBAL_ORG, round=0), policy="none"))
+
+
+def federation_catalog(cfg: RunConfig) -> Catalog:
+    """The federation's tools, which every artifact's must be from: the run config's ``catalog``, else its dataset's.
+
+    Raises
+    ------
+    RuntimeError
+        When it does not load (the reason logged before any round, not as a traceback).
+    """
+    source = f"the catalog {cfg.catalog}" if cfg.catalog else f"the catalog of dataset {cfg.dataset}"
+    try:
+        return load_catalog(cfg.catalog) if cfg.catalog else load_dataset(cfg.dataset, cfg.seed).catalog
+    except SynapseError as exc:
+        log.error("the federation's tools cannot be loaded from %s:\n%s", source, exc)
+        raise RuntimeError(f"{source} is invalid (see the ServerApp log above)") from None
 
 
 def make_evaluator(cfg: RunConfig) -> Callable[[Artifact], dict] | None:
@@ -263,6 +281,8 @@ def main(grid: Grid, context: Context) -> None:
         vote_phase=cfg.votes,
         # the run's space: an artifact in another is refused at intake, not left to fail the merge
         embedding=None if cfg.embedder == "none" else space_of(get_embedder(cfg.embedder)),
+        catalog=federation_catalog(cfg).ids,  # made-up tools are refused, and larger replies are never parsed
+        noise_bound=noise_bound(cfg),  # one organisation's claimed noise would drown every merged prototype
     )
     strategy.restore(orgs)  # an org that misses the next round keeps contributing what it sent before
     strategy.start(
