@@ -40,10 +40,12 @@ from synapse_flwr.strategies.records import from_record, to_record
 
 from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.catalog import load_catalog
+from synapse_flwr.core.embed import get_embedder
 from synapse_flwr.core.experience import load_experience
 from synapse_flwr.core.merge import merge_typed
 from synapse_flwr.core.noise_claims import noise_claim_problem
 from synapse_flwr.core.prototypes import encode_prototype
+from synapse_flwr.core.release import ReleaseState
 from synapse_flwr.core.schema import (
     MAX_TOOLS,
     Compendium,
@@ -64,6 +66,7 @@ from synapse_flwr.core.wire import (
 )
 from synapse_flwr.data.federation import demo_dir
 from synapse_flwr.flower.calibration import build_config, noise_bound, planned_releases
+from synapse_flwr.flower.client_app import OrgData, org_release
 from synapse_flwr.flower.config import RunConfig
 from synapse_flwr.flower.server_app import RunRecorder, empty_global
 
@@ -564,7 +567,7 @@ def releases() -> dict[str, Compendium]:
     """The demo orgs' releases as the run's ClientApps build them (one window, the vote share kept, and votes)."""
     catalog = load_catalog(demo_dir() / "catalog.json")
     votes = FusionVotes(settings=list(SETTINGS), correct=[3.0] * len(SETTINGS), records=3.0,
-                        sd=noise_bound(RUN).vote_sd / 4)  # one window's
+                        sd=noise_bound(RUN).vote_sd)  # one window's
 
     def release(org: str) -> Compendium:
         events = load_experience(demo_dir() / f"org_{org}.jsonl", catalog)
@@ -589,17 +592,41 @@ def inflated(art: Compendium, factor: float, tools: int = 1, votes: float = 1.0)
 
 def test_the_bound_is_one_window_s_calibration_over_max_windows(releases):
     bound, honest = noise_bound(RUN), releases["a"]
-    sds = {(t.prototype.sum_sd, t.prototype.count_sd) for t in honest.tools}
-    assert sds == {(round(bound.sum_sd / 4, 6), round(bound.count_sd / 4, 6))}  # sqrt(16) windows
+    low, high = bound.sigma
+    c = bound.prototype_weight
+    assert {(t.prototype.sum_sd, t.prototype.count_sd) for t in honest.tools} == {(round(high / c, 6), round(high, 6))}
     assert noise_claim_problem(honest, bound) is None
     # 16 windows' noise is what an honest cache may hold; a little more is not
     assert noise_claim_problem(inflated(honest, 4.0, tools=99, votes=4.0), bound) is None
     assert noise_claim_problem(inflated(honest, 4.01), bound).startswith(
         f"tools[{honest.tools[0].tool_id!r}].prototype.sum_sd ")
     assert noise_claim_problem(inflated(honest, 1.0, votes=4.01), bound).startswith("votes.sd ")
+    # less noise than one window's, without the vote share, is no honest claim either
+    assert noise_claim_problem(inflated(honest, low / high), bound) is None
+    assert " is outside " in noise_claim_problem(inflated(honest, 0.97 * low / high), bound)
+    assert noise_claim_problem(inflated(honest, 1.0, votes=0.99), bound).startswith("votes.sd ")
+    # the block's own claim: the merged block keeps the smallest sigma, which sets the routers' noise floors
+    for privacy, why in (({"sigma": 0.0}, ("privacy.sigma 0 is not one release window's of the run (9.26967 to "
+                                           "9.51048)")),
+                         ({"mechanism": "none"}, "privacy.mechanism 'none' is not the run's 'gaussian'")):
+        lying = honest.model_copy(update={"privacy": honest.privacy.model_copy(update=privacy)})
+        assert noise_claim_problem(lying, bound) == why
     # without privacy no noise may be claimed at all
     exact = noise_bound(RunConfig.from_mapping({"epsilon": math.inf}))
-    assert "exceeds 0, the run's bound for 16 release windows" in noise_claim_problem(honest, exact)
+    assert noise_claim_problem(honest, exact) == "privacy.mechanism 'gaussian' is not the run's 'none'"
+
+
+def test_rounding_over_max_windows_windows_is_no_claim_beyond_them():
+    """Regression (review): each window combined into a cache rounds its SDs to 6 decimals; at some budgets
+    (epsilon 34 among them) 16 honest windows summed to a claim 2e-6 over the bound, refused for good."""
+    catalog = load_catalog(demo_dir() / "catalog.json")
+    events = load_experience(demo_dir() / "org_a.jsonl", catalog)[:20]
+    for epsilon in (15.4, 34.0):
+        cfg = RunConfig.from_mapping({"epsilon": epsilon, "embedder": "static"})
+        state, emb = ReleaseState(fingerprint="f"), get_embedder("static")
+        for run in range(1, 18):
+            art, state, _ = org_release(OrgData("a", catalog, events[:run]), cfg, state, 1, [], emb, run=run)
+        assert state.windows == 16 and noise_claim_problem(art, noise_bound(cfg)) is None
 
 
 @pytest.mark.parametrize("policy", ["typed", "robust", "support-weighted"])
@@ -612,8 +639,8 @@ def test_noise_claimed_beyond_the_run_s_bound_is_refused_and_keeps_the_others_re
     strategy.aggregate_train(1, [reply(m, a) for m, a in zip(msgs, [releases["a"], releases["b"], liar])])
     report = strategy.reports[1]
     assert report.accepted == [10, 11] and [r.node_id for r in report.rejected] == [12]
-    assert "prototype.sum_sd 11888.1 exceeds 4.75524, the run's bound for 16 release windows (run config " \
-           "max-windows) (and 47 more)" in report.rejected[0].reason
+    assert "prototype.sum_sd 11888.1 is outside 1.15871 to 4.75524, the run's range for 1 to 16 release windows " \
+           "(run config max-windows) (and 47 more)" in report.rejected[0].reason
     merged = decode(from_record(strategy.current))
     honest = strategy.merge_fn([releases["a"], releases["b"]])
     assert [t.prototype for t in merged.tools] == [t.prototype for t in honest.tools]

@@ -164,10 +164,17 @@ def test_a_deployment_whose_nodes_share_a_catalog_names_it_for_the_server(tmp_pa
     one = [NodeSpec(o, org_data["good"], org_data["catalog"]) for o in "ab"]
     assert with_node_catalog({}, one)["catalog"] == str(org_data["catalog"].resolve())
     assert with_node_catalog({"catalog": "/x.json"}, one) == {"catalog": "/x.json"}  # the operator's wins
-    two = [one[0], NodeSpec("b", org_data["good"], tmp_path / "other.json")]
-    assert "catalog" not in with_node_catalog({}, two) and "catalog" not in with_node_catalog({}, 3)
-    # a missing file is named by check_nodes, as the node's --catalog, not as the run config's
-    assert "catalog" not in with_node_catalog({}, [NodeSpec("a", org_data["good"], tmp_path / "nope.json")])
+    copy = tmp_path / "copy.json"
+    copy.write_bytes(org_data["catalog"].read_bytes())
+    assert with_node_catalog({}, [*one, NodeSpec("c", org_data["good"], copy)])["catalog"] == str(
+        org_data["catalog"].resolve())  # copies of one catalog: the same tools
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps([{"name": "x", "description": "another tool"}]))
+    for nodes in ([one[0], NodeSpec("b", org_data["good"], other)],  # two catalogs: the server cannot take both
+                  [one[0], NodeSpec("b", org_data["good"])],  # b reads the dataset's
+                  [NodeSpec("a", org_data["good"], tmp_path / "nope.json")],  # named by check_nodes, as --catalog
+                  3):
+        assert "catalog" not in with_node_catalog({}, nodes)
 
 
 def test_an_output_dir_that_is_a_file_is_refused(tmp_path):

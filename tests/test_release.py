@@ -32,6 +32,7 @@ from synapse_flwr.flower.client_app import (
     org_release,
     replay_refusal,
     window_due,
+    windows_refusal,
 )
 from synapse_flwr.flower.config import RunConfig
 
@@ -139,10 +140,17 @@ def test_a_cache_holding_max_windows_windows_releases_no_more_and_stays_within_t
         data = OrgData("acme", CATALOG, _events(10 * run))  # new records in every run
         art, state, n = org_release(data, cfg, state, 1, [], get_embedder("static"), run=run)
         assert noise_claim_problem(art, bound) is None
-    assert state.windows == 2 and n == 0 and "holds 2 windows, the run's max-windows" in caplog.text
-    assert not window_due(cfg, state, 1, 10)
+    assert state.windows == 2 and n == 0 and "holds 2 windows, the run's max-windows (2)" in caplog.text
+    assert not window_due(cfg, state, 1, 10) and windows_refusal(cfg, state) is None
     # the claimed noise is two windows' (the bound reached exactly): a third window's would be refused
-    assert [t.prototype.count_sd for t in art.tools] == pytest.approx([bound.count_sd] * len(art.tools), abs=1e-6)
+    two = bound.sigma[1] * math.sqrt(2)
+    assert [t.prototype.count_sd for t in art.tools] == pytest.approx([two] * len(art.tools), abs=1e-6)
+    # a lowered max-windows: the cache refuses the run, naming both, instead of a release refused every round
+    lowered = dataclasses.replace(cfg, max_windows=1)
+    assert windows_refusal(lowered, state) == (
+        "this release cache holds 2 release windows, more than the run's max-windows 1: the server would refuse "
+        "the noise they carry; the operator can raise max-windows to 2 or more (run config)")
+    assert noise_claim_problem(art, noise_bound(lowered)).startswith("tools[")
 
 
 def test_a_cache_belongs_to_its_vote_share(monkeypatch):

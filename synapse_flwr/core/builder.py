@@ -504,8 +504,21 @@ def calibrated(config: BuildConfig, epsilon: float, delta: float, rounds: int,
                prototypes: bool) -> tuple[BuildConfig, PrivacyParams, Calibration]:
     """The resolved config, budget and calibration :func:`build_compendium` releases under.
 
-    ``prototypes``: whether the build releases query prototypes (it has an
-    embedder); the other arguments are :func:`build_compendium`'s.
+    Parameters
+    ----------
+    config : BuildConfig
+        The builder's config.
+    epsilon, delta : float
+        The budget per record (``math.inf``: privacy off).
+    rounds : int
+        Releases a record's budget covers.
+    prototypes : bool
+        Whether the build releases query prototypes (it has an embedder).
+
+    Returns
+    -------
+    tuple
+        ``(config with phrases decided, PrivacyParams, Calibration)``.
     """
     weight = config.prototype_weight if prototypes else 0.0
     config = config.resolved(math.isfinite(epsilon), prototypes)

@@ -1,14 +1,17 @@
 """The noise an artifact claims, held to what its federation's calibration allows.
 
-A prototype's ``sum_sd`` and ``count_sd`` and the fusion votes' ``sd`` say how
-much noise a released value carries. The merge adds them in quadrature and the
-router reads a prototype only above its noise, so one organisation claiming
-huge SDs would make every merged prototype of the federation read as noise,
-and the votes choose the documentation, under every merge policy (security
-audit, 2026-12-05). An honest organisation's SDs are one release window's
-times the square root of its windows, and a run caps the windows a release
-cache may hold (run config ``max-windows``): claims above that are refused at
-the server's edge.
+A prototype's ``sum_sd`` and ``count_sd``, the fusion votes' ``sd`` and the
+privacy block's ``sigma`` say how much noise the released values carry. The
+merge adds the SDs in quadrature and the router reads a prototype only above
+its noise, so one organisation claiming huge SDs would make every merged
+prototype of the federation read as noise, and the votes choose the
+documentation, under every merge policy (security audit, 2026-12-05); the
+merged block keeps the smallest ``sigma``, so one claiming none would have
+every noised count read as evidence. An honest organisation's claims are
+one release window's SDs (its records kept a share of their budget for a
+fusion vote, or not) times the square root of the windows that hold the
+value, and a run caps the windows a release cache may hold (run config
+``max-windows``): other claims are refused at the server's edge.
 """
 
 from __future__ import annotations
@@ -18,44 +21,59 @@ from dataclasses import dataclass
 
 from synapse_flwr.core.schema import Compendium
 
-# the SDs travel rounded to 6 decimals (prototypes.encode_prototype)
-_ROUNDING = 1e-6
+# each SD travels rounded to 6 decimals, and each window combined into a cache rounds it again
+_RELATIVE = 1e-6
+_PER_WINDOW = 1e-6
 
 
 @dataclass(frozen=True)
 class NoiseBound:
-    """The largest noise SDs an organisation's artifact may claim in a run.
+    """The noise an organisation's artifact may claim in a run.
 
     Parameters
     ----------
-    sum_sd : float
-        Of a prototype's sum (per coordinate); 0 without privacy.
-    count_sd : float
-        Of a prototype's count; 0 without privacy.
+    sigma : tuple of float
+        One window's count SD ``(low, high)``: its records kept no share of
+        their budget for a vote, or kept one (the larger); ``(0, 0)`` without
+        privacy.
+    prototype_weight : float
+        ``c``: a prototype's sum carries ``sigma / c``; 0 without prototypes.
     vote_sd : float
-        Of the fusion votes' sums; 0 without privacy or votes.
+        One window's vote SD; 0 without privacy or votes.
     windows : int
-        The release windows these SDs allow (named in the reasons).
+        The release windows a cache may hold (run config ``max-windows``).
     """
 
-    sum_sd: float
-    count_sd: float
+    sigma: tuple[float, float]
+    prototype_weight: float
     vote_sd: float
     windows: int
 
-    @classmethod
-    def of_windows(cls, sum_sd: float, count_sd: float, vote_sd: float, windows: int) -> NoiseBound:
-        """The bound of ``windows`` windows of one window's SDs (independent draws add in quadrature)."""
-        root = math.sqrt(windows)
-        return cls(sum_sd * root, count_sd * root, vote_sd * root, windows)
+
+def _outside(value: float, low: float, high: float, windows: int) -> bool:
+    """Whether ``value`` lies outside ``[low, high]``, beyond what rounding over ``windows`` windows moves."""
+    slack = windows * _PER_WINDOW
+    return value < low * (1 - _RELATIVE) - slack or value > high * (1 + _RELATIVE) + slack
 
 
-def _over(claimed: float, bound: float) -> bool:
-    return claimed > bound * (1 + _ROUNDING) + _ROUNDING
+def _range(low: float, high: float, bound: NoiseBound) -> tuple[float, float]:
+    """One window's ``low`` up to ``max-windows`` windows of ``high``."""
+    return low, high * math.sqrt(bound.windows)
+
+
+def block_problem(art: Compendium, bound: NoiseBound) -> str | None:
+    """Why ``art``'s privacy block claims another mechanism or ``sigma`` than the run's, or None."""
+    low, high = bound.sigma
+    mechanism = "gaussian" if high > 0 else "none"
+    if art.privacy.mechanism != mechanism:
+        return f"privacy.mechanism {art.privacy.mechanism!r} is not the run's {mechanism!r}"
+    if _outside(art.privacy.sigma, low, high, 1):
+        return f"privacy.sigma {art.privacy.sigma:g} is not one release window's of the run ({low:g} to {high:g})"
+    return None
 
 
 def noise_claim_problem(art: Compendium, bound: NoiseBound | None) -> str | None:
-    """Why ``art`` claims more noise than ``bound`` allows, or None (never raises).
+    """Why ``art`` claims other noise than ``bound`` allows, or None (never raises).
 
     Parameters
     ----------
@@ -63,18 +81,30 @@ def noise_claim_problem(art: Compendium, bound: NoiseBound | None) -> str | None
         An organisation's artifact.
     bound : NoiseBound or None
         The run's bound (None: no check).
+
+    Returns
+    -------
+    str or None
+        The first claim outside the run's range, with the range and how many
+        more are; None when every claim is within it.
     """
     if bound is None:
         return None
-    where = f"the run's bound for {bound.windows} release windows (run config max-windows)"
-    over = [(t.tool_id, name, value, limit) for t in art.tools if t.prototype is not None
-            for name, value, limit in (("sum_sd", t.prototype.sum_sd, bound.sum_sd),
-                                       ("count_sd", t.prototype.count_sd, bound.count_sd))
-            if _over(value, limit)]
-    if over:
-        tool, name, value, limit = over[0]
-        more = f" (and {len(over) - 1} more)" if len(over) > 1 else ""
-        return f"tools[{tool!r}].prototype.{name} {value:g} exceeds {limit:g}, {where}{more}"
-    if art.votes is not None and _over(art.votes.sd, bound.vote_sd):
-        return f"votes.sd {art.votes.sd:g} exceeds {bound.vote_sd:g}, {where}"
+    if problem := block_problem(art, bound):
+        return problem
+    c = bound.prototype_weight
+    low, high = bound.sigma
+    sums = _range(low / c, high / c, bound) if c else (0.0, 0.0)
+    limits = (("sum_sd", *sums), ("count_sd", *_range(low, high, bound)))
+    outside = [(t.tool_id, name, value, lo, hi) for t in art.tools if t.prototype is not None
+               for name, lo, hi in limits
+               if _outside(value := getattr(t.prototype, name), lo, hi, bound.windows)]
+    where = f"the run's range for 1 to {bound.windows} release windows (run config max-windows)"
+    if outside:
+        tool, name, value, lo, hi = outside[0]
+        more = f" (and {len(outside) - 1} more)" if len(outside) > 1 else ""
+        return f"tools[{tool!r}].prototype.{name} {value:g} is outside {lo:g} to {hi:g}, {where}{more}"
+    votes = _range(bound.vote_sd, bound.vote_sd, bound)
+    if art.votes is not None and _outside(art.votes.sd, *votes, bound.windows):
+        return f"votes.sd {art.votes.sd:g} is outside {votes[0]:g} to {votes[1]:g}, {where}"
     return None

@@ -25,16 +25,25 @@ def build_config(cfg: RunConfig) -> BuildConfig:
 
 
 def noise_bound(cfg: RunConfig) -> NoiseBound:
-    """The largest noise SDs an honest organisation's artifact carries in this run.
+    """The noise an honest organisation's artifact may claim in this run.
 
-    One window's SDs (a prototype's sum ``sigma / c`` and count ``sigma``, the
-    votes' ``vote_multiplier * vote_sensitivity``) over ``max-windows``
-    windows. They are taken with the vote share kept: its ``sigma`` is the
-    larger, and a resumed run may switch votes on or off, leaving windows of
-    both in a cache.
+    One window's ``sigma`` is taken both without and with the vote share kept
+    (the larger): a resumed run may switch votes on or off, leaving windows of
+    both in a cache. The windows are the run's ``max-windows``.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The run config (``epsilon``, ``delta``, ``num-rounds`` with ``replay``,
+        ``embedder``, ``max-windows``).
+
+    Returns
+    -------
+    NoiseBound
+        The bound :func:`~synapse_flwr.core.noise_claims.noise_claim_problem` checks.
     """
-    config = replace(build_config(cfg), vote_share=VOTE_SHARE)
-    _, params, cal = calibrated(config, cfg.epsilon, cfg.delta, planned_releases(cfg), cfg.embedder != "none")
-    c = params.prototype_weight
-    return NoiseBound.of_windows(cal.sigma / c if c else 0.0, cal.sigma, cal.vote_multiplier * vote_sensitivity(),
-                                 cfg.max_windows)
+    calibrations = [calibrated(replace(build_config(cfg), vote_share=share), cfg.epsilon, cfg.delta,
+                               planned_releases(cfg), cfg.embedder != "none") for share in (0.0, VOTE_SHARE)]
+    (_, params, low), (_, _, high) = calibrations
+    return NoiseBound((low.sigma, high.sigma), params.prototype_weight, high.vote_multiplier * vote_sensitivity(),
+                      cfg.max_windows)

@@ -300,11 +300,31 @@ def window_due(cfg: RunConfig, state: ReleaseState, server_round: int, run: int)
     """
     if state.artifact is None:
         return True
-    if state.windows >= cfg.max_windows:
+    if windows_full(cfg, state):
         return False
     if cfg.replay:  # never past the releases each record's budget covers, whatever rounds a server announces
         return server_round > state.window_round and state.windows < planned_releases(cfg)
     return server_round == 1 and state.run != str(run)
+
+
+def windows_full(cfg: RunConfig, state: ReleaseState) -> bool:
+    """Whether the release cache holds the run's ``max-windows`` windows (or more): it releases no further one."""
+    return state.windows >= cfg.max_windows
+
+
+def windows_refusal(cfg: RunConfig, state: ReleaseState) -> str | None:
+    """Why this cache cannot take part under the run's ``max-windows``, or None (never raises).
+
+    A cache holding more windows than the run allows (``max-windows`` lowered,
+    or a cache from before the cap) carries more noise than the server
+    accepts (:mod:`synapse_flwr.core.noise_claims`); re-sending it every round
+    would only be refused every round.
+    """
+    if state.windows <= cfg.max_windows:
+        return None
+    return (f"this release cache holds {state.windows} release windows, more than the run's max-windows "
+            f"{cfg.max_windows}: the server would refuse the noise they carry; the operator can raise max-windows "
+            f"to {state.windows} or more (run config)")
 
 
 def replay_refusal(cfg: RunConfig, state: ReleaseState, server_round: int, run: int) -> str | None:
@@ -361,9 +381,9 @@ def org_release(
     rounds = planned_releases(cfg)
     config = build_config(cfg)
     due = window_due(cfg, state, server_round, run)
-    if not due and state.windows >= cfg.max_windows:
-        log.warning("org %s: its release cache holds %d windows, the run's max-windows: no record that arrived since "
-                    "is released (docs/privacy.md, Release once)", data.org, state.windows)
+    if not due and windows_full(cfg, state):
+        log.warning("org %s: its release cache holds %d windows, the run's max-windows (%d): no record that arrived "
+                    "since is released (docs/privacy.md, Release once)", data.org, state.windows, cfg.max_windows)
     releases = min(state.windows + due, rounds)  # a record's releases after this round
     # each window its own noise, also when seeded: two windows with the same draws would cancel in a difference
     seed = window_seed(noise_seed(cfg), state.windows)
@@ -662,7 +682,7 @@ def respond(msg: Message, context: Context, vote_phase: bool) -> Message:
     nc = context.node_config
     state = load_state(path, cache_settings(cfg, data.org, own_data="data-path" in nc),
                        pinned=bool(nc.get("release-cache")))
-    if refusal := replay_refusal(cfg, state, server_round, context.run_id):
+    if refusal := replay_refusal(cfg, state, server_round, context.run_id) or windows_refusal(cfg, state):
         log.error("refusing the run: %s", refusal)
         raise ReasonForServer(refusal)
     if vote_phase:

@@ -202,8 +202,8 @@ class RunConfig:
 # Keys a run may change when it resumes an output folder: more rounds, how long to wait
 # and for how many nodes, what is measured, votes switched on later (docs/privacy.md:
 # records released without the vote share never vote), where new noise comes from (what was
-# released stays as released), how many windows a cache may hold (none is taken back), and
-# the fault injection of tests.
+# released stays as released), how many windows a cache may hold (a cache holding more than a
+# lowered max-windows refuses the run, naming both), and the fault injection of tests.
 # Every other key shaped the artifacts on disk (and the release cache their privacy rests on).
 RESUMABLE = frozenset({"num-rounds", "max-windows", "output-dir", "round-timeout", "min-nodes", "evaluate",
                        "fusion-votes", "noise", "fail-round", "fail-orgs", "fail-delay", "capture-dir"})

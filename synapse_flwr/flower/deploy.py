@@ -481,16 +481,37 @@ def _start_federation(
 
 
 def with_node_catalog(run_config: Mapping[str, Any], nodes: int | Sequence[NodeSpec]) -> dict[str, Any]:
-    """``run_config`` with ``catalog`` the explicit nodes' one catalog file, unless it names one or they have none.
+    """``run_config`` with ``catalog`` the explicit nodes' catalog, when they all read one and it names none.
 
     The server refuses tools outside the run config's catalog (its dataset's
-    without one), so nodes that read a catalog of their own name it for it.
-    A file that does not exist is left to :func:`check_nodes` to name.
+    without one), so nodes that all read one catalog of their own (one file,
+    or copies with the same tool ids) name it for it. Nodes that read none
+    or different ones, and files that do not load, are left as they are:
+    :func:`check_nodes` names what does not load.
+
+    Parameters
+    ----------
+    run_config : mapping
+        The run config's overrides.
+    nodes : int or sequence of NodeSpec
+        The explicit nodes, or a number of the dataset's (left as they are).
+
+    Returns
+    -------
+    dict
+        A copy of ``run_config``, with ``catalog`` set when it was found.
     """
-    paths = {Path(s.catalog_path).resolve() for s in nodes if s.catalog_path} if not isinstance(nodes, int) else set()
-    if run_config.get("catalog") or len(paths) != 1 or not next(iter(paths)).is_file():
+    from synapse_flwr.core.catalog import load_catalog
+
+    paths = [] if isinstance(nodes, int) else [s.catalog_path and Path(s.catalog_path).resolve() for s in nodes]
+    if run_config.get("catalog") or not paths or not all(p and p.is_file() for p in paths):
         return dict(run_config)
-    return {**run_config, "catalog": str(paths.pop())}
+    distinct = set(paths)
+    try:
+        one = len(distinct) == 1 or len({tuple(load_catalog(p).ids) for p in distinct}) == 1
+    except SynapseError:
+        return dict(run_config)
+    return {**run_config, "catalog": str(paths[0])} if one else dict(run_config)
 
 
 def run_local_deployment(cfg: DeploymentConfig) -> DeploymentResult:

@@ -132,6 +132,16 @@ def empty_global() -> bytes:
 def federation_catalog(cfg: RunConfig) -> Catalog:
     """The federation's tools, which every artifact's must be from: the run config's ``catalog``, else its dataset's.
 
+    Parameters
+    ----------
+    cfg : RunConfig
+        The run config (``catalog``, ``dataset``, ``seed``).
+
+    Returns
+    -------
+    Catalog
+        The loaded catalog.
+
     Raises
     ------
     RuntimeError
