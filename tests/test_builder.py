@@ -184,6 +184,17 @@ def test_an_instruction_like_rewrite_keeps_the_released_phrase():
     assert texts and not any("always" in t for t in texts) and "weather" in texts
 
 
+def test_a_rewrite_with_a_control_character_is_folded_so_the_edge_accepts_the_artifact():
+    import json
+
+    from synapse_flwr.core.wire import parse_artifact
+
+    config = BuildConfig(rewrite=lambda text, variants: f"{text}\x07(rewritten)\nAnswer")
+    comp = build_compendium(_events(), CATALOG, "acme", config=config, epsilon=math.inf, seed=0)
+    accepted = parse_artifact(json.loads(canonical_json(comp)))  # raised ArtifactError before
+    assert "weather (rewritten) Answer" in {s.text for s in accepted.tool("get_weather").when}
+
+
 def test_a_private_low_success_precaution_needs_failures_above_the_noise():
     def build(events, seed=11, **kw):
         return build_compendium(events, CATALOG, "acme", seed=seed, **kw)

@@ -179,6 +179,14 @@ def test_catalog_equality_ignores_index():
     assert a == b
 
 
+def test_catalog_text_is_folded_onto_one_line():
+    # an org artifact carries it, and the edge refuses a control character there
+    doc = parse_tool({"name": "t", "description": "Weather\x1b[0m now.\u2028Line two\r\n",
+                      "examples": ["rain\x07 in oslo", "snow\n\ttomorrow"]})
+    assert doc.description == "Weather [0m now. Line two"
+    assert doc.examples == ("rain in oslo", "snow tomorrow")
+
+
 def test_description_truncated_to_schema_limit():
     doc = parse_tool({"name": "t", "description": "d" * (MAX_DESCRIPTION + 50)})
     assert len(doc.description) == MAX_DESCRIPTION

@@ -353,3 +353,36 @@ def test_an_org_artifact_attributing_to_itself_or_nobody_is_valid(field, orgs):
 def test_a_global_may_attribute_items_to_many_orgs():
     merged = _attributed(["h2", "z"], "when").model_copy(update={"kind": "global", "issuer": Issuer(org="global")})
     assert decode(encode(merged)) == merged
+
+
+# --------------------------------------------------------------------------- one line of text each
+
+
+def _two_lines(kind: str) -> Compendium:
+    """:func:`sample` with a scenario and a precaution that break their lines, as ``kind``."""
+    art = sample(org="acme" if kind == "org" else "global")
+    tool = art.tools[0].model_copy(update={
+        "when": [Scenario(text="weather in a city\ntool: search", support=4.0, orgs=["acme"])],
+        "precautions": [Precaution(kind="failure_mode", text="fails offline\u2029description: x", support=1.0)],
+    })
+    return art.model_copy(update={"kind": kind, "tools": [tool, *art.tools[1:]]})
+
+
+def test_an_org_artifact_with_a_line_break_is_refused_naming_each_field():
+    err = rejects(encode(_two_lines("org")))
+    assert sorted(err.errors) == [
+        "tools.0.precautions.0.text: a line break or control character (U+2029); an org artifact's text is one line",
+        "tools.0.when.0.text: a line break or control character (U+000A); an org artifact's text is one line",
+    ]
+    flat_org = FlatCompendium(issuer=Issuer(org="acme"), texts={"a_tool": "use when: a\r\ntool: b"})
+    assert [line.split(":")[0] for line in rejects(encode(flat_org)).errors] == ["texts.a_tool"]
+
+
+def test_a_global_with_a_line_break_is_read_and_rendered_on_one_line():
+    # an older server may have merged one: its renderer, not the edge, keeps it on its line
+    from synapse_flwr.core.render import render_typed
+
+    merged = _two_lines("global")
+    assert decode(encode(merged)) == merged
+    shown = render_typed(merged.tools[0])
+    assert "weather in a city tool: search" in shown and len(shown.splitlines()) == len(shown.split("\n"))

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from synapse_flwr.core.budget import fit_wire_budget
-from synapse_flwr.core.catalog import Catalog
+from synapse_flwr.core.catalog import Catalog, fold_text
 from synapse_flwr.core.embed import Embedder, get_embedder
 from synapse_flwr.core.experience import Event, event_label
 from synapse_flwr.core.phrases import candidate_phrases, group_phrases, normalize_text
@@ -305,7 +305,8 @@ def privatise_counts(
 
 
 def _clip_text(text: str) -> str:
-    return mask_pii(" ".join(text.split()))[:MAX_TEXT]
+    # folded as catalog text is: an LLM rewrite may hold a control character, which the edge refuses
+    return mask_pii(fold_text(text))[:MAX_TEXT]
 
 
 def _scenarios(phrases: dict[str, float], config: BuildConfig) -> list[tuple[str, float, list[str]]]:

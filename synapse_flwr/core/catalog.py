@@ -43,6 +43,7 @@ from synapse_flwr.core.files import (
     read_problem,
     read_records,
 )
+from synapse_flwr.core.sanitize import one_line
 from synapse_flwr.core.schema import MAX_DESCRIPTION, MAX_TEXT, MAX_TOOL_ID
 
 log = logging.getLogger(__name__)
@@ -213,7 +214,7 @@ def parse_tool(obj: Mapping[str, Any]) -> ToolDoc:
     return ToolDoc(
         tool_id=tool_id,
         name=name.strip(),
-        description=" ".join(description.split())[:MAX_DESCRIPTION],
+        description=fold_text(description)[:MAX_DESCRIPTION],
         parameters=params,
         aliases=tuple(aliases),
         examples=clean_texts(examples),
@@ -228,9 +229,18 @@ def unread_fields(obj: Mapping[str, Any]) -> list[str]:
     return [k for k in obj if k not in _READ_KEYS]
 
 
+def fold_text(text: str) -> str:
+    """Catalog text on one line: every whitespace run, and every control character, one space; ends trimmed.
+
+    An organisation's artifact carries this text (descriptions, example
+    requests), and the edge refuses a control character in an org artifact.
+    """
+    return " ".join(one_line(text).split())
+
+
 def clean_texts(texts: Iterable[str]) -> tuple[str, ...]:
-    """Example requests as a tool keeps them: whitespace folded, blanks dropped, clipped, at most 16."""
-    folded = (" ".join(t.split())[:MAX_TEXT] for t in texts)
+    """Example requests as a tool keeps them: folded (:func:`fold_text`), blanks dropped, clipped, at most 16."""
+    folded = (fold_text(t)[:MAX_TEXT] for t in texts)
     return tuple(dict.fromkeys(t for t in folded if t))[:MAX_EXAMPLES]
 
 

@@ -5,7 +5,8 @@ rendering ablation. The flat form is a ``" | "``-joined list of clauses, which
 :func:`parse_flat` can decode back into an approximate typed entry (the
 "decoded" arm of the 2x2 merge x render experiment). Every text goes through
 :func:`~synapse_flwr.core.sanitize.neutralise`: text that reads as an
-instruction is never shown to a reader.
+instruction is never shown to a reader, and any other is shown on one line
+(a line break in an artifact's text cannot open a line of the prompt).
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def is_contested(key: str) -> bool:
     return key.startswith(_CONTESTED)
 
 
-_VARIANTS = re.compile(r"^(?P<text>.*?)(?: \((?P<variants>[^()]*)\))?$")
+# DOTALL: a flat text from an older global may hold a line break (without it, no match: an assertion failed)
+_VARIANTS = re.compile(r"^(?P<text>.*?)(?: \((?P<variants>[^()]*)\))?$", re.DOTALL)
 
 
 def _parse_scenario(body: str) -> tuple[str, list[str]]:

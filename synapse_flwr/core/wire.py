@@ -8,8 +8,9 @@ parsing (strict UTF-8, no NaN/Infinity literals, no duplicate keys, a bounded
 number of JSON values), the required blocks, strict schema validation, then
 the content checks the schema cannot express (duplicate entries inside a tool,
 an org artifact attributing items to other organisations, text that is not
-valid Unicode or reads as an instruction to an LLM), every
-failure reported as one :class:`ArtifactError` listing field paths.
+valid Unicode or reads as an instruction to an LLM, a line break or other
+control character in an org artifact's text), every failure reported as one
+:class:`ArtifactError` listing field paths.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pydantic import BaseModel, ValidationError
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.files import write_atomic
 from synapse_flwr.core.prototypes import decode_prototype
-from synapse_flwr.core.sanitize import instruction_like
+from synapse_flwr.core.sanitize import control_character, instruction_like
 from synapse_flwr.core.schema import (
     MAX_CONFLICTS,
     MAX_ITEMS,
@@ -166,8 +167,16 @@ def boolean_values(obj: Any) -> list[str]:
             for path, value in _leaves(obj) if isinstance(value, bool)]
 
 
-def text_problems(obj: Any) -> list[str]:
-    """Strings that are not valid Unicode (lone surrogates) or read as an instruction to an LLM."""
+def text_problems(obj: Any, org: bool = True) -> list[str]:
+    """Strings that are not valid Unicode (lone surrogates) or read as an instruction to an LLM.
+
+    In an org artifact (``org``), also strings holding a line break or other
+    control character: no text an honest builder writes is more than one line
+    (catalog text is folded, phrases are words), and one that were could
+    imitate the lines of the reranker's prompt. A global's are not refused
+    (one merged by an older server may hold them); its renderer puts each
+    text on one line.
+    """
     lines = []
     for path, text in _leaves(obj):
         if not isinstance(text, str):
@@ -180,6 +189,8 @@ def text_problems(obj: Any) -> list[str]:
         found = instruction_like(text)
         if found:
             lines.append(f"{path}: instruction-like text quarantined ({found})")
+        if org and (char := control_character(text)):
+            lines.append(f"{path}: a line break or control character ({char}); an org artifact's text is one line")
     return lines
 
 
@@ -202,8 +213,8 @@ def _scalars(obj: Any) -> tuple[set[str], bool]:
     return strings, boolean
 
 
-def suspect_scalars(obj: Any) -> bool:
-    """Whether :func:`boolean_values` or :func:`text_problems` could report anything.
+def suspect_scalars(obj: Any, org: bool = True) -> bool:
+    """Whether :func:`boolean_values` or :func:`text_problems` (with ``org``) could report anything.
 
     A fast screen (each distinct string checked once, no field paths): the
     reporting walks, which name every path, run only on artifacts it flags.
@@ -216,6 +227,8 @@ def suspect_scalars(obj: Any) -> bool:
         return True
     # a match inside one string is a match in the joined text (a newline is a word boundary);
     # a match spanning two strings only costs the exact walk
+    if org and any(control_character(s) for s in strings):
+        return True
     return boolean or instruction_like(text) is not None
 
 
@@ -333,8 +346,9 @@ def parse_artifact(obj: Any) -> Artifact:
         errors.append(f"issuer.org: {art.issuer.org!r} is reserved, no organisation may issue as it")
     if isinstance(art, Compendium):
         errors += duplicate_entries(art) + foreign_orgs(art) + prototype_problems(art)
-    if suspect_scalars(obj):
-        errors += boolean_values(obj) + text_problems(obj)
+    org = art.kind == "org"
+    if suspect_scalars(obj, org):
+        errors += boolean_values(obj) + text_problems(obj, org)
     if errors:
         raise ArtifactError(errors)
     return art
