@@ -324,6 +324,9 @@ def space_problem(art: Compendium, space: EmbeddingSpace | None, source: str) ->
             f"({source}); prototypes of different spaces cannot be merged")
 
 
+OUTSIDE_CATALOG = "not in the federation's catalog"  # what a catalog refusal says (a round of nothing else: logged)
+
+
 def catalog_problem(art: Compendium, catalog: Collection[str] | None) -> str | None:
     """Why ``art``'s tools are not the federation's (ids outside ``catalog``), or None (never raises)."""
     if catalog is None:
@@ -332,7 +335,7 @@ def catalog_problem(art: Compendium, catalog: Collection[str] | None) -> str | N
     if not unknown:
         return None
     more = f" (+{len(unknown) - 3} more)" if len(unknown) > 3 else ""
-    return (f"{len(unknown)} tool ids not in the federation's catalog of {len(catalog)} tools: "
+    return (f"{len(unknown)} tool ids {OUTSIDE_CATALOG} of {len(catalog)} tools: "
             f"{', '.join(map(repr, unknown[:3]))}{more} (run config catalog names the federation's catalog file)")
 
 
@@ -595,6 +598,10 @@ class CompendiumStrategy(Strategy):
         if len(report.accepted) < self.min_nodes:
             log(WARNING, "round %d: %d valid artifacts, %d needed; global kept",
                 rnd, len(report.accepted), self.min_nodes)
+            if report.rejected and all(OUTSIDE_CATALOG in r.reason for r in report.rejected):
+                log(ERROR, "round %d: every artifact was refused for tools outside the federation's catalog of %d "
+                    "tools: if the organisations read a catalog of their own (node config catalog-path), name that "
+                    "file in the run config's catalog", rnd, len(self.catalog or ()))
         elif (record := self._merge(report)) is None:
             self._revert(saved, rnd, report.accepted, report.rejected, report.merge_error or "merge failed")
             self._released = []

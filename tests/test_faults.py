@@ -545,6 +545,21 @@ def test_tools_outside_the_catalog_are_refused_when_the_strategy_knows_it():
                                          "catalog file)")
 
 
+def test_a_round_whose_every_artifact_has_other_tools_says_how_to_name_the_catalog(caplog):
+    """Review: a deployment whose organisations read their own catalog while the server reads the dataset's
+    refused every artifact every round, with only the per-artifact reasons to go by."""
+    strategy = make_strategy("typed", min_nodes=1, catalog=["real.tool"])
+    msgs = send(strategy, 1, [10, 11])
+    strategy.aggregate_train(1, [reply(m, org_art(o, tools=["own.tool"])) for m, o in zip(msgs, "ab")])
+    assert "round 1: every artifact was refused for tools outside the federation's catalog of 1 tools: if the " \
+           "organisations read a catalog of their own (node config catalog-path), name that file in the run " \
+           "config's catalog" in caplog.text
+    caplog.clear()
+    msgs = send(strategy, 2, [10, 11])
+    strategy.aggregate_train(2, [reply(msgs[0], org_art("a", tools=["own.tool"])), superlink_error(msgs[1])])
+    assert "every artifact was refused" not in caplog.text  # another reason among them: no such advice
+
+
 def test_a_payload_over_what_the_catalog_s_tools_may_take_is_never_parsed(monkeypatch):
     """Regression (security audit): a payload inflating to the schema's wire limit (~320 MB) was parsed before
     the per-tool budget applied (~2 GB of memory); with the federation's catalog known, its tools' budget is the

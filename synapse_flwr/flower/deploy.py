@@ -506,9 +506,8 @@ def with_node_catalog(run_config: Mapping[str, Any], nodes: int | Sequence[NodeS
     paths = [] if isinstance(nodes, int) else [s.catalog_path and Path(s.catalog_path).resolve() for s in nodes]
     if run_config.get("catalog") or not paths or not all(p and p.is_file() for p in paths):
         return dict(run_config)
-    distinct = set(paths)
     try:
-        one = len(distinct) == 1 or len({tuple(load_catalog(p).ids) for p in distinct}) == 1
+        one = len({tuple(load_catalog(p).ids) for p in set(paths)}) == 1
     except SynapseError:
         return dict(run_config)
     return {**run_config, "catalog": str(paths[0])} if one else dict(run_config)
