@@ -41,6 +41,7 @@ from synapse_flwr.core.votes import SETTINGS
 from synapse_flwr.core.wire import (
     MAX_WIRE_BYTES,
     ArtifactError,
+    decode,
     encode,
     parse_body,
     unwrap,
@@ -677,13 +678,15 @@ class CompendiumStrategy(Strategy):
     def _merge(self, report: RoundReport) -> ArrayRecord | None:
         """Merge every org's latest artifact into the round's global (:attr:`current`); the report gets its size.
 
-        None when the merge fails: :attr:`current` stays the previous global and
+        None when the merge fails, or its global would not validate as every
+        client validates it: :attr:`current` stays the previous global and
         ``report.merge_error`` says why (the intake refuses what the merge is
         known to refuse; this keeps the server up through anything else).
         """
         try:
             merged = self.merge_fn([art for _, art in self.latest.values()])
             wire = encode(merged, compress=self.compress)
+            decode(wire)  # as every client will: a global they would refuse is never broadcast
         except Exception as exc:  # noqa: BLE001 - one round's failed merge must not stop the federation
             report.merge_error = f"merge failed, previous global kept: {type(exc).__name__}: {exc}"[:MAX_REASON_CHARS]
             log(ERROR, "round %d: %s", report.round, report.merge_error)

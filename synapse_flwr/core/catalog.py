@@ -43,7 +43,7 @@ from synapse_flwr.core.files import (
     read_problem,
     read_records,
 )
-from synapse_flwr.core.sanitize import one_line
+from synapse_flwr.core.sanitize import without_controls
 from synapse_flwr.core.schema import MAX_DESCRIPTION, MAX_TEXT, MAX_TOOL_ID
 
 log = logging.getLogger(__name__)
@@ -235,7 +235,7 @@ def fold_text(text: str) -> str:
     An organisation's artifact carries this text (descriptions, example
     requests), and the edge refuses a control character in an org artifact.
     """
-    return " ".join(one_line(text).split())
+    return " ".join(without_controls(text).split())
 
 
 def clean_texts(texts: Iterable[str]) -> tuple[str, ...]:

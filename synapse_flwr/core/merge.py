@@ -390,7 +390,16 @@ def _dissent_text(view: str, s: Scenario) -> str:
     else:
         prefer = f"; they prefer {s.prefer}" if getattr(s, "prefer", None) else ""
         text = f"other orgs ({', '.join(s.orgs)}) report it fails for '{s.text}'{prefer}"
-    return text[:MAX_TEXT]
+    return clip_words(text)
+
+
+def clip_words(text: str, limit: int = MAX_TEXT) -> str:
+    """``text`` within ``limit`` characters, cut at a space: a word cut short may read as another.
+
+    Cut mid-word, a quoted "... must choosey" became "... must choose", an
+    instruction every client refuses a global for (security review).
+    """
+    return text if len(text) <= limit else text[:limit + 1].rsplit(" ", 1)[0][:limit]
 
 
 def backing(s: Scenario) -> int:

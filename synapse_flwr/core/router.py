@@ -77,6 +77,7 @@ from synapse_flwr.core.rerank_llm import (
     fuse_llm,
     llm_weight_for,
 )
+from synapse_flwr.core.sanitize import neutralise
 from synapse_flwr.core.scenarios import split_when
 from synapse_flwr.core.schema import Compendium, FlatCompendium, ToolEntry, ToolStats
 
@@ -684,7 +685,7 @@ class Router:
         examples = self.examples.get(tool_id, ())
         if self.render == "typed":
             return render_typed(self._readable(entry), examples=examples)
-        shown = f"\nexample requests: {'; '.join(examples[:SHOWN_REQUESTS])}" if examples else ""
+        shown = f"\nexample requests: {'; '.join(map(neutralise, examples[:SHOWN_REQUESTS]))}" if examples else ""
         return f"tool: {entry.tool_id}\n{entry.description}{shown}"
 
     def experience_read(self, prototype: np.ndarray, cand: Sequence[int]) -> set[int]:

@@ -203,10 +203,11 @@ class RunConfig:
 # and for how many nodes, what is measured, votes switched on later (docs/privacy.md:
 # records released without the vote share never vote), where new noise comes from (what was
 # released stays as released), how many windows a cache may hold (a cache holding more than a
-# lowered max-windows refuses the run, naming both), and the fault injection of tests.
+# lowered max-windows refuses the run, naming both), the server's catalog (what it accepts from
+# now on; what it holds stays), and the fault injection of tests.
 # Every other key shaped the artifacts on disk (and the release cache their privacy rests on).
-RESUMABLE = frozenset({"num-rounds", "max-windows", "output-dir", "round-timeout", "min-nodes", "evaluate",
-                       "fusion-votes", "noise", "fail-round", "fail-orgs", "fail-delay", "capture-dir"})
+RESUMABLE = frozenset({"num-rounds", "max-windows", "catalog", "output-dir", "round-timeout", "min-nodes",
+                       "evaluate", "fusion-votes", "noise", "fail-round", "fail-orgs", "fail-delay", "capture-dir"})
 
 
 def resume_conflict(output_dir: str | Path, recorded: Mapping[str, Any], current: Mapping[str, Any]) -> str | None:
