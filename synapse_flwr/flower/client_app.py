@@ -381,7 +381,7 @@ def org_release(
     rounds = planned_releases(cfg)
     config = build_config(cfg)
     due = window_due(cfg, state, server_round, run)
-    if not due and windows_full(cfg, state):
+    if not due and windows_full(cfg, state) and (cfg.replay or server_round == 1):  # when a window was due
         log.warning("org %s: its release cache holds %d windows, the run's max-windows (%d): no record that arrived "
                     "since is released (docs/privacy.md, Release once)", data.org, state.windows, cfg.max_windows)
     releases = min(state.windows + due, rounds)  # a record's releases after this round
