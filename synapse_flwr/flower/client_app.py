@@ -298,10 +298,13 @@ def window_due(cfg: RunConfig, state: ReleaseState, server_round: int, run: int)
     run : int
         The Flower run (``Context.run_id``).
     """
+    return window_scheduled(cfg, state, server_round, run) and not windows_full(cfg, state)
+
+
+def window_scheduled(cfg: RunConfig, state: ReleaseState, server_round: int, run: int) -> bool:
+    """Whether the schedule of :func:`window_due` has a window in this round, ``max-windows`` aside."""
     if state.artifact is None:
         return True
-    if windows_full(cfg, state):
-        return False
     if cfg.replay:  # never past the releases each record's budget covers, whatever rounds a server announces
         return server_round > state.window_round and state.windows < planned_releases(cfg)
     return server_round == 1 and state.run != str(run)
@@ -381,7 +384,7 @@ def org_release(
     rounds = planned_releases(cfg)
     config = build_config(cfg)
     due = window_due(cfg, state, server_round, run)
-    if not due and windows_full(cfg, state) and (cfg.replay or server_round == 1):  # when a window was due
+    if not due and windows_full(cfg, state) and window_scheduled(cfg, state, server_round, run):
         log.warning("org %s: its release cache holds %d windows, the run's max-windows (%d): no record that arrived "
                     "since is released (docs/privacy.md, Release once)", data.org, state.windows, cfg.max_windows)
     releases = min(state.windows + due, rounds)  # a record's releases after this round

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import TypeVar
 
 from flwr.app import Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
@@ -129,6 +130,31 @@ def empty_global() -> bytes:
     return encode(Compendium(kind="global", issuer=Issuer(org=GLOBAL_ORG, round=0), policy="none"))
 
 
+T = TypeVar("T")
+
+
+def loaded(source: str, load: Callable[[], T]) -> T:
+    """``load()``; when it fails, the reason logged before any round and a RuntimeError naming ``source``.
+
+    Parameters
+    ----------
+    source : str
+        What is loaded, as the log names it (``dataset demo``).
+    load : callable
+        Loads it, raising :class:`~synapse_flwr.core.errors.SynapseError` on bad input.
+
+    Raises
+    ------
+    RuntimeError
+        ``<source> is invalid (see the ServerApp log above)``: the run's log says why, not a traceback.
+    """
+    try:
+        return load()
+    except SynapseError as exc:
+        log.error("the ServerApp cannot load %s:\n%s", source, exc)
+        raise RuntimeError(f"{source} is invalid (see the ServerApp log above)") from None
+
+
 def federation_catalog(cfg: RunConfig) -> Catalog:
     """The federation's tools, which every artifact's must be from: the run config's ``catalog``, else its dataset's.
 
@@ -145,14 +171,11 @@ def federation_catalog(cfg: RunConfig) -> Catalog:
     Raises
     ------
     RuntimeError
-        When it does not load (the reason logged before any round, not as a traceback).
+        When it does not load (:func:`loaded`).
     """
-    source = f"the catalog {cfg.catalog}" if cfg.catalog else f"the catalog of dataset {cfg.dataset}"
-    try:
-        return load_catalog(cfg.catalog) if cfg.catalog else load_dataset(cfg.dataset, cfg.seed).catalog
-    except SynapseError as exc:
-        log.error("the federation's tools cannot be loaded from %s:\n%s", source, exc)
-        raise RuntimeError(f"{source} is invalid (see the ServerApp log above)") from None
+    if cfg.catalog:
+        return loaded(f"the catalog {cfg.catalog}", lambda: load_catalog(cfg.catalog))
+    return loaded(f"dataset {cfg.dataset}", lambda: load_dataset(cfg.dataset, cfg.seed)).catalog
 
 
 def make_evaluator(cfg: RunConfig) -> Callable[[Artifact], dict] | None:
@@ -164,11 +187,7 @@ def make_evaluator(cfg: RunConfig) -> Callable[[Artifact], dict] | None:
     """
     if not cfg.evaluate:
         return None
-    try:
-        ds = load_dataset(cfg.dataset, cfg.seed)
-    except SynapseError as exc:  # named in the run's log before any round, not as a traceback
-        log.error("server-side evaluation cannot load dataset %s:\n%s", cfg.dataset, exc)
-        raise RuntimeError(f"dataset {cfg.dataset} is invalid (see the ServerApp log above)") from None
+    ds = loaded(f"dataset {cfg.dataset}", lambda: load_dataset(cfg.dataset, cfg.seed))
     splits = {k: v for k, v in (("seen", ds.seen_test), ("heldout", ds.heldout_test)) if v}
     if not splits:
         return None
