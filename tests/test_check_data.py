@@ -9,11 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from synapse_flwr import cli
 from synapse_flwr.core.errors import InputError
-from synapse_flwr.core.experience import load_experience
+from synapse_flwr.core.experience import Event, load_experience
 from synapse_flwr.data.check import DataError, check_folder, file_hashes, require_valid
 from synapse_flwr.data.federation import demo_dir, load_folder, load_partition
 from synapse_flwr.data.split import split_orgs
@@ -201,15 +202,27 @@ def test_a_pretty_printed_nan_and_a_number_too_large_are_named(folder):
     assert any("catalog.json: invalid JSON: NaN is not a JSON value" in p for p in _problems(folder))
 
 
-def test_a_request_without_a_letter_or_digit_is_refused(folder):
-    """Regression: a test query "???" was routed (its embedding is noise) and scored like any request."""
-    _jsonl(folder / "test.jsonl", [TEST[0], {"query": " ?!? ", "gold": "book_hotel"}])
-    _jsonl(folder / "org_a.jsonl", [{"query": "...", "tool": "get_weather", "success": True}])
-    problems = _problems(folder)
-    assert any("test.jsonl:2: field 'query': a request without a letter or digit" in p for p in problems)
-    assert any("org_a.jsonl:1: field 'query': a request without a letter or digit" in p for p in problems)
-    with pytest.raises(InputError, match="org_a.jsonl:1: field 'query': a request without a letter or digit"):
-        load_experience(folder / "org_a.jsonl")
+def test_a_record_without_a_letter_or_digit_is_skipped_and_counted(folder, caplog):
+    """A converter's placeholder ("???", "", an emoji) has nothing to route on or learn from: every reader skips it
+    and says how many, instead of routing its noise embedding or refusing a whole benchmark for one line."""
+    _jsonl(folder / "test.jsonl", [TEST[0], {"query": " ?!? ", "gold": "book_hotel"}, TEST[1]])
+    _jsonl(folder / "org_a.jsonl", [{"query": "...", "tool": "get_weather", "success": True},
+                                    {"query": "\N{THUMBS UP SIGN}", "tool": "book_hotel", "success": True},
+                                    *EVENTS[:6]])
+    with caplog.at_level("WARNING"):
+        report = require_valid(folder)
+        data = load_folder(folder)
+    assert report.orgs == {"a": 6, "b": 6} and report.test == 2
+    assert [e.query for e in data.orgs["a"]] == [e["query"] for e in EVENTS[:6]]
+    assert [i.query for i in data.seen_test] == [t["query"] for t in TEST]
+    assert [e.query for e in load_experience(folder / "org_a.jsonl")] == [e["query"] for e in EVENTS[:6]]
+    warned = [r.getMessage() for r in caplog.records]
+    assert sum("org_a.jsonl: 2 records skipped: a query without a letter or digit" in w for w in warned) == 1
+    assert sum("test.jsonl: 1 records skipped: a query without a letter or digit" in w for w in warned) == 1
+    with pytest.raises(ValidationError, match="a request without a letter or digit"):  # routing one still refuses
+        Event(query="???", tool="get_weather", success=True)
+    _jsonl(folder / "test.jsonl", [{"query": "", "gold": "book_hotel"}])
+    assert "test.jsonl: holds no records" in _problems(folder)[0]
 
 
 def test_an_alias_without_letters_or_digits_is_refused(folder):
@@ -234,9 +247,19 @@ def test_train_without_org_files_suggests_split_orgs(folder):
     assert "train.jsonl found, but no org_*.jsonl" in problem and "synapse split-orgs" in problem
 
 
-def test_empty_org_file(folder):
+def test_an_empty_org_file_joins_with_no_experience(folder, caplog):
+    """As an organisation the leak filter empties: it takes part with nothing to teach, so its tools are held out."""
     (folder / "org_b.jsonl").write_text("\n")
-    assert "org_b.jsonl: holds no records" in _problems(folder)[0]
+    with caplog.at_level("WARNING"):
+        report = require_valid(folder)
+        data = load_folder(folder)
+    assert report.orgs == {"a": 6, "b": 0} and data.orgs["b"] == []
+    assert [i.gold for i in data.heldout_test] == [("book_hotel",)]
+    assert any("org_b.jsonl: holds no records; its organisation joins with no experience" in r.getMessage()
+               for r in caplog.records)
+    assert require_valid(folder, ["b"]).orgs == {"b": 0}  # a node checks its own log alone
+    (folder / "org_a.jsonl").write_text("")
+    assert "no organisation log holds a record" in _problems(folder)[0]
 
 
 def test_load_folder_raises_every_problem_at_once(folder):

@@ -149,8 +149,8 @@ def test_undeclared_collision_is_an_error_naming_both():
             parse_tool({"name": "qr_code_generator", "description": "B."})]
     with pytest.raises(ToolCollision, match="'qrcodegenerator' and 'qr_code_generator'"):
         make_catalog(docs)
-    with pytest.raises(ToolCollision):  # the same name twice is two entries too
-        make_catalog([docs[0], docs[0]])
+    with pytest.raises(ToolCollision):  # the same name twice is two entries too, unless repeated word for word
+        make_catalog([docs[0], parse_tool({"name": "qrcodegenerator", "description": "C."})])
 
 
 def test_alias_table_beside_the_catalog_file(tmp_path):
@@ -269,7 +269,6 @@ def test_openai_shape_errors_name_nested_field(tmp_path):
     ("record", "field"),
     [
         ({"name": "x", "description": ["a"]}, "description"),
-        ({"name": "x", "description": None}, "description"),
         ({"name": 7}, "name"),
         ({"name": "   "}, "name"),
         ({"name": "!!!"}, "name"),
@@ -285,6 +284,32 @@ def test_bad_catalog_fields(tmp_path, record, field):
     err = raises_input_error(load_catalog, path)
     assert (err.path, err.line, err.field) == (str(path), 3, field)
     assert f":3: field '{field}':" in str(err)
+
+
+@pytest.mark.parametrize("entry", [
+    {"name": "ping", "description": None},
+    {"name": "ping", "description": None, "inputSchema": None},
+    {"type": "function", "function": {"name": "ping", "description": None, "parameters": None}},
+])
+def test_a_null_description_reads_as_none_given(entry):
+    """MCP and OpenAI entries may leave the description out; a converter that writes Python's None gives null."""
+    doc = parse_tool(entry)
+    assert (doc.tool_id, doc.description, doc.parameters) == ("ping", "", None)
+
+
+def test_an_entry_repeated_word_for_word_is_read_once(tmp_path, caplog):
+    """Catalogs concatenated from several sources list a tool twice; only a repeat that differs is ambiguous."""
+    other = {"name": "get_time", "description": "Current time in a zone."}
+    path = write_jsonl_file(tmp_path / "cat.jsonl", [PLAIN, other, OPENAI, other])  # OPENAI is PLAIN in another shape
+    with caplog.at_level("WARNING"):
+        catalog = load_catalog(path)
+    assert catalog.ids == ["get_time", "get_weather"]
+    assert any("catalog: 2 entries repeat an earlier entry exactly" in r.getMessage()
+               and "'get_weather', 'get_time'" in r.getMessage() for r in caplog.records)
+    differs = write_jsonl_file(tmp_path / "c2.jsonl", [PLAIN, {**other, "name": "get_weather"}])
+    err = raises_input_error(load_catalog, differs)
+    assert (err.line, err.field) == (None, "name")
+    assert "duplicate tool 'get_weather' with another description, arguments or examples" in err.message
 
 
 def test_json_list_errors_name_item_number(tmp_path):
@@ -437,7 +462,6 @@ def test_unknown_tool_names_line_and_field(tmp_path, catalog, field):
         ({"success": "true"}, "success"),
         ({"success": None}, "success"),
         ({"query": 5}, "query"),
-        ({"query": "   "}, "query"),
         ({"tool": ["get_weather"]}, "tool"),
         ({"gold": 3}, "gold"),
         ({"org": ""}, "org"),
@@ -526,7 +550,6 @@ def test_testset_gold_as_string_or_list(tmp_path, catalog):
         ({"query": "q", "gold": []}, "gold"),
         ({"query": "q"}, "gold"),
         ({"query": "q", "gold": 5}, "gold"),
-        ({"query": "", "gold": "get_weather"}, "query"),
         ({"query": "q", "gold": "teleport"}, "gold"),
     ],
 )

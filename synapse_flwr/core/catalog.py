@@ -193,7 +193,9 @@ def parse_tool(obj: Mapping[str, Any]) -> ToolDoc:
     if len(name.strip()) > MAX_NAME:
         raise ValueError(f"{prefix}name: {len(name.strip())} characters, at most {MAX_NAME} (shorten it; records "
                          "name tools by it)")
-    description = body.get("description", "")
+    description = body.get("description")
+    if description is None:  # absent or null: MCP and OpenAI entries may leave it out
+        description = ""
     if not isinstance(description, str):
         raise ValueError(f"{prefix}description: not a string")
     params = body.get(params_key)
@@ -256,7 +258,8 @@ class ToolCollision(ValueError):
     def __init__(self, first: ToolDoc, second: ToolDoc) -> None:
         self.first, self.second = first, second
         if first.name == second.name:
-            super().__init__(f"duplicate tool {first.name!r}: remove one of the two entries")
+            super().__init__(f"duplicate tool {first.name!r} with another description, arguments or examples: "
+                             "remove one of the two entries")
             return
         if alias_key(_uncut_id(first.name)) != alias_key(_uncut_id(second.name)):  # alike only once cut
             super().__init__(f"tools {first.name!r} and {second.name!r} give the same id {first.tool_id!r} once "
@@ -314,6 +317,9 @@ def make_catalog(
 ) -> Catalog:
     """Build a catalog; entries whose names collide merge only when declared aliases.
 
+    An entry that repeats an earlier one exactly (name, description,
+    arguments, examples) is read once, with one warning counting them.
+
     A declared alias collapses into the first entry (its id, name and
     description; a missing description is filled from the alias entry).
     Every alias of the table then resolves to its tool, so records may name
@@ -338,11 +344,15 @@ def make_catalog(
     docs = list(docs)
     declared = _declared(docs, aliases or {})
     by_key: dict[str, ToolDoc] = {}
+    repeated = Counter[str]()
     for doc in docs:
         key = alias_key(doc.tool_id)
         first = by_key.get(key)
         if first is None:
             by_key[key] = doc
+            continue
+        if doc == first:  # catalogs concatenated from several sources list a tool twice, word for word
+            repeated[doc.name] += 1
             continue
         if (alias_key(doc.name), alias_key(first.name)) not in declared:
             raise ToolCollision(first, doc)
@@ -355,6 +365,10 @@ def make_catalog(
             aliases=tuple(sorted({*first.aliases, doc.name, *doc.aliases} - {first.name})),
             examples=clean_texts([*first.examples, *doc.examples]),
         )
+    if repeated:
+        names = ", ".join(f"{n!r}" for n in list(repeated)[:5]) + (", ..." if len(repeated) > 5 else "")
+        warn_once(log, f"catalog: {repeated.total()} entries repeat an earlier entry exactly (name, description, "
+                       f"arguments, examples); each tool is read once: {names}")
     tools = _with_table_aliases(by_key.values(), aliases or {}, source)
     return Catalog(tuple(sorted(tools, key=lambda d: d.tool_id)))
 

@@ -12,8 +12,9 @@ optional. A labelled dataset is just events with ``success: true``.
 A test set is JSONL with ``query`` and ``gold`` (one tool id or a list of
 acceptable ids).
 
-Fields outside these are ignored, and a query longer than :data:`MAX_QUERY`
-characters is cut to it (both named once per file in the log).
+Fields outside these are ignored, a query longer than :data:`MAX_QUERY`
+characters is cut to it, and a record whose query holds no letter or digit
+is skipped (each named once per file in the log).
 """
 
 from __future__ import annotations
@@ -134,6 +135,8 @@ class TestItem(BaseModel):
 
 #: The note :func:`known_fields` gives a record whose query it cut.
 QUERY_CUT = "query cut"
+#: The note :func:`known_fields` gives a record whose query holds no letter or digit; readers skip the record.
+NO_WORDS = "query without words"
 
 
 def known_fields(obj: dict, model: type[BaseModel]) -> tuple[dict, list[str]]:
@@ -143,16 +146,21 @@ def known_fields(obj: dict, model: type[BaseModel]) -> tuple[dict, list[str]]:
     their own (an id, a category), and agent logs may hold requests longer
     than :data:`MAX_QUERY` characters; the fields are ignored and a longer
     query is cut (an embedder reads its first few hundred tokens only)
-    rather than the folder refused. A test item's single ``gold`` id becomes
-    a list of one. The notes (``'<field>'`` per ignored field,
-    :data:`QUERY_CUT`) let readers name them once per file
+    rather than the folder refused. A record whose query holds no letter or
+    digit (``""``, ``"???"``, an emoji) has nothing to route on or learn from:
+    it is noted :data:`NO_WORDS` and readers skip it rather than refuse a
+    whole benchmark for one placeholder. A test item's single ``gold`` id
+    becomes a list of one. The notes (``'<field>'`` per ignored field,
+    :data:`QUERY_CUT`, :data:`NO_WORDS`) let readers name them once per file
     (:func:`warn_ignored`), so a misspelt field is still seen.
     """
     known = model.model_fields
     out = {k: v for k, v in obj.items() if k in known}
     notes = sorted(f"'{k}'" for k in obj if k not in known)
     query = out.get("query")
-    if isinstance(query, str) and len(query.strip()) > MAX_QUERY:
+    if isinstance(query, str) and not is_text(query):
+        notes.append(NO_WORDS)
+    elif isinstance(query, str) and len(query.strip()) > MAX_QUERY:
         out["query"] = query.strip()[:MAX_QUERY]
         notes.append(QUERY_CUT)
     if model is TestItem and isinstance(out.get("gold"), str):
@@ -162,11 +170,14 @@ def known_fields(obj: dict, model: type[BaseModel]) -> tuple[dict, list[str]]:
 
 def warn_ignored(path: Path, notes: Counter[str]) -> None:
     """Log, once per file and process, what :func:`known_fields` left out of its records (with the records' counts)."""
-    fields = ", ".join(f"{k} ({n} records)" for k, n in sorted(notes.items()) if k != QUERY_CUT)
+    fields = ", ".join(f"{k} ({n} records)" for k, n in sorted(notes.items()) if k not in (QUERY_CUT, NO_WORDS))
     if fields:
         warn_once(log, f"{path}: ignored fields outside the format (docs/formats.md): {fields}")
     if notes[QUERY_CUT]:
         warn_once(log, f"{path}: {notes[QUERY_CUT]} queries longer than {MAX_QUERY} characters cut to that length")
+    if notes[NO_WORDS]:
+        warn_once(log, f"{path}: {notes[NO_WORDS]} records skipped: a query without a letter or digit "
+                       "(nothing to route on or learn from)")
 
 
 #: What a record lacking a required field should give there (a converter that leaves out ``success`` wrote
@@ -239,6 +250,8 @@ def _read_models(path: Path, model: type[RecordT], warn: bool) -> Iterator[tuple
     for line, raw in read_records(path):
         obj, extra = known_fields(raw, model)
         ignored.update(extra)
+        if NO_WORDS in extra:
+            continue
         try:
             record = model.model_validate(obj)
         except ValidationError as exc:
