@@ -13,6 +13,8 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from synapse_flwr import cli
+from synapse_flwr.core.builder import build_compendium
+from synapse_flwr.core.catalog import load_catalog
 from synapse_flwr.core.errors import InputError
 from synapse_flwr.core.experience import Event, load_experience
 from synapse_flwr.data.check import DataError, check_folder, file_hashes, require_valid
@@ -67,6 +69,15 @@ def test_missing_folder_and_catalog(folder):
 def test_empty_catalog(folder):
     (folder / "catalog.json").write_text("[]")
     assert "catalog holds no tools" in _problems(folder)[0]
+
+
+def test_a_catalog_no_compendium_can_carry_is_named_before_any_work(folder, monkeypatch):
+    """A private artifact carries every catalog tool: more than the schema allows failed at the first build."""
+    monkeypatch.setattr("synapse_flwr.core.catalog.MAX_TOOLS", 2)
+    (problem,) = _problems(folder)
+    assert "catalog.json: the catalog holds 3 tools, a compendium at most 2: split it" in problem
+    with pytest.raises(ValueError, match="the catalog holds 3 tools, a compendium at most 2"):
+        build_compendium(load_experience(folder / "org_a.jsonl"), load_catalog(folder / "catalog.json"), "a")
 
 
 def test_bad_json_lines_each_named(folder):
@@ -395,9 +406,6 @@ def test_a_run_that_merged_nothing_is_a_failure(tmp_path):
 def test_gzip_files_are_read_by_their_bytes_and_a_compressed_org_log_is_named(folder):
     import gzip
 
-    from synapse_flwr.core.catalog import load_catalog
-    from synapse_flwr.core.experience import load_experience
-
     packed = folder / "catalog.json.gz"
     packed.write_bytes(gzip.compress((folder / "catalog.json").read_bytes()))
     log = folder / "org_b.jsonl"
@@ -554,8 +562,6 @@ def test_a_description_under_another_key_is_named_with_the_undocumented_tools(fo
 
 
 def test_fields_a_documented_catalog_does_not_read_are_only_noted(folder, caplog):
-    from synapse_flwr.core.catalog import load_catalog
-
     entries = [{**t, "title": t["name"].title()} for t in CATALOG]
     (folder / "catalog.json").write_text(json.dumps({"tools": entries}))
     with caplog.at_level("INFO"):

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from synapse_flwr.core.budget import fit_wire_budget
-from synapse_flwr.core.catalog import Catalog, fold_text
+from synapse_flwr.core.catalog import Catalog, fold_text, size_problem
 from synapse_flwr.core.embed import Embedder, get_embedder
 from synapse_flwr.core.experience import Event, event_label
 from synapse_flwr.core.phrases import candidate_phrases, group_phrases, normalize_text
@@ -658,6 +658,8 @@ def _checked_events(events: Iterable[Event], catalog: Catalog, org: str) -> list
         # checked here, not by validate: an artifact issued as a reserved org (global, server) is built, then refused
         reason = problem if isinstance(org, str) else "it must be a string"
         raise ValueError(f"org {org!r} is not a valid organisation id: {reason}")
+    if too_large := size_problem(catalog):
+        raise ValueError(too_large)
     events = list(events)
     wrong = next((ev for ev in events if not isinstance(ev, Event)), None)
     if wrong is not None:

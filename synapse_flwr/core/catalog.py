@@ -44,7 +44,7 @@ from synapse_flwr.core.files import (
     read_records,
 )
 from synapse_flwr.core.sanitize import without_controls
-from synapse_flwr.core.schema import MAX_DESCRIPTION, MAX_TEXT, MAX_TOOL_ID
+from synapse_flwr.core.schema import MAX_DESCRIPTION, MAX_TEXT, MAX_TOOL_ID, MAX_TOOLS
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +164,18 @@ class Catalog:
     def descriptions(self) -> dict[str, str]:
         """Tool id to description."""
         return {doc.tool_id: doc.description for doc in self.tools}
+
+
+def size_problem(catalog: Catalog) -> str | None:
+    """Why no compendium can carry this catalog (more tools than the schema's :data:`MAX_TOOLS`), or None.
+
+    Checked before any work: a private artifact carries every catalog tool,
+    so such a catalog would otherwise fail at its first build.
+    """
+    if len(catalog) <= MAX_TOOLS:
+        return None
+    return (f"the catalog holds {len(catalog):,} tools, a compendium at most {MAX_TOOLS:,}: split it into catalogs "
+            f"of at most {MAX_TOOLS:,} tools (one federation each)")
 
 
 def parse_tool(obj: Mapping[str, Any]) -> ToolDoc:

@@ -31,6 +31,7 @@ from synapse_flwr.core.catalog import (
     make_catalog,
     parse_tool,
     read_aliases,
+    size_problem,
     unread_fields,
     warn_undocumented,
     with_examples_file,
@@ -378,6 +379,8 @@ def check_folder(folder: str | Path, orgs: Sequence[str] | None = None, max_per_
         problems, aliases = [Problem(exc.path, exc.message)], {}
     catalog, found, unread = _check_catalog(path, aliases)
     problems += found
+    if catalog is not None and (too_large := size_problem(catalog)):
+        return FolderReport(folder, (*problems, Problem(str(path), too_large)))
     logs = org_files(folder)
     problems += _bad_org_ids(logs, orgs)
     # a folder's logs are plain JSONL (docs/formats.md): a compressed one would be left out unsaid
