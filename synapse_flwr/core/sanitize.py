@@ -14,6 +14,7 @@ without the edge check passes none of these on.
 from __future__ import annotations
 
 import re
+import unicodedata
 
 QUARANTINED = "[quarantined text]"
 
@@ -46,10 +47,22 @@ _CONTROL = re.compile(f"[{_CONTROL_CLASS}]")
 _SPACE_RUN = re.compile(rf"[\s{_CONTROL_CLASS}]+")
 
 
+def _folded(text: str) -> str:
+    """``text`` as a model reads it past invisible tricks: format characters (Unicode Cf: zero-width
+    spaces and joiners, bidi controls, soft hyphens) dropped, compatibility forms (fullwidth letters,
+    ligatures) folded by NFKC."""
+    return unicodedata.normalize("NFKC", "".join(c for c in text if unicodedata.category(c) != "Cf"))
+
+
 def instruction_like(text: str) -> str | None:
-    """The kind of instruction ``text`` carries and the words, or None for plain data. Never raises."""
+    """The kind of instruction ``text`` carries and the words, or None for plain data. Never raises.
+
+    The text is read as sent and folded (:func:`_folded`): "ig\u200bnore previous instructions" and
+    fullwidth letters read as the instruction they spell.
+    """
+    folded = text if text.isascii() else _folded(text)  # ASCII holds no format character and folds to itself
     for name, rx in _PATTERNS:
-        m = rx.search(text)
+        m = rx.search(text) or (rx.search(folded) if folded != text else None)
         if m:
             return f"{name}: {m.group(0)[:60]!r}"
     return None
