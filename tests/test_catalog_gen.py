@@ -77,3 +77,23 @@ def test_real_catalog_scales_to_3180():
     cat = scaled_catalog(3180, seed=0)
     assert len(cat) == 3180
     assert sum(not d.tool_id.startswith(GENERATED_PREFIX) for d in cat.tools) > 199  # real plugin manifests too
+
+
+@needs_data
+def test_the_scale_folder_is_a_dataset_folder_with_taught_and_held_out_generated_tools(tmp_path):
+    from synapse_flwr.simulations.scale_folder import (
+        HELD_OUT_TEST,
+        REAL_TEST,
+        write_scale_folder,
+    )
+
+    from synapse_flwr.data.check import require_valid
+    from synapse_flwr.data.federation import load_folder
+
+    tools, events, test = write_scale_folder(tmp_path, 1000, 0)
+    report = require_valid(tmp_path)
+    assert report.tools == tools == 1000 and sum(report.orgs.values()) == events and report.test == test
+    data = load_folder(tmp_path)
+    held_out = {g for item in data.heldout_test for g in item.gold}
+    assert held_out and all(g.startswith(GENERATED_PREFIX) for g in held_out)
+    assert len(data.heldout_test) == min(HELD_OUT_TEST, len(held_out)) and test > REAL_TEST + len(held_out)
