@@ -619,6 +619,8 @@ class Experiment:
                 "org_events": {o: len(e) for o, e in sorted(ds.orgs.items())},
                 "test_sizes": {split: len(items) for split, items in splits.items()},
                 "leak_filter": ds.info.get("leak_filter"), "orgs_as_given": bool(ds.info.get("orgs_as_given")),
+                # records of a folder's files that no reader reads (a query without a letter or digit)
+                "skipped_records": ds.info.get("skipped_records", {}),
                 "globals": self.globals_for_seed(seed),
                 "heldout_tools": heldout_tool_count(ds.heldout_test),
                 # a catalog may hold tools that are neither taught nor tested: all of them route on documentation
@@ -702,6 +704,7 @@ def aggregate(cfg: ExperimentConfig, per_seed: dict, llm: dict) -> dict:
                                   if "fedavg_dp" in r["arms"]), default=None),
         "injection": {str(s): r["injection"] for s, r in per_seed.items()},
         "leak_filter": {str(s): r["info"]["leak_filter"] for s, r in per_seed.items()},
+        "skipped_records": first["info"].get("skipped_records", {}),
         "orgs_as_given": first["info"]["orgs_as_given"],
         "seed_info": {str(s): r["info"] for s, r in per_seed.items()},
         "per_seed": {str(s): {"arms": r["arms"], "2x2": r["2x2"], "rates": r["rates"]}

@@ -125,7 +125,9 @@ def _leak_line(results: dict) -> str:
         return "Leak filter: not applied (the dataset has no test set)."
     cells = "; ".join(f"seed {s}: {r['exact']} exact, {r['near']} near duplicates and {r['garbage']} garbage "
                       f"dropped of {r['total']}" for s, r in found.items())
-    return f"Leak filter (training events vs every test query): {cells}."
+    skipped = ", ".join(f"{name} {n}" for name, n in (results.get("skipped_records") or {}).items())
+    return f"Leak filter (training events vs every test query): {cells}." + (
+        f" Records skipped where read, their query holding no letter or digit: {skipped}." if skipped else "")
 
 
 def _privacy(results: dict) -> str:

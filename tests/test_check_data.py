@@ -224,6 +224,7 @@ def test_a_record_without_a_letter_or_digit_is_skipped_and_counted(folder, caplo
         report = require_valid(folder)
         data = load_folder(folder)
     assert report.orgs == {"a": 6, "b": 6} and report.test == 2
+    assert report.skipped == data.info["skipped_records"] == {"org_a.jsonl": 2, "test.jsonl": 1}
     assert [e.query for e in data.orgs["a"]] == [e["query"] for e in EVENTS[:6]]
     assert [i.query for i in data.seen_test] == [t["query"] for t in TEST]
     assert [e.query for e in load_experience(folder / "org_a.jsonl")] == [e["query"] for e in EVENTS[:6]]

@@ -591,6 +591,21 @@ def test_the_summary_and_tables_say_what_the_fusion_votes_chose():
     assert not any("votes" in x for x in summary_lines(results))
 
 
+def test_the_tables_count_the_records_skipped_where_read():
+    """A benchmark's placeholder queries change its test set's size: the tables say how many were skipped."""
+    from synapse_flwr.simulations.experiment_report import tables
+
+    results = {"name": "v", "dataset": "f", "seeds": [1], "orgs": 3, "epsilon": 4.0, "epsilon_target": 4.0,
+               "delta": 1e-5, "rounds": 3, "embedder": "minilm", "reranker": "fields", "k": 5, "alpha": 0.5,
+               "arms": {"docs_only": {"seen": {"acc_mean": 0.5, "acc_sd": 0.0, "r5_mean": 0.9}}}, "targets": [],
+               "leak_filter": {"1": {"total": 9, "exact": 0, "near": 1, "garbage": 0, "kept": 8}},
+               "ablation_2x2": {}, "contradiction": {}, "injection": {}, "per_round": {}, "llm_sample": {}}
+    assert "Records skipped" not in tables(results)
+    results["skipped_records"] = {"org_a.jsonl": 2, "test.jsonl": 1}
+    assert ("1 near duplicates and 0 garbage dropped of 9. Records skipped where read, their query holding no "
+            "letter or digit: org_a.jsonl 2, test.jsonl 1.") in tables(results)
+
+
 def test_the_llm_sample_sits_beside_retrieval_order_and_its_order_check_catches_a_position_biased_llm(
         tmp_path, monkeypatch):
     """The LLM rows of an experiment name retrieval order on the same queries, and a reader that picks by

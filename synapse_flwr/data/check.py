@@ -122,6 +122,8 @@ class FolderReport:
         Test items.
     hashes : dict of str to str
         File name -> sha256 of every data file read.
+    skipped : dict of str to int
+        File name -> records every reader skips: their query holds no letter or digit (:data:`NO_WORDS`).
     """
 
     folder: Path
@@ -130,6 +132,7 @@ class FolderReport:
     orgs: dict[str, int] = field(default_factory=dict)
     test: int = 0
     hashes: dict[str, str] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -315,7 +318,8 @@ def _record_problems(path: Path, raw: dict, line: int, catalog: Catalog, test: b
     return [_unknown(path, line, f, n, catalog) for f, n in names if catalog.resolve(n) is None]
 
 
-def _check_records(path: Path, catalog: Catalog, test: bool, max_problems: int) -> tuple[int, list[Problem]]:
+def _check_records(path: Path, catalog: Catalog, test: bool, max_problems: int) -> tuple[int, list[Problem], int]:
+    """Records of a log or test set that every reader reads, their problems, and the records readers skip."""
     records, problems, ignored = 0, [], Counter[str]()
     for line, obj, problem in _scan(path):
         notes = known_fields(obj, TestItem if test else Event)[1] if obj is not None else []
@@ -333,7 +337,7 @@ def _check_records(path: Path, catalog: Catalog, test: bool, max_problems: int) 
         problems.append(Problem(str(path), "holds no records"))
     elif not records and not problems:  # as an organisation the leak filter emptied (federation.load_folder)
         warn_once(log, f"{path}: holds no records; its organisation joins with no experience")
-    return records, problems
+    return records, problems, ignored[NO_WORDS]
 
 
 def _no_orgs(folder: Path) -> Problem:
@@ -396,18 +400,19 @@ def check_folder(folder: str | Path, orgs: Sequence[str] | None = None, max_per_
         problems.append(Problem(exc.path, exc.message))
     unknown_orgs = sorted(set(orgs or ()) - set(logs))
     problems += [Problem(str(folder / f"org_{o}.jsonl"), "file not found") for o in unknown_orgs]
-    counts = {}
+    counts, skipped = {}, {}
     for org, log_path in logs.items():
         if orgs is None or org in orgs:
-            counts[org], found = _check_records(log_path, catalog, False, max_per_file)
+            counts[org], found, skipped[log_path.name] = _check_records(log_path, catalog, False, max_per_file)
             problems += found
     if orgs is None and counts and not any(counts.values()) and not problems:  # a node checks its own log alone
         problems.append(Problem(str(folder), "no organisation log holds a record", hint="nothing to federate"))
     test = 0
     if (folder / TEST_FILE).exists():
-        test, found = _check_records(folder / TEST_FILE, catalog, True, max_per_file)
+        test, found, skipped[TEST_FILE] = _check_records(folder / TEST_FILE, catalog, True, max_per_file)
         problems += found
-    return FolderReport(folder, tuple(problems), len(catalog), counts, test, file_hashes(folder))
+    return FolderReport(folder, tuple(problems), len(catalog), counts, test, file_hashes(folder),
+                        {name: n for name, n in skipped.items() if n})
 
 
 def require_valid(folder: str | Path, orgs: Sequence[str] | None = None) -> FolderReport:

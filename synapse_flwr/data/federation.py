@@ -121,7 +121,8 @@ def load_folder(path: Path, name: str | None = None, org: str | None = None) -> 
     experienced = {label for evs in orgs.values() for e in evs if (label := event_label(e)) is not None}
     seen = [i for i in items if set(i.gold) & experienced]
     heldout = [i for i in items if not set(i.gold) & experienced]
-    info = {"leak_filter": leak.__dict__, "orgs_as_given": True, "data_files": report.hashes}
+    info = {"leak_filter": leak.__dict__, "orgs_as_given": True, "data_files": report.hashes,
+            "skipped_records": report.skipped}
     return FederatedDataset(name or path.name, catalog, orgs, seen, heldout, info)
 
 
