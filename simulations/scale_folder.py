@@ -42,7 +42,22 @@ def _request(description: str, rng: random.Random) -> str:
 
 
 def write_scale_folder(out: Path, tools: int, seed: int) -> tuple[int, int, int]:
-    """Write the folder; returns (tools, events, test queries)."""
+    """Write the folder, replacing its catalog, test set and organisation logs.
+
+    Parameters
+    ----------
+    out : Path
+        The folder (created).
+    tools : int
+        Catalog size: MetaTool's 432 tools (labelled and plugin manifests), generated ones beyond.
+    seed : int
+        Seed of the generated descriptions, the requests and the split.
+
+    Returns
+    -------
+    (int, int, int)
+        Tools, events and test queries written.
+    """
     rng = random.Random(seed)
     metatool = load_metatool(with_extra_tools=True)
     catalog = scaled_catalog(tools, seed=seed, real=metatool.catalog)
@@ -60,6 +75,8 @@ def write_scale_folder(out: Path, tools: int, seed: int) -> tuple[int, int, int]
     test += [{"query": _request(d.description, rng), "gold": d.tool_id} for d in generated[taught:][:HELD_OUT_TEST]]
     rng.shuffle(events)
     out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob("org_*.jsonl"):  # an earlier folder's organisations would join this one's
+        stale.unlink()
     entries = [{"name": d.tool_id, "description": d.description, **({"parameters": d.parameters} if d.parameters
                                                                       else {})} for d in catalog.tools]
     (out / "catalog.json").write_text(json.dumps(entries))
@@ -71,13 +88,15 @@ def write_scale_folder(out: Path, tools: int, seed: int) -> tuple[int, int, int]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", type=Path, help="folder to write (created; existing files are replaced)")
+    parser.add_argument("out", type=Path,
+                        help="folder to write (created; its catalog, test set and org logs are replaced)")
     parser.add_argument("--tools", type=int, default=10000, help="catalog size (default 10000)")
     parser.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.tools < 1000:
-        parser.error(f"--tools must be at least 1000 (MetaTool's own tools come first), got {args.tools}")
+        parser.error(f"--tools must be at least 1000 (MetaTool's 432 tools come first; the generated ones beyond "
+                     f"are taught or held out), got {args.tools}")
     tools, events, test = write_scale_folder(args.out, args.tools, args.seed)
     log.info("wrote %s: %d tools, %d events over %d orgs, %d test queries", args.out, tools, events, len(ORGS), test)
 

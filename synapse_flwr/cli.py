@@ -184,7 +184,7 @@ def build(
     again, with fresh noise: two builds of one log spend the budget twice.
     """
     from synapse_flwr.core.builder import BuildConfig, build_compendium, window_seed
-    from synapse_flwr.core.catalog import load_catalog
+    from synapse_flwr.core.catalog import load_catalog, size_problem
     from synapse_flwr.core.embed import get_embedder
     from synapse_flwr.core.experience import load_experience
     from synapse_flwr.core.release import logged_keys
@@ -207,6 +207,8 @@ def build(
                                "(each record once): leave --releases at 1")
     t0 = time.perf_counter()
     cat = load_catalog(catalog)
+    if too_large := size_problem(cat):  # before the log and the embedder load
+        raise SynapseError(f"{catalog}: {too_large}")
     events = load_experience(experience, cat)
     log.info("loaded %d events over %d catalog tools", len(events), len(cat))
     if not events:

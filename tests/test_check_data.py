@@ -218,18 +218,19 @@ def test_a_record_without_a_letter_or_digit_is_skipped_and_counted(folder, caplo
     and says how many, instead of routing its noise embedding or refusing a whole benchmark for one line."""
     _jsonl(folder / "test.jsonl", [TEST[0], {"query": " ?!? ", "gold": "book_hotel"}, TEST[1]])
     _jsonl(folder / "org_a.jsonl", [{"query": "...", "tool": "get_weather", "success": True},
+                                    {"query": "?" * 4000 + " weather", "tool": "get_weather", "success": True},
                                     {"query": "\N{THUMBS UP SIGN}", "tool": "book_hotel", "success": True},
-                                    *EVENTS[:6]])
+                                    *EVENTS[:6]])  # the second's words lie past the cut: none is read
     with caplog.at_level("WARNING"):
         report = require_valid(folder)
         data = load_folder(folder)
     assert report.orgs == {"a": 6, "b": 6} and report.test == 2
-    assert report.skipped == data.info["skipped_records"] == {"org_a.jsonl": 2, "test.jsonl": 1}
+    assert report.skipped == data.info["skipped_records"] == {"org_a.jsonl": 3, "test.jsonl": 1}
     assert [e.query for e in data.orgs["a"]] == [e["query"] for e in EVENTS[:6]]
     assert [i.query for i in data.seen_test] == [t["query"] for t in TEST]
     assert [e.query for e in load_experience(folder / "org_a.jsonl")] == [e["query"] for e in EVENTS[:6]]
     warned = [r.getMessage() for r in caplog.records]
-    assert sum("org_a.jsonl: 2 records skipped: a query without a letter or digit" in w for w in warned) == 1
+    assert sum("org_a.jsonl: 3 records skipped: a query without a letter or digit" in w for w in warned) == 1
     assert sum("test.jsonl: 1 records skipped: a query without a letter or digit" in w for w in warned) == 1
     with pytest.raises(ValidationError, match="a request without a letter or digit"):  # routing one still refuses
         Event(query="???", tool="get_weather", success=True)

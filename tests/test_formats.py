@@ -310,6 +310,9 @@ def test_an_entry_repeated_word_for_word_is_read_once(tmp_path, caplog):
     err = raises_input_error(load_catalog, differs)
     assert (err.line, err.field) == (None, "name")
     assert "duplicate tool 'get_weather' with another description, arguments or examples" in err.message
+    # an alias of the same spelling declares nothing about two contents of one name
+    (tmp_path / "aliases.json").write_text('{"GetWeather": "get_weather"}')
+    assert "duplicate tool 'get_weather'" in raises_input_error(load_catalog, differs).message
 
 
 def test_json_list_errors_name_item_number(tmp_path):

@@ -252,6 +252,15 @@ def test_a_nodes_catalog_and_log_must_load(tmp_path, org_data):
         check_nodes([NodeSpec("b", tmp_path / "absent.jsonl")], {}, check_data=False)
 
 
+def test_a_catalog_no_compendium_can_carry_is_refused_before_nodes_or_server_start(org_data, monkeypatch):
+    """Every node's first build would fail: the node check and the server's catalog check say so first."""
+    monkeypatch.setattr("synapse_flwr.core.catalog.MAX_TOOLS", 1)
+    with pytest.raises(InputError, match=r"a compendium at most 1: split it .*\(org 'a'"):
+        check_nodes([NodeSpec("a", org_data["good"], org_data["catalog"])], {})
+    with pytest.raises(RunConfigError, match=r"run config 'catalog' .*: the catalog holds \d+ tools, a compendium"):
+        check_dataset({"catalog": str(org_data["catalog"])})
+
+
 def test_without_a_catalog_a_nodes_log_must_load_against_the_datasets(org_data):
     """The ClientApp then loads the run config dataset's catalog: the demo's knows no city_weather_v2."""
     with pytest.raises(InputError, match=r"org_a\.jsonl:1: .*the catalog of dataset 'demo' \(no --catalog\)"):

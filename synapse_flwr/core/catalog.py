@@ -366,7 +366,8 @@ def make_catalog(
         if doc == first:  # catalogs concatenated from several sources list a tool twice, word for word
             repeated[doc.name] += 1
             continue
-        if (alias_key(doc.name), alias_key(first.name)) not in declared:
+        # one name given two contents is ambiguous whatever the alias table says of its spellings
+        if doc.name == first.name or (alias_key(doc.name), alias_key(first.name)) not in declared:
             raise ToolCollision(first, doc)
         log.debug("catalog: %r is a declared alias of %r", doc.name, first.tool_id)
         by_key[key] = ToolDoc(

@@ -158,11 +158,11 @@ def known_fields(obj: dict, model: type[BaseModel]) -> tuple[dict, list[str]]:
     out = {k: v for k, v in obj.items() if k in known}
     notes = sorted(f"'{k}'" for k in obj if k not in known)
     query = out.get("query")
-    if isinstance(query, str) and not is_text(query):
-        notes.append(NO_WORDS)
-    elif isinstance(query, str) and len(query.strip()) > MAX_QUERY:
+    if isinstance(query, str) and len(query.strip()) > MAX_QUERY:
         out["query"] = query.strip()[:MAX_QUERY]
         notes.append(QUERY_CUT)
+    if isinstance(out.get("query"), str) and not is_text(out["query"]):  # after the cut: what is read has no word
+        notes.append(NO_WORDS)
     if model is TestItem and isinstance(out.get("gold"), str):
         out["gold"] = [out["gold"]]
     return out, notes
@@ -272,8 +272,8 @@ def load_experience(path: str | Path, catalog: Catalog | None = None, warn: bool
     catalog : Catalog or None
         When given, every tool name must resolve in it (aliases collapse).
     warn : bool
-        Name ignored fields and cut queries (:func:`warn_ignored`); False
-        where a folder check has already named them.
+        Name ignored fields, cut queries and skipped records
+        (:func:`warn_ignored`); False where a folder check has already named them.
 
     Raises
     ------
@@ -295,13 +295,13 @@ def load_testset(path: str | Path, catalog: Catalog | None = None, warn: bool = 
         When given, every gold name must resolve in it (aliases collapse, a
         name listed twice is kept once).
     warn : bool
-        Name ignored fields and cut queries (:func:`warn_ignored`); False
-        where a folder check has already named them.
+        Name ignored fields, cut queries and skipped records
+        (:func:`warn_ignored`); False where a folder check has already named them.
 
     Returns
     -------
     list of TestItem
-        The items, in file order.
+        The items, in file order, less those whose query holds no letter or digit.
 
     Raises
     ------

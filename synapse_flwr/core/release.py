@@ -250,7 +250,8 @@ def logged_keys(path: Path) -> list[str]:
     A catalog may rename a tool and keep the old name as an alias: the log
     still loads, but keys of the resolved events would change, and a release
     cache would release those records again. Aligned with the events of
-    ``load_experience(path, catalog)`` (one per line, in order); for a log that
+    ``load_experience(path, catalog)`` (one per record read, in order: both
+    skip the same records, :data:`~synapse_flwr.core.experience.NO_WORDS`); for a log that
     names tools by their ids the keys are those of the resolved events.
     """
     return record_keys(load_experience(path, warn=False))

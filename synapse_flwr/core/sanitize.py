@@ -14,7 +14,6 @@ without the edge check passes none of these on.
 from __future__ import annotations
 
 import re
-import unicodedata
 
 QUARANTINED = "[quarantined text]"
 
@@ -47,22 +46,44 @@ _CONTROL = re.compile(f"[{_CONTROL_CLASS}]")
 _SPACE_RUN = re.compile(rf"[\s{_CONTROL_CLASS}]+")
 
 
-def _folded(text: str) -> str:
-    """``text`` as a model reads it past invisible tricks: format characters (Unicode Cf: zero-width
-    spaces and joiners, bidi controls, soft hyphens) dropped, compatibility forms (fullwidth letters,
-    ligatures) folded by NFKC."""
-    return unicodedata.normalize("NFKC", "".join(c for c in text if unicodedata.category(c) != "Cf"))
+# Characters a model reads past and a pattern does not: Unicode's default-ignorable code points
+# (zero-width spaces and joiners, soft hyphen, bidi controls, variation selectors, fillers; the
+# Cf category and a few others, DerivedCoreProperties.txt), as ranges.
+_IGNORABLE = ((0x00AD, 0x00AD), (0x034F, 0x034F), (0x061C, 0x061C), (0x115F, 0x1160), (0x17B4, 0x17B5),
+              (0x180B, 0x180F), (0x200B, 0x200F), (0x202A, 0x202E), (0x2060, 0x206F), (0x3164, 0x3164),
+              (0xFE00, 0xFE0F), (0xFEFF, 0xFEFF), (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8), (0x1BCA0, 0x1BCA3),
+              (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF))
+_TAGS = range(0xE0020, 0xE007F)  # "ASCII smuggling": tag characters some tokenizers read as the ASCII they shadow
+_FULLWIDTH = [*range(0xFF10, 0xFF1A), *range(0xFF21, 0xFF3B), *range(0xFF41, 0xFF5B)]  # letters and digits only
+
+
+def _fold_table(ignorable: str | None) -> dict[int, str | None]:
+    table: dict[int, str | None] = {c: ignorable for lo, hi in _IGNORABLE for c in range(lo, hi + 1)}
+    table.update({c: chr(c - 0xE0000) for c in _TAGS})
+    table.update({c: chr(c - 0xFEE0) for c in _FULLWIDTH})
+    return table
+
+
+# an ignorable dropped ("ig<ZWSP>nore" reads "ignore") or read as a space ("ignore<ZWSP>previous")
+_FOLDS = (_fold_table(None), _fold_table(" "))
+_FOLDABLE = re.compile("[" + "".join(f"{re.escape(chr(lo))}-{re.escape(chr(hi))}" for lo, hi in
+                                     (*_IGNORABLE, (_TAGS.start, _TAGS.stop - 1), (0xFF10, 0xFF19),
+                                      (0xFF21, 0xFF3A), (0xFF41, 0xFF5A))) + "]")
 
 
 def instruction_like(text: str) -> str | None:
-    """The kind of instruction ``text`` carries and the words, or None for plain data. Never raises.
+    r"""The kind of instruction ``text`` carries and the words, or None for plain data. Never raises.
 
-    The text is read as sent and folded (:func:`_folded`): "ig\u200bnore previous instructions" and
-    fullwidth letters read as the instruction they spell.
+    Non-ASCII text is also read folded: default-ignorable characters dropped
+    and, apart, read as spaces; tag characters as the ASCII they shadow;
+    fullwidth letters and digits as ASCII ("ig\u200bnore previous
+    instructions" reads as the instruction it spells). Fullwidth punctuation
+    stays as sent: honest Chinese text writes "System：" with a fullwidth colon.
     """
-    folded = text if text.isascii() else _folded(text)  # ASCII holds no format character and folds to itself
+    plain = text.isascii() or _FOLDABLE.search(text) is None  # most text: nothing to fold, read once
+    texts = [text] if plain else list(dict.fromkeys([text, *(text.translate(t) for t in _FOLDS)]))
     for name, rx in _PATTERNS:
-        m = rx.search(text) or (rx.search(folded) if folded != text else None)
+        m = next((found for t in texts if (found := rx.search(t))), None)
         if m:
             return f"{name}: {m.group(0)[:60]!r}"
     return None

@@ -390,7 +390,7 @@ def _check_node_data(specs: Sequence[NodeSpec], run_config: Mapping[str, Any]) -
         For the first catalog or log that does not load: its file and line, the
         organisation, and which catalog the log was checked against.
     """
-    from synapse_flwr.core.catalog import load_catalog
+    from synapse_flwr.core.catalog import load_catalog, size_problem
     from synapse_flwr.core.errors import InputError
     from synapse_flwr.core.experience import load_experience
     from synapse_flwr.data.federation import load_dataset
@@ -403,6 +403,8 @@ def _check_node_data(specs: Sequence[NodeSpec], run_config: Mapping[str, Any]) -
         try:
             if source not in catalogs:  # a catalog shared by every node is loaded once
                 catalogs[source] = load_catalog(source) if source else load_dataset(cfg.dataset, cfg.seed).catalog
+            if too_large := size_problem(catalogs[source]):
+                raise InputError(source or cfg.dataset, too_large)
             load_experience(spec.data_path, catalogs[source], warn=False)
         except InputError as exc:
             raise InputError(exc.path, f"{exc.message} (org {spec.org!r}: its log checked against {where})",

@@ -475,12 +475,14 @@ def check_dataset(run_config: Mapping[str, Any]) -> None:
     from synapse_flwr.data.check import require_valid
 
     if catalog := str(run_config.get("catalog", "")):  # the server's: every artifact's tools must be from it
-        from synapse_flwr.core.catalog import load_catalog
+        from synapse_flwr.core.catalog import load_catalog, size_problem
 
         try:
-            load_catalog(catalog)
+            too_large = size_problem(load_catalog(catalog))
         except SynapseError as exc:
             raise RunConfigError(f"run config 'catalog' {catalog!r}: {exc}") from None
+        if too_large:
+            raise RunConfigError(f"run config 'catalog' {catalog!r}: {too_large}")
     dataset = str(run_config.get("dataset", ""))
     if not dataset or dataset in KNOWN_DATASETS:
         return
