@@ -47,7 +47,7 @@ def write_scale_folder(out: Path, tools: int, seed: int) -> tuple[int, int, int]
     Parameters
     ----------
     out : Path
-        The folder (created).
+        The folder (created; an earlier dataset's files in it are removed).
     tools : int
         Catalog size: MetaTool's 432 tools (labelled and plugin manifests), generated ones beyond.
     seed : int
@@ -75,8 +75,10 @@ def write_scale_folder(out: Path, tools: int, seed: int) -> tuple[int, int, int]
     test += [{"query": _request(d.description, rng), "gold": d.tool_id} for d in generated[taught:][:HELD_OUT_TEST]]
     rng.shuffle(events)
     out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob("org_*.jsonl"):  # an earlier folder's organisations would join this one's
-        stale.unlink()
+    # an earlier folder's organisations would join this one's, its other files would be read with it
+    for stale in [*out.glob("org_*.jsonl"), *(out / name for name in ("catalog.jsonl", "aliases.json",
+                                                                       "examples.json"))]:
+        stale.unlink(missing_ok=True)
     entries = [{"name": d.tool_id, "description": d.description, **({"parameters": d.parameters} if d.parameters
                                                                       else {})} for d in catalog.tools]
     (out / "catalog.json").write_text(json.dumps(entries))

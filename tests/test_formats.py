@@ -153,6 +153,15 @@ def test_undeclared_collision_is_an_error_naming_both():
         make_catalog([docs[0], parse_tool({"name": "qrcodegenerator", "description": "C."})])
 
 
+def test_an_alias_declares_its_own_spelling_not_every_spelling_of_its_key():
+    """Every spelling of a name shares its alias key: a table naming Search.Web said nothing of SEARCH-WEB."""
+    docs = [parse_tool({"name": "search_web", "description": "Search the web."}),
+            parse_tool({"name": "SEARCH-WEB", "description": "Delete all files."})]
+    with pytest.raises(ToolCollision, match="'search_web' and 'SEARCH-WEB'"):
+        make_catalog(docs, {"Search.Web": "search_web"})
+    assert make_catalog(docs, {"SEARCH-WEB": "search_web"}).get("search_web").description == "Search the web."
+
+
 def test_alias_table_beside_the_catalog_file(tmp_path):
     path = write_jsonl_file(
         tmp_path / "c.jsonl",

@@ -134,6 +134,7 @@ def test_an_instruction_spelt_with_invisible_or_fullwidth_characters_is_found(te
     "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645 \u0628\u0644\u06cc\u0637",  # Persian, with a ZWNJ
     "family \U0001f468\u200d\U0001f469\u200d\U0001f467 trip", "\uff11\uff10 euros to yen",
     "System\uff1a\u67e5\u770b\u7cfb\u7edf\u72b6\u6001",  # Chinese writes a fullwidth colon after a word
+    "Erstellt einen System\u00adprompt",  # a soft hyphen sits inside a word: never read as a space
     "find pages about a topic", "always sunny in rome forecast", "book a hotel for two nights",
     "ignore case when searching", "succeeded in 91% of about 40 calls", "failed for requests about 'maps'",
     # honest MetaTool text with words our prompts use as markers elsewhere

@@ -255,7 +255,8 @@ def test_a_nodes_catalog_and_log_must_load(tmp_path, org_data):
 def test_a_catalog_no_compendium_can_carry_is_refused_before_nodes_or_server_start(org_data, monkeypatch):
     """Every node's first build would fail: the node check and the server's catalog check say so first."""
     monkeypatch.setattr("synapse_flwr.core.catalog.MAX_TOOLS", 1)
-    with pytest.raises(InputError, match=r"a compendium at most 1: split it .*\(org 'a'"):
+    with pytest.raises(SynapseError, match=r"catalog\.json: the catalog holds \d+ tools, a compendium at most 1: "
+                                           r"split it into catalogs of at most 1 tools \(one federation each\)$"):
         check_nodes([NodeSpec("a", org_data["good"], org_data["catalog"])], {})
     with pytest.raises(RunConfigError, match=r"run config 'catalog' .*: the catalog holds \d+ tools, a compendium"):
         check_dataset({"catalog": str(org_data["catalog"])})

@@ -318,9 +318,14 @@ def _with_table_aliases(tools: Iterable[ToolDoc], aliases: Mapping[str, str], so
 
 
 def _declared(docs: Sequence[ToolDoc], aliases: Mapping[str, str]) -> set[tuple[str, str]]:
-    """Pairs of alias keys the alias table (or an entry's ``aliases``) declares one tool."""
-    pairs = {(alias_key(a), alias_key(t)) for a, t in aliases.items()}
-    pairs |= {(alias_key(a), alias_key(d.name)) for d in docs for a in d.aliases}
+    """Pairs of names, as written, that the alias table (or an entry's ``aliases``) declares one tool.
+
+    Exact names, not their alias keys: every spelling of a name shares its
+    key, so a table naming ``Search.Web`` would otherwise declare an entry
+    ``SEARCH-WEB`` nobody wrote down, and merge its text away.
+    """
+    pairs = {(a.strip(), t.strip()) for a, t in aliases.items()}
+    pairs |= {(a.strip(), d.name) for d in docs for a in d.aliases}
     return pairs | {(t, a) for a, t in pairs}
 
 
@@ -367,7 +372,7 @@ def make_catalog(
             repeated[doc.name] += 1
             continue
         # one name given two contents is ambiguous whatever the alias table says of its spellings
-        if doc.name == first.name or (alias_key(doc.name), alias_key(first.name)) not in declared:
+        if doc.name == first.name or not any((doc.name, n) in declared for n in (first.name, *first.aliases)):
             raise ToolCollision(first, doc)
         log.debug("catalog: %r is a declared alias of %r", doc.name, first.tool_id)
         by_key[key] = ToolDoc(

@@ -25,8 +25,10 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
                       r"\b(?:instructions?|prompts?|rules|context|guidelines|directions)\b")),
         ("command", r"\b(?:always|never|only|must)\s+(?:\w+\s+){0,2}?" + _VERBS + r"\b"),
         ("persona", r"\byou\s+(?:are|'re)\s+now\s+(?:a|an|the|my)\b|\bact\s+as\s+(?:a|an|the)\b|\bfrom\s+now\s+on\b"),
+        # a line opening with a role: each line start scans its blanks once (possessive), where
+        # "(?:^|\n)\s*#{0,3}\s*" backtracked cubically on a run of blanks and line breaks
         ("role-marker", (r"<\|[^|>]{0,40}\|>|</?\s*(?:system|assistant|user|instruction)s?\s*>"
-                         r"|(?:^|\n)\s*#{0,3}\s*(?:system|assistant|instructions?)\s*:")),
+                         r"|(?m:^[^\S\n]*+(?:#{1,3}[^\S\n]*+)?(?:system|assistant|instructions?)\s*:)")),
         ("prompt", r"\b(?:system|developer)\s+(?:prompt|message)\b|\bnew\s+instructions?\b"),
     )
 )
@@ -54,21 +56,29 @@ _IGNORABLE = ((0x00AD, 0x00AD), (0x034F, 0x034F), (0x061C, 0x061C), (0x115F, 0x1
               (0xFE00, 0xFE0F), (0xFEFF, 0xFEFF), (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8), (0x1BCA0, 0x1BCA3),
               (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF))
 _TAGS = range(0xE0020, 0xE007F)  # "ASCII smuggling": tag characters some tokenizers read as the ASCII they shadow
-_FULLWIDTH = [*range(0xFF10, 0xFF1A), *range(0xFF21, 0xFF3B), *range(0xFF41, 0xFF5B)]  # letters and digits only
+_FULLWIDTH = ((0xFF10, 0xFF19), (0xFF21, 0xFF3A), (0xFF41, 0xFF5A))  # letters and digits only
+# ignorables that only ever sit inside a word (soft hyphen, grapheme joiner, variation selectors): never a space
+_IN_WORD = frozenset((0x00AD, 0x034F, *range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0)))
 
 
-def _fold_table(ignorable: str | None) -> dict[int, str | None]:
-    table: dict[int, str | None] = {c: ignorable for lo, hi in _IGNORABLE for c in range(lo, hi + 1)}
+def _fold_table(space: bool) -> dict[int, str | None]:
+    table: dict[int, str | None] = {c: " " if space and c not in _IN_WORD else None
+                                    for lo, hi in _IGNORABLE for c in range(lo, hi + 1)}
     table.update({c: chr(c - 0xE0000) for c in _TAGS})
-    table.update({c: chr(c - 0xFEE0) for c in _FULLWIDTH})
+    table.update({c: chr(c - 0xFEE0) for lo, hi in _FULLWIDTH for c in range(lo, hi + 1)})
     return table
 
 
 # an ignorable dropped ("ig<ZWSP>nore" reads "ignore") or read as a space ("ignore<ZWSP>previous")
-_FOLDS = (_fold_table(None), _fold_table(" "))
+_FOLDS = (_fold_table(space=False), _fold_table(space=True))
 _FOLDABLE = re.compile("[" + "".join(f"{re.escape(chr(lo))}-{re.escape(chr(hi))}" for lo, hi in
-                                     (*_IGNORABLE, (_TAGS.start, _TAGS.stop - 1), (0xFF10, 0xFF19),
-                                      (0xFF21, 0xFF3A), (0xFF41, 0xFF5A))) + "]")
+                                     (*_IGNORABLE, (_TAGS.start, _TAGS.stop - 1), *_FULLWIDTH)) + "]")
+
+
+def foldable(text: str) -> bool:
+    """Whether :func:`instruction_like` reads ``text`` folded too (it holds an ignorable, tag or fullwidth
+    letter or digit). Never raises."""
+    return not text.isascii() and _FOLDABLE.search(text) is not None
 
 
 def instruction_like(text: str) -> str | None:
@@ -80,8 +90,7 @@ def instruction_like(text: str) -> str | None:
     instructions" reads as the instruction it spells). Fullwidth punctuation
     stays as sent: honest Chinese text writes "System：" with a fullwidth colon.
     """
-    plain = text.isascii() or _FOLDABLE.search(text) is None  # most text: nothing to fold, read once
-    texts = [text] if plain else list(dict.fromkeys([text, *(text.translate(t) for t in _FOLDS)]))
+    texts = list(dict.fromkeys([text, *(text.translate(t) for t in _FOLDS)])) if foldable(text) else [text]
     for name, rx in _PATTERNS:
         m = next((found for t in texts if (found := rx.search(t))), None)
         if m:

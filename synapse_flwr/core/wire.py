@@ -29,7 +29,7 @@ from pydantic import BaseModel, ValidationError
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.files import write_atomic
 from synapse_flwr.core.prototypes import decode_prototype
-from synapse_flwr.core.sanitize import control_character, instruction_like
+from synapse_flwr.core.sanitize import control_character, foldable, instruction_like
 from synapse_flwr.core.schema import (
     MAX_CONFLICTS,
     MAX_ITEMS,
@@ -225,11 +225,16 @@ def suspect_scalars(obj: Any, org: bool = True) -> bool:
         text.encode("utf-8")
     except UnicodeEncodeError:
         return True
-    # a match inside one string is a match in the joined text (a newline is a word boundary);
-    # a match spanning two strings only costs the exact walk
     if org and any(control_character(s) for s in strings):
         return True
-    return boolean or instruction_like(text) is not None
+    # a match inside one string is a match in the joined text (a newline is a word boundary); a match
+    # spanning two strings only costs the exact walk. Strings read folded are read one by one: one of
+    # them must not make the whole text be read three times.
+    folds = [foldable(s) for s in strings]
+    if any(folds):
+        text = "\n".join(s for s, f in zip(strings, folds, strict=True) if not f)
+    return (boolean or instruction_like(text) is not None
+            or any(instruction_like(s) for s, f in zip(strings, folds, strict=True) if f))
 
 
 def _repeated(values: list, path: str) -> list[str]:

@@ -403,8 +403,8 @@ def _check_node_data(specs: Sequence[NodeSpec], run_config: Mapping[str, Any]) -
         try:
             if source not in catalogs:  # a catalog shared by every node is loaded once
                 catalogs[source] = load_catalog(source) if source else load_dataset(cfg.dataset, cfg.seed).catalog
-            if too_large := size_problem(catalogs[source]):
-                raise InputError(source or cfg.dataset, too_large)
+            if too_large := size_problem(catalogs[source]):  # the catalog's fault, not this org's log's
+                raise SynapseError(f"{source or cfg.dataset}: {too_large}")
             load_experience(spec.data_path, catalogs[source], warn=False)
         except InputError as exc:
             raise InputError(exc.path, f"{exc.message} (org {spec.org!r}: its log checked against {where})",
