@@ -149,8 +149,8 @@ def test_undeclared_collision_is_an_error_naming_both():
             parse_tool({"name": "qr_code_generator", "description": "B."})]
     with pytest.raises(ToolCollision, match="'qrcodegenerator' and 'qr_code_generator'"):
         make_catalog(docs)
-    with pytest.raises(ToolCollision):  # the same name twice is two entries too, unless repeated word for word
-        make_catalog([docs[0], parse_tool({"name": "qrcodegenerator", "description": "C."})])
+    with pytest.raises(ToolCollision):  # the same name twice is two entries too (file readers drop exact repeats)
+        make_catalog([docs[0], docs[0]])
 
 
 def test_an_alias_declares_its_own_spelling_not_every_spelling_of_its_key():
@@ -313,7 +313,7 @@ def test_an_entry_repeated_word_for_word_is_read_once(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         catalog = load_catalog(path)
     assert catalog.ids == ["get_time", "get_weather"]
-    assert any("catalog: 2 entries repeat an earlier entry exactly" in r.getMessage()
+    assert any(f"{path}: 2 entries repeat an earlier entry word for word" in r.getMessage()
                and "'get_weather', 'get_time'" in r.getMessage() for r in caplog.records)
     differs = write_jsonl_file(tmp_path / "c2.jsonl", [PLAIN, {**other, "name": "get_weather"}])
     err = raises_input_error(load_catalog, differs)

@@ -270,8 +270,8 @@ class ToolCollision(ValueError):
     def __init__(self, first: ToolDoc, second: ToolDoc) -> None:
         self.first, self.second = first, second
         if first.name == second.name:
-            super().__init__(f"duplicate tool {first.name!r} with another description, arguments or examples: "
-                             "remove one of the two entries")
+            other = "" if first == second else " with another description, arguments or examples"
+            super().__init__(f"duplicate tool {first.name!r}{other}: remove one of the two entries")
             return
         if alias_key(_uncut_id(first.name)) != alias_key(_uncut_id(second.name)):  # alike only once cut
             super().__init__(f"tools {first.name!r} and {second.name!r} give the same id {first.tool_id!r} once "
@@ -329,13 +329,31 @@ def _declared(docs: Sequence[ToolDoc], aliases: Mapping[str, str]) -> set[tuple[
     return pairs | {(t, a) for a, t in pairs}
 
 
+def without_repeats(docs: Iterable[ToolDoc], source: str | Path) -> list[ToolDoc]:
+    """The entries less those that repeat an earlier one word for word (name, description, arguments,
+    examples), with one warning naming ``source`` and counting them.
+
+    Catalogs concatenated from several sources list a tool twice; only a
+    repeat that differs is ambiguous (:class:`ToolCollision` in :func:`make_catalog`).
+    """
+    kept, by_name, repeated = [], dict[str, list[ToolDoc]](), Counter[str]()
+    for doc in docs:
+        if doc in by_name.get(doc.name, ()):
+            repeated[doc.name] += 1
+            continue
+        by_name.setdefault(doc.name, []).append(doc)  # another content under a name: make_catalog names both
+        kept.append(doc)
+    if repeated:
+        names = ", ".join(f"{n!r}" for n in list(repeated)[:5]) + (", ..." if len(repeated) > 5 else "")
+        warn_once(log, f"{source}: {repeated.total()} entries repeat an earlier entry word for word (name, "
+                       f"description, arguments, examples); each tool is read once: {names}")
+    return kept
+
+
 def make_catalog(
     docs: Iterable[ToolDoc], aliases: Mapping[str, str] | None = None, source: str | Path = ALIASES_FILE
 ) -> Catalog:
     """Build a catalog; entries whose names collide merge only when declared aliases.
-
-    An entry that repeats an earlier one exactly (name, description,
-    arguments, examples) is read once, with one warning counting them.
 
     A declared alias collapses into the first entry (its id, name and
     description; a missing description is filled from the alias entry).
@@ -361,15 +379,11 @@ def make_catalog(
     docs = list(docs)
     declared = _declared(docs, aliases or {})
     by_key: dict[str, ToolDoc] = {}
-    repeated = Counter[str]()
     for doc in docs:
         key = alias_key(doc.tool_id)
         first = by_key.get(key)
         if first is None:
             by_key[key] = doc
-            continue
-        if doc == first:  # catalogs concatenated from several sources list a tool twice, word for word
-            repeated[doc.name] += 1
             continue
         # one name given two contents is ambiguous whatever the alias table says of its spellings
         if doc.name == first.name or not any((doc.name, n) in declared for n in (first.name, *first.aliases)):
@@ -383,10 +397,6 @@ def make_catalog(
             aliases=tuple(sorted({*first.aliases, doc.name, *doc.aliases} - {first.name})),
             examples=clean_texts([*first.examples, *doc.examples]),
         )
-    if repeated:
-        names = ", ".join(f"{n!r}" for n in list(repeated)[:5]) + (", ..." if len(repeated) > 5 else "")
-        warn_once(log, f"catalog: {repeated.total()} entries repeat an earlier entry exactly (name, description, "
-                       f"arguments, examples); each tool is read once: {names}")
     tools = _with_table_aliases(by_key.values(), aliases or {}, source)
     return Catalog(tuple(sorted(tools, key=lambda d: d.tool_id)))
 
@@ -499,7 +509,7 @@ def load_catalog(path: str | Path, aliases: Mapping[str, str] | None = None, exa
     if not docs:
         raise InputError(path, "catalog holds no tools")
     try:
-        catalog = make_catalog(docs, aliases, source)
+        catalog = make_catalog(without_repeats(docs, path), aliases, source)
     except ToolCollision as exc:
         where = f"entries at lines {lines[id(exc.first)]} and {lines[id(exc.second)]}"
         raise InputError(path, f"{where}: {exc}", field="name") from None

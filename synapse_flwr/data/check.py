@@ -35,6 +35,7 @@ from synapse_flwr.core.catalog import (
     unread_fields,
     warn_undocumented,
     with_examples_file,
+    without_repeats,
 )
 from synapse_flwr.core.errors import InputError, SynapseError, log_once, warn_once
 from synapse_flwr.core.experience import (
@@ -280,6 +281,7 @@ def _check_catalog(path: Path, aliases: Mapping[str, str]) -> tuple[Catalog | No
     if not docs:
         return None, [Problem(str(path), "catalog holds no tools",
                               hint='add one {"name", "description"} object per tool')], unread
+    docs = without_repeats(docs, path)
     while True:  # every collision, one at a time
         try:
             return make_catalog(docs, aliases, path.parent / ALIASES_FILE), problems, unread
