@@ -384,7 +384,7 @@ def org_release(
     rounds = planned_releases(cfg)
     config = build_config(cfg)
     due = window_due(cfg, state, server_round, run)
-    if not due and windows_full(cfg, state) and window_scheduled(cfg, state, server_round, run):
+    if windows_full(cfg, state) and window_scheduled(cfg, state, server_round, run):  # due, but for the cap
         log.warning("org %s: its release cache holds %d windows, the run's max-windows (%d): no record that arrived "
                     "since is released (docs/privacy.md, Release once)", data.org, state.windows, cfg.max_windows)
     releases = min(state.windows + due, rounds)  # a record's releases after this round
