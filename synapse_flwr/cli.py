@@ -19,6 +19,7 @@ from rich.table import Column, Table
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.privacy import DEFAULT_DELTA, DEFAULT_EPSILON
 from synapse_flwr.core.wire import ArtifactError
+from synapse_flwr.flower.config import BY_NAME
 
 log = logging.getLogger("synapse_flwr")
 
@@ -31,6 +32,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+MAX_WINDOWS = BY_NAME["max-windows"].default  # a build's cap is the Flower client's
 
 NoiseSeedOption = Annotated[int | None, typer.Option(
     help="Seed of the noise, for reproducible experiments only: anyone who knows it can regenerate the noise "
@@ -177,6 +179,10 @@ def build(
                            "`synapse vote` against the merged global (without it, the records cannot vote).")
     ] = True,
     release_cache: ReleaseCacheOption = None,
+    max_windows: Annotated[int, typer.Option(
+        min=1, help="With --release-cache: most windows the cache releases. Each adds its noise to the re-sent "
+                    "release, records or not; past them a build re-sends the cache and releases nothing new "
+                    "(as a Flower client does under the run config's max-windows).")] = MAX_WINDOWS,
 ) -> None:
     """Build this organisation's privatised typed compendium from its experience.
 
@@ -227,7 +233,7 @@ def build(
         comp = make(events) if release_cache is None else _release_once(
             release_cache, events, logged_keys(experience), cat, org,
             {"epsilon": epsilon, "delta": delta, "rounds": rounds, "embedder": embedder}, make, round_,
-            math.isfinite(epsilon) and not config.vote_share)
+            math.isfinite(epsilon) and not config.vote_share, max_windows)
     except ValueError as exc:
         raise SynapseError(str(exc)) from None
     save_artifact(output, comp)
@@ -260,11 +266,13 @@ def _check_cache(cache: Path, files: list[Path]) -> None:
 
 
 def _release_once(cache: Path, events: list, keys: list[str], catalog, org: str, settings: dict, make, round_: int,
-                  drop_votes: bool):
+                  drop_votes: bool, max_windows: int):
     """The artifact to write: the cache's release plus a window of the records it has not released.
 
     Every build releases a window, noise alone when no record is new: whether
-    records arrived must not show in what is sent.
+    records arrived must not show in what is sent. A cache holding
+    ``max_windows`` windows releases no more (each window adds its noise to the
+    release, so builds of an unchanged log would bury it): the cache is re-sent.
 
     ``make(window, windows_before)`` builds a window (each window draws its own
     noise, :func:`~synapse_flwr.core.builder.window_seed`). The cache is saved
@@ -281,11 +289,18 @@ def _release_once(cache: Path, events: list, keys: list[str], catalog, org: str,
     )
 
     state = load_release_state(cache, release_settings(org, {"command": "build", **settings}), pinned=True)
+    due = state.windows < max_windows  # looks at the windows only, never at the records
     comp, new, released = release_round(list(zip(keys, events)), state, lambda window: make(window, state.windows),
-                                        round_, catalog)
+                                        round_, catalog, due=due)
     if drop_votes:
         new = without_votes(state, new)
     save_release_state(cache, new.model_copy(update={"artifact": comp}))
+    if not due:
+        waiting = len(set(keys) - set(state.released))
+        log.warning("%s holds %d release windows (--max-windows %d): no window released, the cached release is "
+                    "re-sent; %d records of the log are not released and will not be", cache, state.windows,
+                    max_windows, waiting)
+        return comp
     log.info("%s: %d records released now; %d released before, re-sent at no further cost", cache, released,
              len(state.released))
     if not released and state.artifact is not None:

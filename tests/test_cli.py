@@ -849,6 +849,26 @@ def test_a_seeded_release_cache_draws_new_noise_for_each_window(data, tmp_path):
 
 
 
+def test_a_release_cache_at_its_window_cap_re_sends_its_release(data, tmp_path, caplog):
+    """Regression: every build of a cache added one window's noise, without end, burying the release under
+    builds of an unchanged log. Past --max-windows a build re-sends the cached release, as a Flower client does."""
+    from synapse_flwr.core.release import ReleaseState
+
+    cache = tmp_path / "cache.json"
+    lines = data["acme"].read_text().splitlines(keepends=True)
+    for n, out in ((10, "a1.json"), (20, "a2.json"), (30, "a3.json")):
+        log = tmp_path / f"log{n}.jsonl"
+        log.write_text("".join(lines[:n]))
+        with caplog.at_level(logging.INFO, logger="synapse_flwr"):
+            ok(invoke("build", "--experience", log, "--catalog", data["catalog"], "--org", "acme", "--embedder",
+                      "static", "--epsilon", "4", "--release-cache", cache, "--max-windows", "2", "-o", tmp_path / out))
+    state = ReleaseState.model_validate_json(cache.read_bytes())
+    assert state.windows == 2 and len(state.released) == 20  # the last ten records were not released
+    assert load_artifact(tmp_path / "a3.json").tools == load_artifact(tmp_path / "a2.json").tools
+    assert "holds 2 release windows (--max-windows 2): no window released" in caplog.text
+    assert "10 records of the log are not released" in caplog.text
+
+
 def test_other_commands_refuse_their_mistakes_before_loading_anything(data, built):
     refused(invoke("inspect", built["global"], "--limit", "-1"), "--limit")
     refused(invoke("check-data", data["catalog"]), "is a file")
