@@ -52,8 +52,10 @@ from synapse_flwr.core.documentation import (
     COMMON_ARGUMENT_SHARE,
     catalog_arguments,
     distinctive_parameters,
+    documentation_text,
     schema_properties,
 )
+from synapse_flwr.core.embed import LEXICAL
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.experience import TestItem
 from synapse_flwr.core.files import write_atomic, write_problem
@@ -220,11 +222,28 @@ class Experiment:
     # ------------------------------------------------------------ plumbing
     @property
     def embedder(self):
-        if self._embedder is None:
-            from synapse_flwr.core.embed import get_embedder
+        """The experiment's embedder; a lexical one (``tfidf``) is a new, unfitted one at each use.
 
+        A Router fits a lexical embedder on its own index: one instance shared
+        by every Router kept the first one's vocabulary for all the others, so
+        an arm's scores depended on which units a resumed run computed first.
+        """
+        from synapse_flwr.core.embed import get_embedder
+
+        if self.cfg.embedder == LEXICAL:
+            return get_embedder(LEXICAL)
+        if self._embedder is None:
             self._embedder = get_embedder(self.cfg.embedder)
         return self._embedder
+
+    def fitted_embedder(self, catalog) -> Any:
+        """The embedder for features read without a Router (fedavg_dp, the paraphrase count): a lexical one
+        fitted on the catalog's documentation, public text, so that it does not depend on the order units ran."""
+        embedder = self.embedder
+        if not embedder.dim:
+            arguments = catalog_arguments(catalog)
+            embedder.fit([documentation_text(d.name, d.description, arguments[d.tool_id]) for d in catalog.tools])
+        return embedder
 
     @property
     def space_name(self) -> str:
@@ -471,7 +490,7 @@ class Experiment:
         first, *rest = golds
         # the Flower simulation runs in a fresh interpreter of its own (fedavg_dp.run_job)
         res = fedavg_dp_arm([ds.orgs[o] for o in sorted(ds.orgs)], ds.catalog, golds[first], cfg.epsilon,
-                            cfg.delta, cfg.rounds, embedder=self.embedder, seed=seed,
+                            cfg.delta, cfg.rounds, embedder=self.fitted_embedder(ds.catalog), seed=seed,
                             extra_tests={s: golds[s] for s in rest}, k=cfg.k, **cfg.fedavg)
         out = {first: {k: res[k] for k in ("acc", "r5", "n")}}
         out.update({s: {k: res["extra"][s][k] for k in ("acc", "r5", "n")} for s in rest})
@@ -632,8 +651,9 @@ class Experiment:
     def _paraphrases(self, ds: FederatedDataset, splits: dict) -> dict:
         """Diagnostic, nothing is dropped: training queries whose embedding is within
         cosine ``t`` of some test query (paraphrases the shingle filter keeps)."""
-        train = self.embedder.encode([e.query for e in ds.all_events])
-        test = self.embedder.encode([i.query for items in splits.values() for i in items])
+        embedder = self.fitted_embedder(ds.catalog)
+        train = embedder.encode([e.query for e in ds.all_events])
+        test = embedder.encode([i.query for items in splits.values() for i in items])
         best = np.zeros(len(train))
         for start in range(0, len(train), 2048):
             best[start:start + 2048] = (train[start:start + 2048] @ test.T).max(axis=1)

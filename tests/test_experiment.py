@@ -1072,3 +1072,27 @@ def test_a_misspelt_key_or_a_budget_given_as_a_word_is_told_what_is_read(tmp_pat
         ExperimentConfig.from_toml(path)
     path.write_text('[experiment]\ndataset = "demo"\nepsilon = "inf"\nsweep_epsilon = "inf"\n')
     assert ExperimentConfig.from_toml(path).epsilon == math.inf
+
+
+def test_a_lexical_embedder_is_fitted_anew_for_each_router(tmp_path):
+    """Regression: with ``embedder = "tfidf"`` every Router of an experiment shared one embedder and kept the first
+    Router's vocabulary, so docs_only scored differently after another arm had been evaluated first (a resumed run
+    computes units in another order)."""
+    from synapse_flwr.simulations.experiment import Experiment
+
+    def docs_only_after(first) -> dict:
+        cfg = ExperimentConfig(dataset="demo", seeds=[42], embedder="tfidf", cache=str(tmp_path / f"c{id(first)}"))
+        exp = Experiment(cfg)
+        ds = exp.dataset(42)
+        if first is not None:
+            exp.evaluate(first(ds), 42)
+        assert exp.embedder is not exp.embedder and not exp.embedder.dim
+        fitted = exp.fitted_embedder(ds.catalog)
+        assert fitted.dim and fitted.name == exp.fitted_embedder(ds.catalog).name  # documentation only: no order
+        return exp.evaluate(None, 42)
+
+    from synapse_flwr.core.builder import build_compendium
+
+    alone = docs_only_after(None)
+    after = docs_only_after(lambda ds: build_compendium(ds.all_events, ds.catalog, "pooled", epsilon=math.inf))
+    assert after == alone

@@ -456,12 +456,13 @@ class CachedEmbedder:
         self._seen_shards = {merged}
 
 
+LEXICAL = "tfidf"  # fitted on the text it indexes: no fixed space, so it carries no prototypes
 EMBEDDERS: dict[str, Callable[[], Embedder]] = {
     "minilm": MiniLMEmbedder,
     "mpnet": MPNetEmbedder,
     "static": StaticEmbedder,
     # a bounded vocabulary keeps dense TF-IDF rows (and the faiss index) small
-    "tfidf": lambda: TfidfEmbedder(max_features=8192),
+    LEXICAL: lambda: TfidfEmbedder(max_features=8192),
 }
 
 
@@ -503,6 +504,6 @@ def get_embedder(name: str, cache_dir: str | Path | None = None, cache: bool = T
             f"unknown embedder {name!r}; valid names: {', '.join(sorted(EMBEDDERS))}"
         ) from None
     embedder = factory()
-    if cache and name != "tfidf":
+    if cache and name != LEXICAL:
         return CachedEmbedder(embedder, cache_dir)
     return embedder

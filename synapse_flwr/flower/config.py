@@ -17,13 +17,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from synapse_flwr.core.embed import EMBEDDERS
+from synapse_flwr.core.embed import EMBEDDERS, LEXICAL
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.merge import FLAT_MAJORITY, POLICIES
 from synapse_flwr.core.privacy import DEFAULT_DELTA, DEFAULT_EPSILON
 
 # Embedders whose space is fixed (TF-IDF's is fitted per corpus, so it cannot carry prototypes).
-SPACES = (*(name for name in EMBEDDERS if name != "tfidf"), "none")
+SPACES = (*(name for name in EMBEDDERS if name != LEXICAL), "none")
 
 
 class RunConfigError(SynapseError, ValueError):
