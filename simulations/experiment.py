@@ -759,7 +759,7 @@ def data_hashes(dataset: str) -> dict[str, str]:
 
 def _arm_problems(cfg: ExperimentConfig, ds: FederatedDataset) -> dict[str, str]:
     """Arm -> why the loaded data cannot train it (checked before any Flower run, on the first seed's federation)."""
-    from synapse_flwr.eval.baselines import labelled_pairs
+    from synapse_flwr.eval.baselines import calibration_problem, labelled_pairs
 
     problems = {}
     if "classifier" in cfg.arms and len(tools := set(labelled_pairs(ds.all_events, ds.catalog)[1])) < 2:
@@ -770,6 +770,11 @@ def _arm_problems(cfg: ExperimentConfig, ds: FederatedDataset) -> dict[str, str]
         problems["fedavg_dp"] = (f"it needs labelled events in every organisation; {', '.join(empty)} "
                                  f"{'has' if len(empty) == 1 else 'have'} none left after loading (failed calls "
                                  "without gold, or queries the leak and garbage filter dropped)")
+    elif "fedavg_dp" in cfg.arms and (why := calibration_problem(
+            [len(labelled_pairs(ev, ds.catalog)[0]) for ev in ds.orgs.values()], cfg.epsilon, cfg.delta, cfg.rounds,
+            *(cfg.fedavg_option(key) for key in ("local_epochs", "batch_size")))):
+        # the budget first meets the orgs' sizes after every Flower run of the experiment
+        problems["fedavg_dp"] = f"its DP-SGD noise cannot meet epsilon {cfg.epsilon}: {why}"
     return problems
 
 

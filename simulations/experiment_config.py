@@ -308,6 +308,10 @@ class ExperimentConfig:
                     problems.append(f"{key}: {exc}")
         return problems
 
+    def fedavg_option(self, key: str) -> Any:
+        """The fedavg_dp arm's option ``key``: this config's ``fedavg`` table, else the arm's default."""
+        return self.fedavg.get(key, _fedavg_options()[key])
+
     def fingerprint(self) -> str:
         """Hash of everything that changes a measurement (not output or cache paths)."""
         keep = {k: v for k, v in asdict(self).items() if k not in ("output", "cache", "name", "timeout")}

@@ -486,6 +486,29 @@ def test_arms_the_data_cannot_train_are_left_out_by_default_and_refused_by_name(
     assert not (tmp_path / "cache" / "flower").exists()
 
 
+def test_a_budget_dp_sgd_cannot_meet_leaves_fedavg_dp_out_before_any_flower_run(tmp_path, caplog):
+    """Regression: epsilon 0.001 passed the config check (the compendium's noise can meet it), then the fedavg_dp
+    arm raised a traceback after every Flower run of the experiment, when DP-SGD met the organisations' sizes."""
+    from synapse_flwr.simulations.experiment import run_experiment, runnable_arms
+
+    from synapse_flwr.data.federation import load_federated
+
+    cfg = ExperimentConfig(dataset="demo", seeds=[42], epsilon=0.001, cache=str(tmp_path / "cache"))
+    ds = load_federated("demo", cfg.orgs, 42, cfg.alpha)
+    with caplog.at_level("WARNING"):
+        kept, left_out = runnable_arms(cfg, ds)
+    assert "fedavg_dp" not in kept.arms and "federated_private" in kept.arms
+    assert left_out["fedavg_dp"].startswith("its DP-SGD noise cannot meet epsilon 0.001: an organisation of ")
+    assert "privacy budget is too low" in left_out["fedavg_dp"]
+    assert runnable_arms(replace(cfg, epsilon=4.0), ds) == (replace(cfg, epsilon=4.0), {})
+    config = tmp_path / "exp.toml"
+    config.write_text(f'[experiment]\ndataset = "demo"\ncache = "{tmp_path / "cache"}"\nepsilon = 0.001\n'
+                      'arms = ["docs_only", "fedavg_dp"]\n')
+    with pytest.raises(SynapseError, match="arm 'fedavg_dp': its DP-SGD noise cannot meet epsilon 0.001"):
+        run_experiment(config, output=tmp_path / "out")
+    assert not (tmp_path / "cache" / "flower").exists()
+
+
 def test_orgs_default_to_the_dataset_s_own(tmp_path):
     from synapse_flwr.simulations.experiment_config import DEFAULT_ORGS
 

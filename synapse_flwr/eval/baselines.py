@@ -268,6 +268,33 @@ def calibrate_noise(
         ) from exc
 
 
+def calibration_problem(sizes: Sequence[int], epsilon: float, delta: float, rounds: int, local_epochs: int,
+                        batch_size: int) -> str | None:
+    """Why DP-SGD noise cannot be calibrated for organisations of these labelled sizes, or None (never raises).
+
+    The budget a run can meet depends on each organisation's size (its sample
+    rate and steps), so it is checked once the data loads, before any training.
+
+    Parameters
+    ----------
+    sizes : sequence of int
+        Labelled examples per organisation.
+    epsilon, delta : float
+        The budget per organisation (``math.inf``: no noise, always met).
+    rounds, local_epochs, batch_size : int
+        The planned training (steps = rounds x epochs x ceil(n / batch)).
+    """
+    if not math.isfinite(epsilon):
+        return None
+    for n in sorted(set(sizes)):
+        steps = rounds * local_epochs * steps_per_epoch(n, batch_size)
+        try:
+            calibrate_noise(n, batch_size, steps, epsilon, delta)
+        except ValueError as exc:
+            return f"an organisation of {n} labelled examples: {exc}"
+    return None
+
+
 def _check_int(name: str, value: Any, minimum: int) -> None:
     """Raise ValueError unless ``value`` is an integer (not a bool) ``>= minimum``."""
     if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < minimum:
