@@ -170,6 +170,22 @@ def test_a_broken_alias_table_does_not_hide_the_other_files_problems(folder):
     assert len(problems) == 2 and "aliases.json" in problems[0] and "examples.json" in problems[1]
 
 
+def test_a_broken_catalog_does_not_hide_the_other_files_problems(folder):
+    """Regression: an unreadable catalog ended the check, so a bad log line, a broken examples.json and a bad test
+    item came a run later, though docs/formats.md says every file is checked."""
+    (folder / "catalog.json").write_text('[{"name": "get_weather", "description": 5}]')
+    (folder / "examples.json").write_text('{"get_weather": NaN}')
+    _jsonl(folder / "org_a.jsonl", [*EVENTS[:5], {"query": "rain?", "tool": "get_weather", "success": "yes"}])
+    _jsonl(folder / "test.jsonl", [*TEST, {"query": "umbrella", "gold": 3}])
+    problems = _problems(folder)
+    assert [p.split(":")[0].rsplit("/", 1)[-1] for p in problems] == [
+        "catalog.json", "examples.json", "org_a.jsonl", "test.jsonl"]
+    assert "success" in problems[2] and ":6:" in problems[2] and ":3:" in problems[3]
+    # tool names are not checked against a catalog that could not be read: no guess is reported as a problem
+    _jsonl(folder / "org_b.jsonl", [{"query": "pay my bill", "tool": "pay_bill", "success": True}])
+    assert len(_problems(folder)) == 4
+
+
 def test_mismatched_test_gold(folder):
     _jsonl(folder / "test.jsonl", [TEST[0], {"query": "pay", "gold": ["book_hotel", "pay_bill"]}])
     (problem,) = _problems(folder)

@@ -31,10 +31,11 @@ from synapse_flwr.core.catalog import (
     make_catalog,
     parse_tool,
     read_aliases,
+    read_examples,
     size_problem,
     unread_fields,
     warn_undocumented,
-    with_examples_file,
+    with_examples,
     without_repeats,
 )
 from synapse_flwr.core.errors import InputError, SynapseError, log_once, warn_once
@@ -301,11 +302,13 @@ def _unknown(path: Path, line: int, field_name: str, name: str, catalog: Catalog
     return Problem(str(path), f"tool {name!r} is not in the catalog", line, field_name, hint)
 
 
-def _record_problems(path: Path, raw: dict, line: int, catalog: Catalog, test: bool) -> list[Problem]:
+def _record_problems(path: Path, raw: dict, line: int, catalog: Catalog | None, test: bool) -> list[Problem]:
     """Problems of one event (``test=False``) or test item (``test=True``) as given.
 
     The record is read as :func:`known_fields` reads it; a record that fails
     but has another kind's keys is named as that kind (:func:`_other_kind`).
+    Its tool names are checked against ``catalog`` (None: an unreadable
+    catalog, so the rest of the record is checked alone).
     """
     model, kind = (TestItem, "a test item") if test else (Event, "an experience event")
     try:
@@ -313,6 +316,8 @@ def _record_problems(path: Path, raw: dict, line: int, catalog: Catalog, test: b
     except ValidationError as exc:
         where, message = first_error(exc)
         return [Problem(str(path), message, line, where, _other_kind(raw, kind))]
+    if catalog is None:
+        return []
     names = (
         [("gold", g) for g in record.gold] if test
         else [(f, n) for f in ("tool", "gold", "prev_tool") if (n := getattr(record, f))]
@@ -320,7 +325,8 @@ def _record_problems(path: Path, raw: dict, line: int, catalog: Catalog, test: b
     return [_unknown(path, line, f, n, catalog) for f, n in names if catalog.resolve(n) is None]
 
 
-def _check_records(path: Path, catalog: Catalog, test: bool, max_problems: int) -> tuple[int, list[Problem], int]:
+def _check_records(path: Path, catalog: Catalog | None, test: bool, max_problems: int
+                   ) -> tuple[int, list[Problem], int]:
     """Records of a log or test set that every reader reads, their problems, and the records readers skip."""
     records, problems, ignored = 0, [], Counter[str]()
     for line, obj, problem in _scan(path):
@@ -394,10 +400,10 @@ def check_folder(folder: str | Path, orgs: Sequence[str] | None = None, max_per_
                  for p in sorted(folder.glob(ORG_GLOB + ".gz"))]
     if not logs:
         problems.append(_no_orgs(folder))
-    if catalog is None:
-        return FolderReport(folder, tuple(problems))
-    try:
-        warn_undocumented(with_examples_file(catalog, folder / EXAMPLES_FILE), path, unread)
+    try:  # the examples, logs and test set are checked even without a readable catalog (their tools then are not)
+        examples = read_examples(folder / EXAMPLES_FILE)
+        if catalog is not None:
+            warn_undocumented(with_examples(catalog, examples, folder / EXAMPLES_FILE), path, unread)
     except InputError as exc:
         problems.append(Problem(exc.path, exc.message))
     unknown_orgs = sorted(set(orgs or ()) - set(logs))
@@ -413,6 +419,8 @@ def check_folder(folder: str | Path, orgs: Sequence[str] | None = None, max_per_
     if (folder / TEST_FILE).exists():
         test, found, skipped[TEST_FILE] = _check_records(folder / TEST_FILE, catalog, True, max_per_file)
         problems += found
+    if catalog is None:
+        return FolderReport(folder, tuple(problems))
     return FolderReport(folder, tuple(problems), len(catalog), counts, test, file_hashes(folder),
                         {name: n for name, n in skipped.items() if n})
 
