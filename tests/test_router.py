@@ -169,9 +169,12 @@ def test_when_not_with_prefer_redirects_to_the_named_tool():
         when_not=[WhenNot(text="convert bitcoin euros", support=9.0, prefer="crypto_ticker")],
     )
     comp = Compendium(kind="global", issuer=Issuer(org="global"), tools=[entry])
-    result = router(comp).route("convert bitcoin to euros")
+    r = router(comp)
+    result = r.route("convert bitcoin to euros")
     assert result.tool == "crypto_ticker"
     assert "redirected" in result.decided_by
+    # regression: the redirect's score was a numpy float32, and `synapse route` failed to print it as JSON
+    assert json.loads(json.dumps(result.to_dict(r.names)))["tool"] == "crypto_ticker"
 
 
 def test_only_the_matching_when_not_scenario_names_the_tool_to_use_instead():

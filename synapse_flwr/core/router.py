@@ -651,7 +651,7 @@ class Router:
             target, sim = self._prefer_target(qv, t)
             if target is not None and s["when_not"] > 0:
                 # the experience says: for this request, use `target` instead
-                redirects[target] = max(redirects.get(target, -math.inf), score + s["when_not"])
+                redirects[target] = max(redirects.get(target, -math.inf), float(score + s["when_not"]))
                 s["prefer_" + target] = sim
             scores[tool_id] = Candidate(tool_id, float(score), float(fused[t]), s)
         for target, score in redirects.items():
