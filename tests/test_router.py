@@ -392,3 +392,28 @@ def test_candidates_keep_the_documentations_favourites_and_retrievals_top_one():
 def test_negative_docs_candidates_is_a_clear_error(central):
     with pytest.raises(ValueError, match="docs_candidates must be >= 0, got -1"):
         Router(central, CATALOG, embedder=TfidfEmbedder(), docs_candidates=-1)
+
+
+def test_a_served_request_is_embedded_and_forgotten(tmp_path):
+    """Regression: every request a server routed wrote one embedding file to the on-disk cache, which grew without
+    bound, slowed each cache miss by listing it, and kept users' requests on disk. A batch (a test set an
+    experiment scores again) is still cached."""
+    from synapse_flwr.core.embed import CachedEmbedder, get_embedder
+
+    cached = CachedEmbedder(get_embedder("static"), tmp_path)
+    r = Router(None, CATALOG, embedder=cached)
+    shards = set(cached.shard_dir.glob("*.npz"))
+    assert r.route("will it rain in Oslo tomorrow").tool == "get_weather"
+    assert set(cached.shard_dir.glob("*.npz")) == shards
+    assert r.route_many(["will it rain in Oslo tomorrow"])[0].tool == "get_weather"
+    assert len(set(cached.shard_dir.glob("*.npz")) - shards) == 1
+
+
+def test_a_query_that_is_not_utf8_text_is_refused_before_it_is_embedded():
+    """Regression: a Latin-1 shell's byte reached the embedder's cache key as a lone surrogate: a traceback."""
+    from synapse_flwr.core.router import query_problem
+
+    assert query_problem("weather in Z\udcfcrich").startswith("is not UTF-8 text")
+    with pytest.raises(ValueError, match="is not UTF-8 text"):
+        router(None).route("weather in Z\udcfcrich")
+    assert query_problem("weather in Zürich") is None

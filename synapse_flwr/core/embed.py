@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -107,7 +108,9 @@ class MeanPoolEmbedder:
     """Sentence embeddings of a transformers encoder: mean pooling over tokens, L2-normalised.
 
     The weights load lazily on the first ``encode``, so a fully cached run
-    never pays for loading.
+    never pays for loading. One ``encode`` runs at a time: a server answers
+    requests on several threads, and a load (or a fast tokenizer) shared by
+    two at once fails.
 
     Parameters
     ----------
@@ -130,6 +133,7 @@ class MeanPoolEmbedder:
         self.max_length = max_length
         self._tokenizer: Any = None
         self._model: Any = None
+        self._lock = threading.Lock()
 
     def _load(self) -> None:
         from transformers import AutoModel, AutoTokenizer
@@ -140,10 +144,14 @@ class MeanPoolEmbedder:
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """Embed texts; see :class:`Embedder`."""
+        with self._lock:
+            if self._model is None:
+                self._load()
+            return self._encode(texts)
+
+    def _encode(self, texts: Sequence[str]) -> np.ndarray:
         import torch
 
-        if self._model is None:
-            self._load()
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         # Sorting by length keeps padding, and so wasted compute, small per batch.
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))

@@ -776,7 +776,8 @@ class Router:
 
     # ------------------------------------------------------------- public
     def route_many(
-        self, queries: Sequence[str], batch_size: int = 256, force: Sequence[Sequence[str]] | None = None
+        self, queries: Sequence[str], batch_size: int = 256, force: Sequence[Sequence[str]] | None = None,
+        remember: bool = True,
     ) -> list[RouteResult]:
         """Route a batch of queries (embedding and retrieval are batched).
 
@@ -791,13 +792,18 @@ class Router:
             none of them is among the ``k`` retrieved candidates, the
             best-scoring of them replaces the last candidate before reranking,
             so the reranker is measured on its own.
+        remember : bool
+            Keep the queries' embeddings in the embedder's on-disk cache (an
+            experiment routes one test set many times). False: embedded and
+            forgotten, as a served request is (a server's cache would grow by
+            a file per request, and keep its users' requests on disk).
         """
         if force is not None and len(force) != len(queries):
             raise ValueError("force needs one sequence of gold tool ids per query")
         out: list[RouteResult] = []
         for start in range(0, len(queries), batch_size):
             chunk = list(queries[start : start + batch_size])
-            qv = self._embed(chunk)
+            qv = self._embed(chunk, None if remember else getattr(self.embedder, "inner", self.embedder))
             parts = self.evidence(chunk, qv)
             fused = sum(parts.values())
             cands = []
@@ -849,17 +855,22 @@ class Router:
             raise TypeError(f"query must be a string, got {type(query).__name__}")
         if problem := query_problem(query):
             raise ValueError(f"query {problem}: nothing to route")
-        return self.route_many([query])[0]
+        return self.route_many([query], remember=False)[0]
 
 
 def query_problem(query: str) -> str | None:
-    """Why ``query`` cannot be routed, or None: it ``"is empty"`` or ``"has no letter or digit"``.
+    """Why ``query`` cannot be routed, or None: it ``"is empty"``, ``"has no letter or digit"`` or is not text.
 
-    Either would still be answered (an empty query with score 0, ``"???"`` by
-    its embedding's noise) as if it had been routed.
+    The first two would still be answered (an empty query with score 0,
+    ``"???"`` by its embedding's noise) as if they had been routed; bytes that
+    are not UTF-8 (a shell in another encoding) cannot be embedded.
     """
     if not query.strip():
         return "is empty"
+    try:
+        query.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not UTF-8 text (set the terminal or the caller to UTF-8)"
     return None if is_text(query) else "has no letter or digit"
 
 
