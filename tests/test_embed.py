@@ -176,6 +176,21 @@ def test_compact_merges_shards_and_keeps_vectors(tmp_path: Path) -> None:
     np.testing.assert_array_equal(out, CountingEmbedder().encode(["c", "a", "b"]))
 
 
+def test_a_cache_past_its_shard_count_merges_its_files(tmp_path: Path, monkeypatch) -> None:
+    """Regression: compact() was never called, so a cache folder grew by a file per miss and every miss listed it."""
+    from synapse_flwr.core import embed
+
+    monkeypatch.setattr(embed, "MAX_SHARDS", 3)
+    cached = CachedEmbedder(CountingEmbedder(), tmp_path)
+    texts = [f"text {i}" for i in range(10)]
+    for t in texts:
+        cached.encode([t])
+        assert len(list(cached.shard_dir.glob("*.npz"))) <= 3
+    inner = CountingEmbedder()
+    np.testing.assert_array_equal(CachedEmbedder(inner, tmp_path).encode(texts), CountingEmbedder().encode(texts))
+    assert inner.calls == []
+
+
 def test_unreadable_shard_is_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cached = CachedEmbedder(CountingEmbedder(), tmp_path)
     cached.encode(["a"])
@@ -286,3 +301,16 @@ def test_a_transformer_embedder_serves_threads_at_once() -> None:
     with ThreadPoolExecutor(8) as pool:
         rows = list(pool.map(lambda t: emb.encode([t])[0], texts))
     np.testing.assert_allclose(np.stack(rows), emb.encode(texts), atol=1e-5)
+
+
+def test_an_unwritable_cache_is_named_once_and_the_run_goes_on(tmp_path: Path, caplog) -> None:
+    """Regression: a cache folder that cannot be written (a read-only home, a path through a file) stopped
+    `synapse route` and `synapse serve` with a traceback."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    cached = CachedEmbedder(CountingEmbedder(), blocker / "cache")
+    with caplog.at_level("WARNING"):
+        first = cached.encode(["x", "y"])
+        again = cached.encode(["y", "z"])
+    np.testing.assert_array_equal(first[1], again[0])  # kept in memory
+    assert caplog.text.count("cannot be written") == 1 and "kept in memory for this run only" in caplog.text

