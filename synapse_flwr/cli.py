@@ -759,8 +759,9 @@ def schema(
         typer.echo(text, nl=False)
 
 
-#: Terminal columns below which ``synapse inspect`` leaves the scenario column out.
-INSPECT_SCENARIO_WIDTH = 100
+#: The fewest terminal columns ``synapse inspect`` shows a top scenario in (else it leaves the column out).
+INSPECT_SCENARIO_WIDTH = 24
+INSPECT_WRAP = 24  # the orgs column wraps at this width
 
 
 @app.command()
@@ -802,8 +803,10 @@ def inspect(
     # the tool's id whole (up to 40 columns) and the short columns unbroken: the orgs wrap, and the scenario is cut
     # to one line (wrapped into a narrow terminal's last columns it read one word per line)
     widest = min(40, max([4, *(len(t.tool_id) for t in ranked)]))
-    columns = [Column("tool", no_wrap=True, min_width=widest), Column("when/not/prec", no_wrap=True), Column("calls"),
-               Column("success"), Column("prototype", no_wrap=True), Column("orgs"),
+    # (each short column at least its header's width: a long scenario squeezed them to nothing at 100-140 columns)
+    columns = [Column("tool", no_wrap=True, min_width=widest),
+               *(Column(h, no_wrap=True, min_width=len(h)) for h in ("when/not/prec", "calls", "success", "prototype")),
+               Column("orgs", min_width=4, max_width=INSPECT_WRAP),
                Column("top scenario", no_wrap=True, overflow="ellipsis")]
     rows = [[t.tool_id, f"{len(t.when)}/{len(t.when_not)}/{len(t.precautions)}", f"{t.stats.calls:.0f}",
              "-" if t.stats.success_rate is None else f"{t.stats.success_rate:.0%}", read.get(t.tool_id, "-"),
@@ -813,10 +816,15 @@ def inspect(
     # its noised release shows experience of the tool: post-processing of that release)
     optional = ("orgs", "top scenario")
     shown = [i for i, c in enumerate(columns) if c.header not in optional or any(row[i] for row in rows)]
-    if console.width < INSPECT_SCENARIO_WIDTH and (cut := [i for i in shown if columns[i].header == "top scenario"]):
-        shown.remove(cut[0])  # no room beside the other columns: a wider terminal shows it
-        console.print(f"(top scenario column left out: the terminal is {console.width} columns wide, "
-                      f"it needs {INSPECT_SCENARIO_WIDTH})")
+    if shown[-1] == len(columns) - 1:  # the scenario takes what the others leave (else rich squeezes them to nothing)
+        # each column's widest cell, the orgs counted at most as wide as they wrap, plus its borders and padding
+        rest = 4 + sum(min(max(len(columns[i].header), *(len(row[i]) for row in rows)),
+                           INSPECT_WRAP if columns[i].header == "orgs" else console.width) + 3 for i in shown[:-1])
+        columns[-1].max_width = console.width - rest
+        if columns[-1].max_width < INSPECT_SCENARIO_WIDTH:
+            shown.pop()  # no room beside the other columns: a wider terminal shows it
+            console.print(f"(top scenario column left out: the terminal is {console.width} columns wide, "
+                          f"it needs {rest + INSPECT_SCENARIO_WIDTH})")
     table = Table(*(columns[i] for i in shown))
     for row in rows:
         table.add_row(*(row[i] for i in shown))

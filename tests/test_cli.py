@@ -228,6 +228,12 @@ def test_inspect_leaves_the_scenario_out_of_a_narrow_terminal_and_says_so(built)
     assert "top scenario" in wide.stdout and "column left out" not in wide.stdout
     assert "top scenario column left out: the terminal is 80 columns wide" in narrow.stdout
     assert max(map(len, narrow.stdout.splitlines())) <= 80 and "acme,globex" in narrow.stdout
+    # regression: from 100 to 140 columns a long scenario squeezed calls, success and orgs to nothing
+    for n in range(90, 150, 10):
+        out = runner.invoke(cli.app, ["inspect", str(built["global"])], env={**ENV, "COLUMNS": str(n)}).stdout
+        assert max(map(len, out.splitlines())) <= n
+        header = next(line for line in out.splitlines() if "when/not/prec" in line)
+        assert all(h in header for h in ("calls", "success", "orgs")), (n, header)
 
 
 def test_inspect_leaves_out_the_columns_no_tool_fills(data, tmp_path):
