@@ -19,7 +19,7 @@ from synapse_flwr import cli
 from synapse_flwr.core.errors import InputError, SynapseError
 from synapse_flwr.core.prototypes import decode_prototype
 from synapse_flwr.core.schema import Compendium, FlatCompendium
-from synapse_flwr.core.wire import content_hash, load_artifact
+from synapse_flwr.core.wire import content_hash, load_artifact, save_artifact
 
 SYNAPSE = Path(sys.executable).with_name("synapse")
 ENV = {"COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}
@@ -219,7 +219,7 @@ def test_inspect_prints_the_tool_table(built):
     assert sum(t in res.stdout for t in ("book_flight", "convert_currency", "get_weather")) == 1
 
 
-def test_inspect_leaves_the_scenario_out_of_a_narrow_terminal_and_says_so(built):
+def test_inspect_leaves_the_scenario_out_of_a_narrow_terminal_and_says_so(built, tmp_path):
     """Regression: in 80 columns the scenario wrapped into the last columns, one word per line."""
     wide, narrow = (runner.invoke(cli.app, ["inspect", str(built["global"])], env={**ENV, "COLUMNS": str(n)})
                     for n in (160, 80))
@@ -229,8 +229,15 @@ def test_inspect_leaves_the_scenario_out_of_a_narrow_terminal_and_says_so(built)
     assert "top scenario column left out: the terminal is 80 columns wide" in narrow.stdout
     assert max(map(len, narrow.stdout.splitlines())) <= 80 and "acme,globex" in narrow.stdout
     # regression: from 100 to 140 columns a long scenario squeezed calls, success and orgs to nothing
+    art = load_artifact(built["global"])
+    tool = next(t for t in art.tools if t.when)
+    top = max(tool.when, key=lambda w: w.support)
+    longer = tool.model_copy(update={"when": [w.model_copy(update={"text": w.text + " and then" * 20}) if w is top
+                                              else w for w in tool.when]})
+    save_artifact(tmp_path / "long.json", art.model_copy(update={"tools": [
+        longer if t is tool else t for t in art.tools]}))
     for n in range(90, 150, 10):
-        out = runner.invoke(cli.app, ["inspect", str(built["global"])], env={**ENV, "COLUMNS": str(n)}).stdout
+        out = runner.invoke(cli.app, ["inspect", str(tmp_path / "long.json")], env={**ENV, "COLUMNS": str(n)}).stdout
         assert max(map(len, out.splitlines())) <= n
         header = next(line for line in out.splitlines() if "when/not/prec" in line)
         assert all(h in header for h in ("calls", "success", "orgs")), (n, header)
