@@ -240,7 +240,7 @@ class Experiment:
         """The embedder for features read without a Router (fedavg_dp, the paraphrase count): a lexical one
         fitted on the catalog's documentation, public text, so that it does not depend on the order units ran."""
         embedder = self.embedder
-        if not embedder.dim:
+        if self.cfg.embedder == LEXICAL:
             arguments = catalog_arguments(catalog)
             embedder.fit([documentation_text(d.name, d.description, arguments[d.tool_id]) for d in catalog.tools])
         return embedder

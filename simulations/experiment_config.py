@@ -377,6 +377,9 @@ def _fedavg_problems(table: dict) -> list[str]:
     problems = []
     for key, value in sorted(table.items()):
         kind = type(defaults[key]).__name__
+        if defaults[key] is None and not isinstance(value, dict):  # backend_config: Flower's backend table
+            problems.append(f"fedavg.{key}: expected a table ({{...}}, Flower's simulation backend config), "
+                            f"got {value!r}")
         if kind not in ("int", "float"):
             continue
         if problem := _wrong_type(f"fedavg.{key}", value, kind):

@@ -120,6 +120,7 @@ def _write(tmp_path: Path, body: str) -> Path:
         ('[experiment]\ndataset="demo"\nreranker="llm"\nllm_model="local/nope"\n', "llm_model: unknown local model"),
         ('[experiment]\ndataset="demo"\nfedavg={batch_size="8"}\n', "fedavg.batch_size: expected int, got '8'"),
         ('[experiment]\ndataset="demo"\nfedavg={learning_rate=0}\n', "fedavg.learning_rate: must be a finite number > 0"),
+        ('[experiment]\ndataset="demo"\nfedavg={backend_config=5}\n', "fedavg.backend_config: expected a table"),
         ('[experiment]\ndataset="demo"\nk=0\n', "rounds and k must be at least 1, got rounds 3, k 0"),
         ('[experiment]\ndataset="demo"\narms=[]\n', "arms: an empty list; name at least one"),
         ('[experiment]\ndataset="demo"\nrates=[]\nrenders=[]\n', "rates: an empty list.*; renders: an empty list"),
