@@ -850,6 +850,20 @@ def arguments_line(catalog: Catalog) -> str:
     return line
 
 
+def fresh_problem(cache: Path, kept: dict[str, Path]) -> str | None:
+    """Why ``--fresh`` must not delete ``cache``, or None: it is, or holds, a path that must be kept.
+
+    A config's ``cache = "."`` or ``cache = "runs"`` beside ``runs/folders/<data>`` would otherwise delete the
+    working folder or the dataset before any check.
+    """
+    root = cache.resolve()
+    for what, path in kept.items():
+        if path.exists() and path.resolve().is_relative_to(root):
+            return (f"--fresh would delete the cache folder {cache}, which holds {what} ({path}); give the "
+                    "experiment a cache folder of its own (cache = ... in the config)")
+    return None
+
+
 def run_experiment(config: Path, fresh: bool = False, output: Path | None = None,
                    progress: Callable[[str], None] | None = None,
                    on_start: Callable[[int], None] | None = None) -> Path:
@@ -877,6 +891,9 @@ def run_experiment(config: Path, fresh: bool = False, output: Path | None = None
     for what, folder in (("results folder", out_dir), ("cache folder", Path(cfg.cache))):
         if problem := write_problem(folder, folder=True):
             raise SynapseError(f"{what} {folder} {problem}")
+    if fresh and (held := fresh_problem(Path(cfg.cache), {"the dataset": Path(cfg.dataset), "the results": out_dir,
+                                                          "the config": config, "the working folder": Path.cwd()})):
+        raise SynapseError(held)
     if cfg.dataset == "taubench":  # its own per-step protocols (cross-validated and train-only)
         from synapse_flwr.simulations.taubench import run_taubench
 
@@ -890,6 +907,8 @@ def run_experiment(config: Path, fresh: bool = False, output: Path | None = None
     if not exp.splits(first):  # before any Flower run: nothing could be scored
         raise SynapseError(f"{cfg.dataset}: no test queries to score the arms on; add a test.jsonl "
                            "(docs/formats.md: a query and its gold tool per line)")
+    for rate in sorted({r for r in cfg.rates if r > 0})[:1]:  # what injection needs, before any Flower run
+        exp.dataset(cfg.seeds[0], rate)
     events = len(first.all_events)
     if not first.info.get("orgs_as_given") and cfg.orgs > events:  # before any Flower run: a node per empty org
         raise SynapseError(f"orgs: {cfg.orgs} organisations re-partition {events} events of {cfg.dataset}, "

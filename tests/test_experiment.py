@@ -1120,3 +1120,46 @@ def test_a_lexical_embedder_is_fitted_anew_for_each_router(tmp_path):
     alone = docs_only_after(None)
     after = docs_only_after(lambda ds: build_compendium(ds.all_events, ds.catalog, "pooled", epsilon=math.inf))
     assert after == alone
+
+
+def test_fresh_never_deletes_the_data_the_config_or_the_working_folder(tmp_path, monkeypatch):
+    """Regression: --fresh removed the config's cache folder before any check, so `cache = "."` (or a cache above
+    the dataset) deleted the working folder or the data."""
+    import shutil
+
+    from synapse_flwr.simulations.experiment import run_experiment
+
+    from synapse_flwr.data.federation import demo_dir
+
+    shutil.copytree(demo_dir(), tmp_path / "runs" / "bench")
+    monkeypatch.chdir(tmp_path)
+    for cache, held in ((".", "the dataset"), ("runs", "the dataset")):
+        config = tmp_path / f"exp{len(cache)}.toml"
+        config.write_text(f'[experiment]\ndataset = "runs/bench"\ncache = "{cache}"\noutput = "out"\n')
+        with pytest.raises(SynapseError, match=f"--fresh would delete the cache folder {cache}, which holds {held}"):
+            run_experiment(config, fresh=True)
+    assert (tmp_path / "runs" / "bench" / "catalog.json").exists() and (tmp_path / "exp1.toml").exists()
+
+
+def test_a_contradiction_rate_the_data_cannot_take_is_refused_before_any_flower_run(tmp_path):
+    """Regression: a folder with one experienced tool and rates = [0, 0.2] failed inside the ClientApps, after
+    the clean Flower runs."""
+    import json
+    import shutil
+
+    from synapse_flwr.simulations.experiment import run_experiment
+
+    from synapse_flwr.data.federation import demo_dir
+
+    folder = tmp_path / "bench"
+    shutil.copytree(demo_dir(), folder)
+    for log in folder.glob("org_*.jsonl"):
+        records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        log.write_text("".join(json.dumps(r) + "\n" for r in records
+                                if r["tool"] == r.get("gold", r["tool"]) == "search_flights"))
+    config = tmp_path / "exp.toml"
+    config.write_text(f'[experiment]\ndataset = "{folder}"\ncache = "{tmp_path / "cache"}"\nrates = [0.0, 0.2]\n'
+                      'arms = ["docs_only", "federated"]\n')
+    with pytest.raises(SynapseError, match="needs two such tools, found 1; drop the non-zero rates"):
+        run_experiment(config, output=tmp_path / "out")
+    assert not (tmp_path / "cache" / "flower").exists()
