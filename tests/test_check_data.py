@@ -89,8 +89,11 @@ def test_bad_json_lines_each_named(folder):
 
 def test_bad_field(folder):
     _jsonl(folder / "org_b.jsonl", [{"query": "x", "tool": "book_hotel"},
-                                    {"query": "x", "tool": "book_hotel", "success": "maybe"}])
+                                    {"query": "x", "tool": "book_hotel", "success": "maybe"},
+                                    {"query": "x", "tool": "book_hotel", "success": True, "ts": [1, 2]}])
     problems = _problems(folder)
+    # regression: a union was named by pydantic's first member ("field 'ts.str': Input should be a valid string")
+    assert any("org_b.jsonl:3: field 'ts': expected a string or a number, got [1, 2]" in p for p in problems)
     # a missing field is named with what it should hold: a converter's labelled examples lack `success`
     assert any("org_b.jsonl:1: field 'success': Field required: whether the call served the request, true or "
                'false; a labelled example is "success": true' in p for p in problems)

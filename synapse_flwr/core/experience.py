@@ -192,6 +192,7 @@ MISSING_HINTS = {
 
 #: pydantic's messages that name a Python type the formats do not have (a test item's ``gold`` is a tuple to
 #: pydantic, a JSON string or list to the user), in the format's words.
+UNION_MEMBERS = {"str": "a string", "float": "a number", "int": "a number"}  # pydantic's names of union members
 FORMAT_MESSAGES = {
     "tuple_type": "expected a tool id or a list of tool ids",
     "too_short": "expected at least one tool id",
@@ -203,7 +204,13 @@ def first_error(exc: ValidationError) -> tuple[str, str]:
 
     A missing field is named with what it should hold (:data:`MISSING_HINTS`).
     """
-    err = exc.errors()[0]
+    errors = exc.errors()
+    err = errors[0]
+    # a union (``ts``: a string or a number) fails once per member, each named by the member's type
+    members = [e["loc"][-1] for e in errors if e["loc"][:-1] == err["loc"][:-1] and e["loc"][-1] in UNION_MEMBERS]
+    if len(members) > 1:
+        kinds = " or ".join(dict.fromkeys(UNION_MEMBERS[m] for m in members))
+        return ".".join(str(p) for p in err["loc"][:-1]), f"expected {kinds}, got {repr(err['input'])[:40]}"
     where = ".".join(str(p) for p in err["loc"]) or "(record)"
     if err["type"] == "missing":
         return where, err["msg"] + (f": {hint}" if (hint := MISSING_HINTS.get(where)) else "")
