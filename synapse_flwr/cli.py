@@ -910,7 +910,8 @@ def route(
         help="typed: read the compendium's fields; flat (the paper's ablation): each tool's entry becomes one "
              "documentation string, which retrieval and the reranker read, and its query prototypes are not "
              "read.")] = "typed",
-    k: Annotated[int, typer.Option(min=1, help="Candidates retrieved per query.")] = 5,
+    k: Annotated[int, typer.Option(min=1, help="Candidates retrieved per query (plus the tool a matching "
+                                            "when_not names instead, when it was not among them).")] = 5,
     explain: Annotated[bool, typer.Option(help="Print which field decided and each candidate's evidence.")] = False,
     llm_weight: LLMWeightOption = None,
     count_prior: CountPriorOption = None,
