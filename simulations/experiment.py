@@ -706,15 +706,17 @@ def aggregate(cfg: ExperimentConfig, per_seed: dict, llm: dict) -> dict:
     for arm, run in first["per_round"].items():
         per_round[arm] = [_split_summary(per_seed, lambda r, a=arm, i=i: r["per_round"][a]["rounds"][i])
                           for i in range(cfg.rounds)]
-    records = [rec for r in per_seed.values() for run in r["per_round"].values() for rec in run["records"]]
-    private = [rec for r in per_seed.values() for rec in r["per_round"].get("federated_private", {})
-               .get("records", [])]
+    records = {private: [rec for r in per_seed.values() for arm, run in r["per_round"].items()
+                         if (arm == "federated_private") == private for rec in run["records"]]
+               for private in (False, True)}
+    clean, private = records[False], records[True]
     results = {
         "name": cfg.name, "dataset": shown_dataset(cfg.dataset), "seeds": cfg.seeds, "orgs": cfg.orgs,
         "alpha": cfg.alpha, "rounds": cfg.rounds, "embedder": cfg.embedder, "reranker": cfg.reranker, "k": cfg.k,
         "arms": arms, "ablation_2x2": cells, "contradiction": rates, "per_round": per_round,
-        "bytes_per_client_round": statistics.mean(r["bytes_per_client"] for r in records) if records else None,
-        "bytes_per_client_round_max": max((r["bytes_per_client"] for r in records), default=None),
+        # the federations without privacy, apart from the private one (its artifacts differ: no phrases, votes)
+        "bytes_per_client_round": statistics.mean(r["bytes_per_client"] for r in clean) if clean else None,
+        "bytes_per_client_round_max": max((r["bytes_per_client"] for r in clean + private), default=None),
         # what an organisation actually ships with privacy on (released text is thresholded)
         "bytes_per_client_round_private": statistics.mean(r["bytes_per_client"] for r in private)
         if private else None,

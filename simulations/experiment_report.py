@@ -152,12 +152,14 @@ def _wire(results: dict) -> str:
     printing 0 bytes.
     """
     private, clean = results.get("bytes_per_client_round_private"), results.get("bytes_per_client_round")
-    if clean is None:
+    if clean is None and private is None:
         return "Wire: not measured (no federation ran)."
     with_privacy = (f"{private:,.0f} bytes per client per round (train and vote replies) with privacy on"
                     if private is not None else "no federation with privacy on ran")
-    return (f"Wire (gzip JSON): {with_privacy}; {clean:,.0f} on average over all clean federations "
-            f"(max {results.get('bytes_per_client_round_max') or 0:,}).")
+    without = (f"{clean:,.0f} on average over the federations without privacy" if clean is not None
+               else "no federation without privacy ran")
+    return (f"Wire (gzip JSON): {with_privacy}; {without}; the largest in any round of any federation "
+            f"{results.get('bytes_per_client_round_max') or 0:,}.")
 
 
 def _gate_line(results: dict) -> str | None:

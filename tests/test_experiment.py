@@ -1024,8 +1024,29 @@ def test_tables_say_no_federation_ran_instead_of_zero_bytes_and_no_targets_inste
                    arms={**results["arms"], "federated": _seen(0.5)})
     results["targets"] = targets(results)
     text = tables(results)
-    assert "no federation with privacy on ran; 20,000 on average over all clean federations (max 50,087)" in text
+    assert ("no federation with privacy on ran; 20,000 on average over the federations without privacy; the "
+            "largest in any round of any federation 50,087.") in text
     assert "| federated - docs_only (seen) | +0.100 |" in text
+    # regression: a run of the private federation alone said 'Wire: not measured', or (with the average over
+    # every federation) gave the private bytes as those of the federations without privacy
+    results.update(bytes_per_client_round=None, bytes_per_client_round_private=9_000)
+    assert ("9,000 bytes per client per round (train and vote replies) with privacy on; no federation without "
+            "privacy ran;") in tables(results)
+
+
+def test_the_bytes_without_privacy_average_the_federations_without_privacy_alone():
+    """Regression: the average 'over all clean federations' took the private federation's rounds in too."""
+    from synapse_flwr.simulations.experiment import aggregate
+
+    def run(size: int) -> dict:
+        return {"rounds": [{}], "records": [{"bytes_per_client": size, "epsilon": None}]}
+
+    seed = {"arms": {}, "2x2": {}, "rates": {}, "injection": None,
+            "info": {"leak_filter": None, "orgs_as_given": True},
+            "per_round": {"federated": run(1000), "federated_private": run(100)}}
+    out = aggregate(ExperimentConfig(dataset="demo", seeds=[7], rounds=1), {7: seed}, {})
+    assert (out["bytes_per_client_round"], out["bytes_per_client_round_private"]) == (1000, 100)
+    assert out["bytes_per_client_round_max"] == 1000
 
 
 def test_the_summary_says_how_much_each_compendium_arm_left_to_the_documentation():
