@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from synapse_flwr.simulations.experiment_config import ARMS, ExperimentConfig
+from synapse_flwr.simulations.experiment_config import ARMS, SPLITS, ExperimentConfig
 from synapse_flwr.simulations.experiment_report import (
     figures,
     no_harm,
@@ -571,6 +571,7 @@ class Experiment:
             queries = [i.query for i in llm_subsample(items, self.cfg.llm_sample)[:ORDER_CHECK]]
             check = order_changes(router, queries, seed, [router.llm_weight])
             out[split] = {"n": check["n"], "checked": min(check["checked"].values()),
+                          **{f"checked_{order}": n for order, n in check["checked"].items()},
                           **check["by_weight"][str(router.llm_weight)]}
         return out
 
@@ -688,11 +689,14 @@ def heldout_tool_count(heldout: Sequence[TestItem]) -> int:
 
 
 def _split_summary(per_seed: dict, path: Callable[[dict], dict | None]) -> dict:
-    """Mean/SD over seeds of every split under ``path(seed_result)``."""
+    """Mean/SD over seeds of every split under ``path(seed_result)``, over the seeds whose test set holds it.
+
+    A split one seed's draw leaves empty (no held-out query) is still summarised over the others (taking
+    the first seed's splits dropped it, or failed when a later seed lacked one).
+    """
     found = [m for m in (path(r) for r in per_seed.values()) if m]
-    if not found:
-        return {}
-    return {split: summarise([m[split] for m in found]) for split in found[0] if isinstance(found[0][split], dict)}
+    splits = [s for s in SPLITS if any(isinstance(m.get(s), dict) for m in found)]
+    return {split: summarise([m[split] for m in found if isinstance(m.get(split), dict)]) for split in splits}
 
 
 def aggregate(cfg: ExperimentConfig, per_seed: dict, llm: dict) -> dict:

@@ -14,6 +14,9 @@ from synapse_flwr.simulations.experiment_config import ARMS, SPLITS
 # How far below docs_only a federated arm may route on tools without experience
 # (noise of a test set of a few thousand queries); overall it may not be below at all.
 NO_HARM_MARGIN = 0.005
+# a target's value is stored at 6 decimals (shown at 3: stored at 4, 0.16247 showed as +0.163 beside a table's 0.162)
+# and compared with its goal at 9 (a difference of means is not exact: a drop of exactly the margin read as missed)
+VALUE_DIGITS, COMPARE_DIGITS = 6, 9
 
 
 def no_harm(results: dict) -> dict[str, dict[str, float]]:
@@ -40,7 +43,8 @@ def targets(results: dict) -> list[dict]:
 
     def add(name: str, value: float | None, goal: str, ok: Callable[[float], bool]) -> None:
         if value is not None:
-            out.append({"target": name, "value": round(value, 4), "goal": goal, "met": bool(ok(value))})
+            out.append({"target": name, "value": round(value, VALUE_DIGITS), "goal": goal,
+                        "met": bool(ok(round(value, COMPARE_DIGITS)))})
 
     seen = "seen"
     fed, cen, docs = acc("federated", seen), acc("centralized", seen), acc("docs_only", seen)
@@ -83,7 +87,7 @@ def llm_targets(llm: dict) -> list[dict]:
     # splits in SPLITS order, whether the metrics came fresh or from the (sorted) cache
     answered = [(f"{arm} ({split})", 1.0 - by_split[split]["fallbacks"] / max(by_split[split]["n"], 1))
                 for arm, by_split in arms.items() for split in SPLITS if split in by_split]
-    rows = [{"target": f"LLM sample: share of queries the LLM answered, {name}", "value": round(share, 4),
+    rows = [{"target": f"LLM sample: share of queries the LLM answered, {name}", "value": round(share, VALUE_DIGITS),
              "goal": "= 1", "met": share == 1.0} for name, share in answered]
     fed = arms.get("federated", {})
     for split, m in ((s, fed[s]) for s in SPLITS if s in fed):
@@ -91,14 +95,17 @@ def llm_targets(llm: dict) -> list[dict]:
         if docs := arms.get("docs_only", {}).get(split):
             margin = NO_HARM_MARGIN if split == "heldout" else 0.0
             out.append(("LLM sample, no harm: federated - docs_only", split, m["acc"] - docs["acc"], -margin))
-    rows += [{"target": f"{name} ({split})", "value": round(value, 4), "goal": f">= {goal + 0.0:g}",
-              "met": value >= goal} for name, split, value, goal in out]
+    rows += [{"target": f"{name} ({split})", "value": round(value, VALUE_DIGITS), "goal": f">= {goal + 0.0:g}",
+              "met": round(value, COMPARE_DIGITS) >= goal} for name, split, value, goal in out]
     checks = llm.get("order_check", {})
     for split, c in ((s, checks[s]) for s in SPLITS if s in checks):
         checked = c["checked"]
-        moved = (c["reversed"] + c["shuffled"]) / max(2 * checked, 1)
+        # each order over the queries it compared (a share over twice the smaller count overstated it)
+        compared = c.get("checked_reversed", checked) + c.get("checked_shuffled", checked)
+        moved = (c["reversed"] + c["shuffled"]) / max(compared, 1)
         rows.append({"target": f"LLM sample: share of picks moved by reversing or shuffling the candidates "
-                               f"({split}, {checked} of {c['n']} queries compared)", "value": round(moved, 4),
+                               f"({split}, {checked} of {c['n']} queries compared)",
+                     "value": round(moved, VALUE_DIGITS),
                      "goal": "= 0, on at least one query", "met": moved == 0 and checked > 0})
     return rows
 

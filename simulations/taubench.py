@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from synapse_flwr.simulations.experiment_report import COMPARE_DIGITS, VALUE_DIGITS
 
 from synapse_flwr.core.builder import BuildConfig, build_compendium, derive_seed
 from synapse_flwr.core.catalog import Catalog
@@ -362,7 +363,7 @@ def targets(cv: dict[str, Any], train_only: dict[str, Any] | None = None) -> lis
     out = []
 
     def add(name: str, value: float, goal: str, met: bool) -> None:
-        out.append({"target": name, "value": round(value, 4), "goal": goal, "met": bool(met)})
+        out.append({"target": name, "value": round(value, VALUE_DIGITS), "goal": goal, "met": bool(met)})
 
     fed, private, bigram = (arms[a]["acc"] for a in ("federated", "federated_private", "bigram_start"))
     add("federated per-step top-1", fed, ">= 0.60", fed >= 0.60)
@@ -371,13 +372,14 @@ def targets(cv: dict[str, Any], train_only: dict[str, Any] | None = None) -> lis
     add("federated_private - bigram_start", private - bigram, "> 0", private > bigram)
     for kind in STEP_KINDS:
         gap = arms["federated"]["by_kind"][kind]["acc"] - arms["docs_only"]["by_kind"][kind]["acc"]
-        add(f"no harm: federated - docs_only ({kind} steps)", gap, ">= 0", gap >= 0)
+        add(f"no harm: federated - docs_only ({kind} steps)", gap, ">= 0", round(gap, COMPARE_DIGITS) >= 0)
     worst = [("federated_private", "cross-validated", cv)]
     if train_only is not None:
         worst += [(arm, "train-only", train_only) for arm in ("federated", "federated_private")]
     for arm, protocol, block in worst:
         gap = worst_gap(block, arm)
-        add(f"no harm, {protocol}: {arm} - docs_only (worst of overall and each step kind)", gap, ">= 0", gap >= 0)
+        add(f"no harm, {protocol}: {arm} - docs_only (worst of overall and each step kind)", gap, ">= 0",
+            round(gap, COMPARE_DIGITS) >= 0)
     return out
 
 
