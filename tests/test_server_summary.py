@@ -45,3 +45,25 @@ def test_a_global_that_routes_alike_is_not_scored_again(monkeypatch):
     assert len(routers) == 2 and again["seen_acc"] == again["docs_seen_acc"] >= 0.0
     evaluate(global_(3, ["b" * 64], policy="robust"))  # any other content is scored
     assert len(routers) == 3
+
+
+def test_a_run_on_another_catalog_is_not_scored_on_the_dataset_s_queries(tmp_path, caplog):
+    """Regression: deploy-local of one's own nodes (their catalog named for the server, the dataset left at the
+    demo) printed the demo's accuracies as the federation's."""
+    import json
+
+    from synapse_flwr.data.federation import demo_dir
+
+    from synapse_flwr.core.catalog import load_catalog
+
+    own = [{"name": f"x_{tool}", "description": text}
+           for tool, text in load_catalog(demo_dir() / "catalog.json").descriptions().items()]
+    (tmp_path / "catalog.json").write_text(json.dumps(own))
+    with caplog.at_level("WARNING"):
+        cfg = RunConfig.from_mapping({"dataset": "demo", "embedder": "static",
+                                      "catalog": str(tmp_path / "catalog.json")})
+        assert server_app.make_evaluator(cfg) is None
+    assert "no evaluation: the run's catalog" in caplog.text
+    same = RunConfig.from_mapping({"dataset": "demo", "embedder": "static",
+                                   "catalog": str(demo_dir() / "catalog.json")})
+    assert server_app.make_evaluator(same) is not None  # the dataset's own catalog, named: scored

@@ -181,13 +181,20 @@ def federation_catalog(cfg: RunConfig) -> Catalog:
 def make_evaluator(cfg: RunConfig) -> Callable[[Artifact], dict] | None:
     """Server-side evaluation of a global compendium on the dataset's test sets.
 
-    Returns None when ``evaluate`` is off or the dataset has no
-    test set. Metrics: top-1 accuracy and recall@5 of the ``fields`` router,
-    on seen-tool and held-out-tool queries.
+    Returns None when ``evaluate`` is off, the dataset has no test set, or
+    the run's ``catalog`` is not the dataset's (the federation's tools would
+    be scored on another catalog's queries: a ``deploy-local`` of one's own
+    nodes scored on the demo's). Metrics: top-1 accuracy and recall@5 of the
+    ``fields`` router, on seen-tool and held-out-tool queries.
     """
     if not cfg.evaluate:
         return None
     ds = loaded(f"dataset {cfg.dataset}", lambda: load_dataset(cfg.dataset, cfg.seed))
+    if cfg.catalog and set(federation_catalog(cfg).ids) != set(ds.catalog.ids):
+        log.warning("no evaluation: the run's catalog %s is not dataset %s's, whose test queries would score "
+                    "another catalog's tools; set dataset to a folder holding this catalog and a test.jsonl",
+                    cfg.catalog, cfg.dataset)
+        return None
     splits = {k: v for k, v in (("seen", ds.seen_test), ("heldout", ds.heldout_test)) if v}
     if not splits:
         return None
