@@ -419,7 +419,11 @@ def test_a_run_that_merged_nothing_is_a_failure(tmp_path):
     (tmp_path / "metrics.json").write_text(json.dumps({"rounds": rounds}))
     assert "no organisation's artifact was merged" in nothing_merged(tmp_path)
     assert "invalid local data" in nothing_merged(tmp_path)
-    rounds.append({"round": 2, "accepted": [3], "rejected": []})
+    # regression: a round that accepted artifacts but merged none (fewer than min-nodes) counted as merged
+    rounds.append({"round": 2, "accepted": [3], "rejected": [], "merged": False})
+    (tmp_path / "metrics.json").write_text(json.dumps({"rounds": rounds}))
+    assert "no organisation's artifact was merged" in nothing_merged(tmp_path)
+    rounds.append({"round": 3, "accepted": [3, 4], "rejected": [], "merged": True})
     (tmp_path / "metrics.json").write_text(json.dumps({"rounds": rounds}))
     assert nothing_merged(tmp_path) is None
 

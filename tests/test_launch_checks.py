@@ -212,15 +212,20 @@ def test_the_python_launchers_check_the_same(tmp_path):
 def test_a_corrupt_metrics_file_in_the_output_dir_is_refused_before_starting_anything(tmp_path, tmp_root):
     """Regression: it passed the resume check, and the ServerApp then failed with a bare JSONDecodeError."""
     out = tmp_path / "out"
-    check_resume(out, {})  # nothing there: nothing to resume
+    check_resume(out, {}, 3)  # nothing there: nothing to resume
     out.mkdir()
     (out / "metrics.json").write_text('{"rounds": [{"round": 1}], "run_config": {"epsilon": 4.0}}')
-    check_resume(out, {"epsilon": 4.0})
+    check_resume(out, {"epsilon": 4.0}, 3)
     with pytest.raises(SynapseError, match="holds rounds of a run with other settings"):
-        check_resume(out, {"epsilon": 8.0})
+        check_resume(out, {"epsilon": 8.0}, 3)
+    # regression: a federation of another size resumed there, merging both and releasing records twice
+    (out / "federation.json").write_text('{"nodes": 1}')
+    check_resume(out, {"epsilon": 4.0}, 1)
+    with pytest.raises(SynapseError, match="holds 1 rounds of a federation of 1 organisations; this run has 3"):
+        check_resume(out, {"epsilon": 4.0}, 3)
     (out / "metrics.json").write_text('{"rounds": [')  # a torn write, a hand edit
     with pytest.raises(SynapseError, match=rf"^{out / 'metrics.json'} cannot be read .*JSONDecodeError"):
-        check_resume(out, {})
+        check_resume(out, {}, 3)
     for command in ("simulate", "deploy-local"):
         res = invoke(command, "--set", f"output-dir={json.dumps(str(out))}")
         assert isinstance(res.exception, SynapseError), res.exception
@@ -341,7 +346,7 @@ def test_run_log_dirs_are_distinct(tmp_path):
 
 
 def test_a_long_round_is_reported_as_still_running(tmp_path, monkeypatch, caplog):
-    run = launch.Launch("simulation", APP_DIR, {"output-dir": str(tmp_path / "out")}, None, "synapse-flwr-sim-")
+    run = launch.Launch("simulation", APP_DIR, {"output-dir": str(tmp_path / "out")}, None, "synapse-flwr-sim-", 3)
     clock, rounds = [1000.0], []
     monkeypatch.setattr(launch.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(launch, "read_metrics", lambda _: rounds)
@@ -365,3 +370,46 @@ def test_a_long_round_is_reported_as_still_running(tmp_path, monkeypatch, caplog
     seen = step(1001.0 + launch.STILL_RUNNING_S + 30, seen)  # a finished round resets the silence
     seen = step(1001.0 + 2 * launch.STILL_RUNNING_S + 29, seen)
     assert seen == 1 and said[3] and "round 1/" in said[3][0] and " done:" in said[3][0] and said[4] == []
+
+
+def test_a_run_waiting_for_more_nodes_than_take_part_is_refused_before_anything_starts(tmp_path, tmp_root):
+    """Regression: `synapse simulate --nodes 1` (min-nodes 2) waited 300 s a round, merged nothing and reported
+    success with the empty global it started from."""
+    out = tmp_path / "out"
+    for command, nodes in (("simulate", ["--nodes", "1"]), ("deploy-local", ["--nodes", "1"])):
+        res = invoke(command, *nodes, "--set", f"output-dir={json.dumps(str(out))}")
+        assert isinstance(res.exception, SynapseError), res.exception
+        assert "'min-nodes' 2: only 1 organisation take part" in str(res.exception)
+        assert "--set min-nodes=1" in str(res.exception)
+    started_nothing(tmp_root, out / "logs")
+
+
+def test_a_flower_home_with_its_own_config_is_not_overwritten(tmp_path, tmp_root):
+    """Regression: --flwr-home ~/.flwr replaced the operator's config.toml (their SuperLink connections)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.toml").write_text('[superlink.prod]\naddress = "prod:9093"\n')
+    res = invoke("simulate", "--flwr-home", str(home), "--set", f"output-dir={json.dumps(str(tmp_path / 'out'))}")
+    assert isinstance(res.exception, SynapseError) and "holds a Flower config.toml of its own" in str(res.exception)
+    assert "prod:9093" in (home / "config.toml").read_text()
+    started_nothing(tmp_root, tmp_path / "out" / "logs")
+
+
+def test_benchmark_data_and_a_relative_data_dir_are_checked_and_resolved_before_any_process(tmp_path, monkeypatch):
+    """Regression: a relative SYNAPSE_DATA_DIR reached Flower's processes unchanged (another working folder),
+    and a named benchmark was first looked for there, after SuperLink and Ray had started."""
+    from synapse_flwr.data.pins import ENV_VAR
+    from synapse_flwr.flower.config import RunConfigError
+    from synapse_flwr.flower.launch import check_dataset, flower_env
+
+    data = tmp_path / "data"
+    (data / "metatool").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(ENV_VAR, "data")
+    assert flower_env(tmp_path / "home", "t")[ENV_VAR] == str(data)
+    check_dataset({"dataset": "metatool"})
+    with pytest.raises(RunConfigError, match="'dataset' 'taubench': .*holds no taubench-retail/"):
+        check_dataset({"dataset": "taubench"})
+    monkeypatch.setenv(ENV_VAR, "nowhere")
+    with pytest.raises(RunConfigError, match="'dataset' 'metatool': SYNAPSE_DATA_DIR='nowhere' is not a folder"):
+        check_dataset({"dataset": "metatool"})

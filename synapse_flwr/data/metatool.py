@@ -27,7 +27,13 @@ from synapse_flwr.core.catalog import (
 from synapse_flwr.core.errors import InputError
 from synapse_flwr.core.experience import Event
 from synapse_flwr.core.phrases import is_text
-from synapse_flwr.data.pins import HOW_TO_GET, read_json, resolve_dir, verify
+from synapse_flwr.data.pins import (
+    BENCHMARK_FOLDERS,
+    HOW_TO_GET,
+    read_json,
+    resolve_dir,
+    verify,
+)
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +186,7 @@ def load_metatool(
         non-text query, or a label outside the catalog, are dropped and
         counted in the report.
     """
-    root = resolve_dir(directory) / "metatool"
+    root = resolve_dir(directory) / BENCHMARK_FOLDERS["metatool"]
     if check:
         files = ["plugin_des.json", "all_clean_data.csv"] + (
             ["plugin_info.json"] if with_extra_tools else []

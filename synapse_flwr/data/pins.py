@@ -35,6 +35,8 @@ from synapse_flwr.core.files import write_atomic
 log = logging.getLogger(__name__)
 
 ENV_VAR = "SYNAPSE_DATA_DIR"
+# each benchmark's subfolder of the data folder (the loaders read it, the launchers check it first)
+BENCHMARK_FOLDERS = {"metatool": "metatool", "taubench": "taubench-retail"}
 
 METATOOL_REPO = "HowieHwong/MetaTool"
 METATOOL_COMMIT = "35e81bb7576826e980c80fed8f8c0a2b4a1e6fbb"

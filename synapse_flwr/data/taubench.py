@@ -21,7 +21,7 @@ from synapse_flwr.core.catalog import Catalog, make_catalog, parse_tool
 from synapse_flwr.core.errors import InputError
 from synapse_flwr.core.experience import Event
 from synapse_flwr.core.sequences import SequenceRecord
-from synapse_flwr.data.pins import read_json, resolve_dir, verify
+from synapse_flwr.data.pins import BENCHMARK_FOLDERS, read_json, resolve_dir, verify
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ def load_taubench(
     """
     if split not in TAU_SPLITS:
         raise ValueError(f"split must be one of {TAU_SPLITS}, not {split!r}")
-    root = resolve_dir(directory) / "taubench-retail"
+    root = resolve_dir(directory) / BENCHMARK_FOLDERS["taubench"]
     tasks_path = root / f"tasks_{split}.json"
     if check:
         verify(root.parent, ["taubench-retail/tools.json", f"taubench-retail/tasks_{split}.json"])

@@ -21,7 +21,7 @@ from typing import Any
 
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.flower.config import RunConfig
-from synapse_flwr.flower.launch import Launch
+from synapse_flwr.flower.launch import Launch, check_nodes_wanted
 from synapse_flwr.flower.processes import HOST, LOG_TAIL, ProcessGroup, pick_ports, tail
 
 log = logging.getLogger(__name__)
@@ -549,10 +549,11 @@ def run_local_deployment(cfg: DeploymentConfig) -> DeploymentResult:
         times out (with the tail of ``flwr log``).
     """
     launch = Launch("deployment", cfg.app_dir, with_node_catalog(cfg.run_config, cfg.nodes), cfg.flwr_home,
-                    "synapse-flwr-deploy-")
+                    "synapse-flwr-deploy-", cfg.nodes if isinstance(cfg.nodes, int) else len(cfg.nodes))
     if problem := deployment_refusal(launch.effective_config):
         raise SynapseError(problem)
     explicit = check_nodes(cfg.nodes, launch.run_config, cfg.check_data)
+    check_nodes_wanted(launch.effective_config, launch.nodes)
     link_port, node_ports = _deployment_ports(cfg, explicit)
     with launch.opened():  # every check passed
         specs = explicit or _dataset_nodes(int(cfg.nodes), launch.run_config, launch.home / "data")

@@ -42,9 +42,9 @@ from typing import Any
 
 import synapse_flwr
 from synapse_flwr.core.errors import SynapseError
-from synapse_flwr.core.files import write_problem
+from synapse_flwr.core.files import write_atomic, write_problem
 from synapse_flwr.data.federation import KNOWN_DATASETS
-from synapse_flwr.data.pins import ENV_VAR, data_dir
+from synapse_flwr.data.pins import BENCHMARK_FOLDERS, ENV_VAR, data_dir
 from synapse_flwr.flower.config import (
     RunConfig,
     RunConfigError,
@@ -65,6 +65,8 @@ log = logging.getLogger(__name__)
 
 FLOWER_BINARIES = ("flwr", "flower-superlink", "flower-supernode", "flower-superexec")
 FINISHED_OK = "finished:completed"
+HOME_MARK = ".synapse-flwr-home"  # in a FLWR_HOME the launchers made: its config.toml is theirs to rewrite
+FEDERATION_FILE = "federation.json"  # in output-dir: how many organisations its rounds are from
 #: Seconds without a finished round after which the launcher says the run is still going (a first round over
 #: thousands of tools embeds for minutes with nothing else to show).
 STILL_RUNNING_S = 120.0
@@ -283,9 +285,9 @@ def flower_env(flwr_home: Path, tag: str, extra: Mapping[str, str] | None = None
     # Apps run in Flower's own processes, whose working folder is not the caller's, so a
     # relative "../shared/data" would mean something else there: resolve it here.
     try:
-        env.setdefault(ENV_VAR, str(data_dir().resolve()))
+        env[ENV_VAR] = str(data_dir().resolve())  # the user's own value too (it may be relative)
     except SynapseError:
-        pass  # no benchmark data: only the demo and dataset folders will work
+        pass  # no benchmark data: only the demo and dataset folders will work (check_dataset said so)
     env.update(extra or {})
     return env
 
@@ -307,15 +309,20 @@ def effective_run_config(app_dir: Path, run_config: Mapping[str, Any]) -> dict[s
         raise SynapseError(f"cannot read the app config of {app_dir / 'pyproject.toml'}: {exc}") from None
 
 
-def check_resume(output_dir: Path, run_config: Mapping[str, Any]) -> None:
-    """Fail before anything starts if ``output_dir`` holds rounds of a run with other settings.
+def check_resume(output_dir: Path, run_config: Mapping[str, Any], nodes: int) -> None:
+    """Fail before anything starts if ``output_dir`` holds rounds of a run with other settings or nodes.
+
+    A federation of another size is another set of organisations: resumed in
+    one output folder, its globals would merge both, and its release caches
+    (one ledger per organisation) would release the same records twice.
 
     Raises
     ------
     SynapseError
-        With the settings that differ (:func:`~synapse_flwr.flower.config.resume_conflict`), or
-        naming an unreadable ``metrics.json`` (:func:`~synapse_flwr.flower.config.recorded_run`),
-        which would stop the ServerApp once every process had started.
+        With the settings that differ (:func:`~synapse_flwr.flower.config.resume_conflict`), the
+        node counts, or naming an unreadable ``metrics.json``
+        (:func:`~synapse_flwr.flower.config.recorded_run`), which would stop the ServerApp once every
+        process had started.
     """
     recorded = recorded_run(output_dir / "metrics.json")
     if recorded is None:
@@ -323,6 +330,27 @@ def check_resume(output_dir: Path, run_config: Mapping[str, Any]) -> None:
     reason = resume_conflict(output_dir, recorded[1], run_config)
     if reason:
         raise SynapseError(reason)
+    try:
+        before = json.loads((output_dir / FEDERATION_FILE).read_text(encoding="utf-8"))["nodes"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # a run before the record (or from a bare `flwr run`): its size is not known
+    if before != nodes:
+        raise SynapseError(f"{output_dir} holds {len(recorded[0])} rounds of a federation of {before} organisations; "
+                           f"this run has {nodes}: resumed there, it would merge both federations and release "
+                           f"records twice; give another output-dir (--set output-dir=PATH), or run {before} nodes")
+
+
+def check_nodes_wanted(run_config: Mapping[str, Any], nodes: int) -> None:
+    """Fail before anything starts if the run waits for more nodes than take part (``min-nodes``).
+
+    Every round would wait for them, then merge nothing, and the run would
+    end with the empty global it started from.
+    """
+    wanted = int(run_config["min-nodes"])
+    if 0 < nodes < wanted:  # (no node at all is the node check's to name)
+        raise SynapseError(f"run config 'min-nodes' {wanted}: only {nodes} organisation{'s' * (nodes != 1)} take "
+                           f"part, so no round would merge; set --set min-nodes={nodes} (or fewer), or run "
+                           f"{wanted} nodes or more")
 
 
 def default_app_dir() -> Path:
@@ -484,6 +512,14 @@ def check_dataset(run_config: Mapping[str, Any]) -> None:
         if too_large:
             raise RunConfigError(f"run config 'catalog' {catalog!r}: {too_large}")
     dataset = str(run_config.get("dataset", ""))
+    if dataset in BENCHMARK_FOLDERS:  # the benchmark data, before the processes that would read it start
+        try:
+            folder = data_dir() / BENCHMARK_FOLDERS[dataset]
+        except SynapseError as exc:
+            raise RunConfigError(f"run config 'dataset' {dataset!r}: {exc}") from None
+        if not folder.is_dir():
+            raise RunConfigError(f"run config 'dataset' {dataset!r}: {folder} is not a folder; the benchmark data "
+                                 f"folder ({ENV_VAR}) holds no {BENCHMARK_FOLDERS[dataset]}/")
     if not dataset or dataset in KNOWN_DATASETS:
         return
     if not Path(dataset).is_dir():
@@ -555,7 +591,8 @@ def nothing_merged(output_dir: Path) -> str | None:
         The run's ``output-dir``.
     """
     rounds = read_metrics(output_dir)
-    if not rounds or any(r.get("accepted") for r in rounds):
+    # a round can accept artifacts and still merge nothing (fewer than min-nodes of them)
+    if not rounds or any(r.get("merged", bool(r.get("accepted"))) for r in rounds):
         return None
     reasons = sorted({str(x.get("reason", x)) if isinstance(x, dict) else str(x)
                       for r in rounds for x in r.get("rejected", [])})
@@ -624,18 +661,24 @@ class Launch:
         removed after the run, when None.
     home_prefix : str
         Name prefix of that temporary folder.
+    nodes : int
+        The organisations (SuperNodes) that take part.
 
     Raises
     ------
     SynapseError
         If ``app_dir`` is not a Flower app, its number of rounds is
-        unreadable, or the run config names a dataset, output folder or keys
+        unreadable, the run config names a dataset, output folder or keys
         file the run would fail on (:class:`~synapse_flwr.flower.config.RunConfigError`,
-        or the dataset folder's ``DataError``).
+        or the dataset folder's ``DataError``), or would resume a federation
+        of another size; or if ``flwr_home`` holds a Flower config of its own.
+        (Whether ``min-nodes`` can be met: :func:`check_nodes_wanted`, after
+        the launcher's own checks of its nodes.)
     """
 
     def __init__(
         self, what: str, app_dir: Path, run_config: Mapping[str, Any], flwr_home: Path | None, home_prefix: str,
+        nodes: int,
     ) -> None:
         self.what = what
         self.source = _app_dir(app_dir)
@@ -645,12 +688,18 @@ class Launch:
         self.effective_config = effective  # the app's config under the overrides: what the run gets
         self.num_rounds = int(effective["num-rounds"])
         self.output_dir = Path(self.run_config["output-dir"])
+        self.nodes = int(nodes)
         check_output_dir(self.output_dir)
         check_keys(effective)
-        check_resume(self.output_dir, effective)
+        check_resume(self.output_dir, effective, self.nodes)
         self.flwr_home = Path(flwr_home).expanduser().resolve() if flwr_home else None
         if self.flwr_home and self.flwr_home.exists() and not self.flwr_home.is_dir():
             raise SynapseError(f"--flwr-home {self.flwr_home} is a file; name a folder (or leave it out)")
+        if self.flwr_home and (self.flwr_home / "config.toml").is_file() and not (
+                self.flwr_home / HOME_MARK).is_file():
+            # the run writes its own connection there: an operator's ~/.flwr would lose theirs
+            raise SynapseError(f"--flwr-home {self.flwr_home} holds a Flower config.toml of its own, which the run "
+                               "would overwrite; name an empty folder for the run (or leave it out)")
         self.home_prefix = home_prefix
         self._home: Path | None = None
         self.app_dir = self.source  # the staged copy once staged
@@ -731,6 +780,8 @@ class Launch:
         """
         tag = uuid.uuid4().hex
         env = flower_env(self.home, tag, extra_env)
+        (self.home / HOME_MARK).write_text("a FLWR_HOME made by synapse-flwr: its config.toml is the run's\n")
+        write_atomic(self.output_dir / FEDERATION_FILE, json.dumps({"nodes": self.nodes}) + "\n")
         (self.home / "config.toml").write_text(
             f'[superlink]\ndefault = "{superlink}"\n\n[superlink.{superlink}]\naddress = "{address}"\n'
             + ("insecure = true\n" if insecure else ""), encoding="utf-8")
@@ -889,7 +940,8 @@ def run_simulation(
     """
     if int(num_supernodes) < 1:
         raise SynapseError(f"a simulation needs at least one SuperNode, got {num_supernodes}")
-    launch = Launch("simulation", app_dir, run_config or {}, flwr_home, "synapse-flwr-sim-")
+    launch = Launch("simulation", app_dir, run_config or {}, flwr_home, "synapse-flwr-sim-", int(num_supernodes))
+    check_nodes_wanted(launch.effective_config, launch.nodes)
     http_port, control_port = pick_ports([None, None], ["managed SuperLink", "Control API"])
     with launch.opened():
         group = launch.stage("local", ":local:", extra_env={
