@@ -413,3 +413,13 @@ def test_benchmark_data_and_a_relative_data_dir_are_checked_and_resolved_before_
     monkeypatch.setenv(ENV_VAR, "nowhere")
     with pytest.raises(RunConfigError, match="'dataset' 'metatool': SYNAPSE_DATA_DIR='nowhere' is not a folder"):
         check_dataset({"dataset": "metatool"})
+
+
+def test_a_release_cache_no_client_could_write_is_refused_before_anything_starts(tmp_path, tmp_root):
+    """Regression: every ClientApp failed every round on it, and the run ended saying nothing was merged."""
+    (tmp_path / "file").write_text("")
+    res = invoke("simulate", "--set", f"output-dir={json.dumps(str(tmp_path / 'out'))}",
+                 "--set", f"release-cache={json.dumps(str(tmp_path / 'file' / 'cache'))}")
+    assert isinstance(res.exception, SynapseError), res.exception
+    assert "run config 'release-cache'" in str(res.exception)
+    started_nothing(tmp_root, tmp_path / "out" / "logs")

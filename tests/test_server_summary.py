@@ -52,9 +52,8 @@ def test_a_run_on_another_catalog_is_not_scored_on_the_dataset_s_queries(tmp_pat
     demo) printed the demo's accuracies as the federation's."""
     import json
 
-    from synapse_flwr.data.federation import demo_dir
-
     from synapse_flwr.core.catalog import load_catalog
+    from synapse_flwr.data.federation import demo_dir
 
     own = [{"name": f"x_{tool}", "description": text}
            for tool, text in load_catalog(demo_dir() / "catalog.json").descriptions().items()]

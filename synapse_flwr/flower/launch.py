@@ -529,6 +529,17 @@ def check_dataset(run_config: Mapping[str, Any]) -> None:
     require_valid(Path(dataset))
 
 
+def check_folders(run_config: Mapping[str, Any]) -> None:
+    """Refuse, before any process starts, a ``release-cache`` or ``capture-dir`` that cannot be written.
+
+    Each ClientApp writes there every round: one that cannot would fail every
+    round, and the run would only end saying that nothing was merged.
+    """
+    for key in ("release-cache", "capture-dir"):
+        if (folder := str(run_config.get(key, ""))) and (problem := write_problem(folder, folder=True)):
+            raise RunConfigError(f"run config {key!r} {folder!r} {problem}; set another (--set {key}=PATH)")
+
+
 def check_output_dir(output_dir: str | Path) -> None:
     """Refuse, before any process starts, an ``output-dir`` that is a file, lies under one, or cannot be written.
 
@@ -690,6 +701,7 @@ class Launch:
         self.output_dir = Path(self.run_config["output-dir"])
         self.nodes = int(nodes)
         check_output_dir(self.output_dir)
+        check_folders(self.run_config)
         check_keys(effective)
         check_resume(self.output_dir, effective, self.nodes)
         self.flwr_home = Path(flwr_home).expanduser().resolve() if flwr_home else None
