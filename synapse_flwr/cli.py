@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -92,14 +93,22 @@ def check_org(org: str, what: str = "--org", reserved: bool = False) -> None:
         raise SynapseError(f"{what} {org!r}: {problem}")
 
 
-def _noise_seed(seed: int | None, epsilon: float) -> int:
-    """The noise's seed: ``seed`` when given (a warning when it seeds a private release), else a secret one."""
+def _noise_seed(seed: int | None, epsilon: float, records: list[str]) -> int:
+    """The noise's seed: a secret one, or with ``seed`` one derived from it and the records' keys (a warning when
+    it seeds a private release).
+
+    Derived from the records too, so that two logs differing by one record draw independent noise: with one
+    noise for both, the difference of their artifacts showed that record's exact counts to anyone holding the
+    two, seed or not. The same log and seed still give the same artifact.
+    """
+    from synapse_flwr.core.builder import derive_seed
+
     if seed is None:
         return secrets.randbits(63)
     if math.isfinite(epsilon):
         log.warning("--seed %d seeds the noise: whoever knows it can remove the noise, so this release is "
                     "private only from those who do not; leave --seed out for a secret seed", seed)
-    return seed
+    return derive_seed(seed, hashlib.sha256("\n".join(records).encode()).hexdigest())
 
 
 def check_space(embedder: str) -> None:
@@ -223,7 +232,8 @@ def build(
     try:
         config = BuildConfig(rewrite=scenario_rewriter(summarise_model) if summarise_model else None,
                              vote_share=VOTE_SHARE if votes and embedder != "none" else 0.0)
-        space, noise = None if embedder == "none" else get_embedder(embedder), _noise_seed(seed, epsilon)
+        keys = logged_keys(experience)
+        space, noise = None if embedder == "none" else get_embedder(embedder), _noise_seed(seed, epsilon, keys)
 
         def make(window: list, windows_before: int = 0) -> Compendium:
             return build_compendium(window, cat, org, round_=round_, epsilon=epsilon, delta=delta, rounds=rounds,
@@ -231,7 +241,7 @@ def build(
                                     embedder=space)
 
         comp = make(events) if release_cache is None else _release_once(
-            release_cache, events, logged_keys(experience), cat, org,
+            release_cache, events, keys, cat, org,
             {"epsilon": epsilon, "delta": delta, "rounds": rounds, "embedder": embedder}, make, round_,
             math.isfinite(epsilon) and not config.vote_share, max_windows)
     except ValueError as exc:
@@ -398,8 +408,8 @@ def vote(
     if mismatch := space_mismatch(merged.embedding, emb):
         raise SynapseError(f"--embedder {embedder}: {mismatch}")
     # each vote its own noise, even under one --seed: the same noise in two votes would cancel in their difference
-    rng = np.random.default_rng(derive_seed(_noise_seed(seed, epsilon or math.inf), own.issuer.org, "votes",
-                                            content_hash(own)))
+    rng = np.random.default_rng(derive_seed(_noise_seed(seed, epsilon or math.inf, keys),
+                                            own.issuer.org, "votes", content_hash(own)))
     log.info("routing %d records against %s, each left out of it, under %d settings", len(events), global_,
              len(SETTINGS))
     cast = cast_votes(events, cat, merged, emb, sd, rng)

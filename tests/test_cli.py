@@ -862,6 +862,27 @@ def test_a_seeded_release_cache_draws_new_noise_for_each_window(data, tmp_path):
 
 
 
+def test_one_seed_on_two_logs_that_differ_by_a_record_draws_independent_noise(data, tmp_path):
+    """Regression (privacy review): --seed seeded the noise from (seed, org, round) alone, so two builds of logs
+    differing by one record drew one noise, and their difference showed that record's exact counts (+1 call) to
+    anyone holding both artifacts, seed or not."""
+    lines = data["acme"].read_text().splitlines(keepends=True)
+    logs = {}
+    for name, n in (("l0", 20), ("l1", 21)):
+        logs[name] = tmp_path / f"{name}.jsonl"
+        logs[name].write_text("".join(lines[:n]))
+
+    def build(log: Path, out: str):
+        ok(invoke("build", "--experience", log, "--catalog", data["catalog"], "--org", "acme", "--embedder",
+                  "static", "--epsilon", "4", "--seed", "5", "-o", tmp_path / out))
+        return load_artifact(tmp_path / out)
+
+    first, again, grown = build(logs["l0"], "a.json"), build(logs["l0"], "b.json"), build(logs["l1"], "c.json")
+    assert first.tools == again.tools  # one log, one seed: reproducible
+    steps = [b.stats.calls - a.stats.calls for a, b in zip(first.tools, grown.tools)]
+    assert not any(abs(step - round(step)) < 1e-3 for step in steps)  # no tool moved by an exact whole count
+
+
 def test_a_release_cache_at_its_window_cap_re_sends_its_release(data, tmp_path, caplog):
     """Regression: every build of a cache added one window's noise, without end, burying the release under
     builds of an unchanged log. Past --max-windows a build re-sends the cached release, as a Flower client does."""
