@@ -123,6 +123,7 @@ class UnitCache:
         self.root, self.fingerprint = root, fingerprint
         self.hits = self.misses = 0
         self._written: set[str] = set()  # reading back a unit this run wrote is not a cache hit
+        self._read: set[str] = set()  # nor is reading one unit twice
 
     def path(self, key: str) -> Path:
         return self.root / "units" / (key.replace("/", "__") + ".json")
@@ -133,7 +134,8 @@ class UnitCache:
         if path.exists():
             entry = json.loads(path.read_text())
             if entry.get("fingerprint") == self.fingerprint:
-                self.hits += key not in self._written
+                self.hits += key not in self._written and key not in self._read
+                self._read.add(key)
                 return entry["value"]
         self.misses += 1
         self._written.add(key)

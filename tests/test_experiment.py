@@ -727,6 +727,8 @@ def test_the_cache_counts_as_hits_only_units_an_earlier_run_wrote(tmp_path):
     assert (first.misses, first.hits) == (1, 0)  # read back within the run: not from the cache
     second = UnitCache(tmp_path, "fp")
     assert second.get("a", lambda: 3) == 1 and (second.misses, second.hits) == (0, 1)
+    # regression: a unit read twice from the cache counted twice (a rerun said 41 read of 26 units)
+    assert second.get("a", lambda: 3) == 1 and (second.misses, second.hits) == (0, 1)
     assert UnitCache(tmp_path, "other").get("a", lambda: 4) == 4  # another fingerprint recomputes
 
 
