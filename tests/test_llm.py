@@ -94,7 +94,7 @@ def test_score_choices_hosted_one_hot_and_parse_failures() -> None:
         1.0,
         0.0,
     ]
-    assert llm.score_choices(HOSTED, "Which tool?", TOOLS, mock_response="dunno") == [0.25] * 4
+    assert llm.score_choices(HOSTED, "Which tool?", TOOLS, mock_response="dunno") is None
     assert llm.SCORE_STATS["parse_failures"] == before + 1
 
 
@@ -284,6 +284,43 @@ def pick_providers() -> Iterator[dict[str, PickProvider]]:
     yield providers
     for item in items:
         litellm.custom_provider_map.remove(item)
+
+
+class RefusingProvider(CustomLLM):
+    """A provider whose replies never name a candidate (a refusal), or that returns no choices at all."""
+
+    def __init__(self, empty: bool) -> None:
+        super().__init__()
+        self.empty = empty
+
+    def completion(self, *args: Any, **kwargs: Any) -> litellm.ModelResponse:
+        response: litellm.ModelResponse = kwargs["model_response"]
+        if self.empty:  # a content filter's reply
+            response.choices = []
+        else:
+            response.choices[0].message.content = "I'm sorry, I cannot help with that."
+        return response
+
+
+def test_a_model_that_never_names_a_candidate_is_a_fallback_not_a_decision() -> None:
+    """Regressions (LLM review): replies naming no candidate in any order were read as a uniform answer, reported
+    as `decided_by: llm-list` with `fallback: false` (and could reorder the candidates); a reply with an empty
+    `choices` list raised an IndexError through `synapse route` and `synapse serve`."""
+    items: list[CustomLLMItem] = [{"provider": "refusetest", "custom_handler": RefusingProvider(False)},
+                                  {"provider": "emptytest", "custom_handler": RefusingProvider(True)}]
+    litellm.custom_provider_map.extend(items)
+    try:
+        with pytest.raises(llm.LLMError, match="returned no choices"):
+            llm.complete("emptytest/m", MSGS)
+        docs = Router(None, CATALOG, embedder=TfidfEmbedder(), reranker="none", k=4).route("email my landlord")
+        for model in ("refusetest/m", "emptytest/m"):
+            router = Router(None, CATALOG, embedder=TfidfEmbedder(), reranker="llm", k=4, model=model)
+            result = router.route("email my landlord")
+            assert result.fallback and result.decided_by == ["retrieval"] and router.fallbacks == 1
+            assert [c.tool_id for c in result.candidates] == [c.tool_id for c in docs.candidates]
+    finally:
+        for item in items:
+            litellm.custom_provider_map.remove(item)
 
 
 def test_list_reranker_reversal_gives_the_same_choice(pick_providers: dict[str, PickProvider]) -> None:
@@ -573,3 +610,28 @@ def test_bench_rows_are_routed_once_and_reread_only_for_the_same_queries(monkeyp
     with caplog.at_level(logging.WARNING, logger="llm_bench"):
         cached_rows(router, {"seen": items[:1]}, path, cfg | {"epsilon": 8.0})
     assert len(calls) == 4 and "this is c0ffee" in caplog.text
+
+
+def test_a_call_that_times_out_is_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (LLM review): the provider's client retried a timeout twice, so `timeout=120` took 6 minutes
+    a query (and a `synapse serve` request as long)."""
+    hits: list[float] = []
+
+    class Slow(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            hits.append(time.monotonic())
+            self.rfile.read(int(self.headers["Content-Length"]))
+            time.sleep(3)
+
+        def log_message(self, *args: Any) -> None:
+            """Quiet."""
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("OPENAI_API_BASE", f"http://127.0.0.1:{server.server_address[1]}/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    started = time.monotonic()
+    with pytest.raises(llm.LLMError):
+        llm.complete("openai/test-model", MSGS, timeout=0.5)
+    assert len(hits) == 1 and time.monotonic() - started < 2.5
+    server.shutdown()

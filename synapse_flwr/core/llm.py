@@ -101,6 +101,9 @@ def calls_at_once(model: str) -> int:
 
 
 DEFAULT_TIMEOUT_S = 120.0
+# the provider's client retries a timeout twice by default, so a 120 s timeout took 6 minutes; a failed call
+# routes its query in retrieval order instead (a fallback, counted)
+NO_RETRIES = {"max_retries": 0}
 Reduction = Literal["mean", "sum"]
 
 
@@ -353,7 +356,7 @@ def complete(
     messages : list of dict
         OpenAI-style chat messages.
     timeout : float
-        Seconds before the call is abandoned.
+        Seconds before the call is abandoned (it is not retried).
     **kw
         Passed to :func:`litellm.completion` (``max_tokens``, ``temperature``,
         ``stop``, ``mock_response``, ...).
@@ -364,11 +367,13 @@ def complete(
         On any provider, network or timeout failure, naming the model.
     """
     try:
-        response = litellm.completion(model=model, messages=messages, timeout=timeout, **kw)
+        response = litellm.completion(model=model, messages=messages, timeout=timeout, **{**NO_RETRIES, **kw})
     except SynapseError:
         raise
     except Exception as exc:
         raise LLMError(f"completion with {model!r} failed: {type(exc).__name__}: {exc}") from exc
+    if not response.choices:  # a content filter's reply, some compatible servers': no answer at all
+        raise LLMError(f"completion with {model!r} returned no choices")
     content = response.choices[0].message.content
     return content if isinstance(content, str) else ""
 
@@ -397,7 +402,7 @@ def sample(model: str, messages: list[dict[str, Any]], n: int, timeout: float = 
         On any provider, network or timeout failure, naming the model.
     """
     try:
-        response = litellm.completion(model=model, messages=messages, timeout=timeout, n=n, **kw)
+        response = litellm.completion(model=model, messages=messages, timeout=timeout, n=n, **{**NO_RETRIES, **kw})
     except SynapseError:
         raise
     except Exception as exc:
@@ -556,15 +561,15 @@ def score_choices(
     choices: list[str],
     reduction: Reduction = "sum",
     **kw: Any,
-) -> list[float]:
+) -> list[float] | None:
     """Score candidate continuations of a (few-shot) prompt.
 
     Embedded models (``local/...``) give log-likelihoods (see
     :func:`loglik_scores`). Hosted models, which expose no log-probabilities
     uniformly, are asked to pick an option; the reply is parsed with
     :func:`parse_choice` and scored 1.0 for the pick, 0.0 for the rest, or
-    uniformly ``1/len(choices)`` when it cannot be parsed (counted in
-    ``SCORE_STATS["parse_failures"]``).
+    None when it cannot be parsed (counted in
+    ``SCORE_STATS["parse_failures"]``): the reply named no candidate.
 
     Parameters
     ----------
@@ -581,8 +586,8 @@ def score_choices(
 
     Returns
     -------
-    list of float
-        One score per choice; higher is better.
+    list of float or None
+        One score per choice, higher is better; None for a hosted reply that names no choice.
     """
     if not choices:
         raise ValueError("score_choices needs at least one choice")
@@ -595,7 +600,7 @@ def score_choices(
     if picked is None:
         _count("parse_failures")
         logger.warning("could not parse a choice from %s reply %r", model, reply[:200])
-        return [1.0 / len(choices)] * len(choices)
+        return None
     return [float(i == picked) for i in range(len(choices))]
 
 

@@ -107,7 +107,14 @@ def balanced_list_scores(model: str, query: str, shown: Sequence[str], ids: Sequ
     Returns
     -------
     numpy.ndarray
-        One score per candidate, in the order given.
+        One score per candidate, in the order given; an order whose reply
+        named no candidate counts as no preference.
+
+    Raises
+    ------
+    LLMError
+        When a call fails, or no order's reply named a candidate (the router
+        then routes the query in retrieval order, a fallback).
 
     Notes
     -----
@@ -115,18 +122,20 @@ def balanced_list_scores(model: str, query: str, shown: Sequence[str], ids: Sequ
     :func:`~synapse_flwr.core.llm.calls_at_once`): one query then waits about
     one round trip, not k of them (``synapse serve`` answers an agent per query).
     """
-    from synapse_flwr.core.llm import calls_at_once, score_choices
+    from synapse_flwr.core.llm import LLMError, calls_at_once, score_choices
 
     orders = cyclic_orders(len(ids))
 
-    def score(order: list[int]) -> list[float]:
+    def score(order: list[int]) -> list[float] | None:
         return score_choices(model, llm_prompt(query, [shown[i] for i in order]), [ids[i] for i in order])
 
     with ThreadPoolExecutor(max_workers=min(calls_at_once(model), max(len(orders), 1))) as pool:
         scores = list(pool.map(score, orders))
+    if all(got is None for got in scores):  # an answer that never names a candidate is no answer: a fallback
+        raise LLMError(f"{model!r} named no candidate in any of the {len(orders)} orders")
     total = np.zeros(len(ids))
     for order, got in zip(orders, scores, strict=True):
-        total[order] += got
+        total[order] += got if got is not None else 1.0 / len(ids)  # an order without a pick: no preference
     return total / len(ids)
 
 
