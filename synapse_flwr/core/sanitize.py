@@ -35,10 +35,11 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
 # The reranker prompts' own markers (core/rerank_llm.py: "Candidates:", "Answer:", CHANNEL_CUE): even
 # on one line, "Answer: x" offers the model an answer to copy. Honest text may say "answer:" (a
 # question-answering tool's description), so a marker is defused where it is shown (the colon becomes
-# " -"), not refused at the edge: a cache or a global of such text stays valid. ("Request:" and
+# " -"), not refused at the edge: a cache or a global of such text stays valid; a fullwidth or small colon
+# ("Answer：") reads as one to a model. ("Request:" and
 # "Options:" are left alone: honest catalog text holds them, e.g. MetaTool's.)
-_PROMPT_MARKER = re.compile(r"\b(answer|candidates)\s*:|\b(user\s+request\s+this\s+tool\s+handle)s\b",
-                            re.IGNORECASE)
+_PROMPT_MARKER = re.compile(r"\b(answer|candidates)\s*[:\uff1a\ufe55\ufe13]"
+                            r"|\b(user\s+request\s+this\s+tool\s+handle)s\b", re.IGNORECASE)
 # Line breaks and the other control characters: Unicode categories Cc (U+0000-U+001F,
 # U+007F-U+009F: \n \r \t \v \f U+0085 ...), Zl (U+2028) and Zp (U+2029). The prompts are
 # line-structured (a "tool:" line per candidate, "Answer:" last), so text that breaks its
