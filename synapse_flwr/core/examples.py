@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from synapse_flwr.core.catalog import MAX_EXAMPLES, Catalog, ToolDoc
 from synapse_flwr.core.phrases import normalize_text
-from synapse_flwr.core.sanitize import instruction_like
+from synapse_flwr.core.sanitize import instruction_like, neutralise
 from synapse_flwr.core.schema import MAX_TEXT
 
 log = logging.getLogger(__name__)
@@ -45,9 +45,15 @@ MIN_CHARS = 8
 
 
 def example_messages(tool: ToolDoc) -> list[dict[str, str]]:
-    """The few-shot prompt for one tool, as an instruction and an assistant prefill."""
+    """The few-shot prompt for one tool, as an instruction and an assistant prefill.
+
+    The catalog's name and description are shown as the reranker shows them (:func:`neutralise`): on one
+    line, a description that reads as an instruction to the model replaced by a marker (it steered the
+    requests written, which retrieval then reads as the tool's documentation).
+    """
     shots = "".join(f"Tool: {n}\nDescription: {d}\nRequest: {r}\n\n" for n, d, r in SHOTS)
-    text = f"{shots}Tool: {tool.name}\nDescription: {tool.description[:PROMPT_DESCRIPTION]}\nRequest:"
+    description = neutralise(tool.description[:PROMPT_DESCRIPTION])
+    text = f"{shots}Tool: {neutralise(tool.name)}\nDescription: {description}\nRequest:"
     return [{"role": "user", "content": "Write example requests that users send to these tools."},
             {"role": "assistant", "content": text}]
 
