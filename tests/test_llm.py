@@ -635,3 +635,22 @@ def test_a_call_that_times_out_is_not_retried(monkeypatch: pytest.MonkeyPatch) -
         llm.complete("openai/test-model", MSGS, timeout=0.5)
     assert len(hits) == 1 and time.monotonic() - started < 2.5
     server.shutdown()
+
+
+def test_sampling_asks_a_provider_without_n_once_per_completion(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (LLM review): `synapse examples --model anthropic/...` failed at its first tool, Anthropic
+    taking neither `n` nor `seed` (Ollama no `n`)."""
+    asked: list[dict] = []
+
+    def completion(**kwargs: Any) -> litellm.ModelResponse:
+        asked.append(kwargs)
+        return litellm.ModelResponse(choices=[{"message": {"role": "assistant", "content": f"request {len(asked)}"}}
+                                              for _ in range(kwargs.get("n", 1))])
+
+    monkeypatch.setattr(llm.litellm, "completion", completion)
+    assert llm.unsupported("anthropic/claude-3-5-haiku-20241022", ("n", "seed")) == {"n", "seed"}
+    assert llm.sample("anthropic/claude-3-5-haiku-20241022", MSGS, 3, seed=1) == [f"request {i}" for i in (1, 2, 3)]
+    assert all("n" not in a and "seed" not in a for a in asked) and len(asked) == 3
+    asked.clear()
+    assert len(llm.sample("openai/test-model", MSGS, 3, seed=1)) == 3
+    assert len(asked) == 1 and asked[0]["n"] == 3 and asked[0]["seed"] == 1

@@ -380,7 +380,8 @@ def complete(
 
 def sample(model: str, messages: list[dict[str, Any]], n: int, timeout: float = DEFAULT_TIMEOUT_S,
            **kw: Any) -> list[str]:
-    """``n`` completions of one conversation through litellm (one request); empty replies dropped.
+    """``n`` completions of one conversation through litellm (one request, or one per completion where the
+    provider takes no ``n``; a ``seed`` it does not take is left out); empty replies dropped.
 
     Parameters
     ----------
@@ -401,14 +402,30 @@ def sample(model: str, messages: list[dict[str, Any]], n: int, timeout: float = 
     LLMError
         On any provider, network or timeout failure, naming the model.
     """
-    try:
-        response = litellm.completion(model=model, messages=messages, timeout=timeout, n=n, **{**NO_RETRIES, **kw})
-    except SynapseError:
-        raise
-    except Exception as exc:
-        raise LLMError(f"sampling {n} completions with {model!r} failed: {type(exc).__name__}: {exc}") from exc
-    texts = [c.message.content for c in response.choices]
+    missing = unsupported(model, ("n", "seed"))
+    kw = {**NO_RETRIES, **{k: v for k, v in kw.items() if k not in missing}}
+    # a provider without `n` (Anthropic, Ollama) is asked once per completion
+    asks = [{"n": n}] if "n" not in missing else [{}] * n
+    texts = []
+    for ask in asks:
+        try:
+            response = litellm.completion(model=model, messages=messages, timeout=timeout, **ask, **kw)
+        except SynapseError:
+            raise
+        except Exception as exc:
+            raise LLMError(f"sampling {n} completions with {model!r} failed: {type(exc).__name__}: {exc}") from exc
+        texts += [c.message.content for c in response.choices]
     return [t for t in texts if isinstance(t, str) and t.strip()]
+
+
+def unsupported(model: str, params: Sequence[str]) -> set[str]:
+    """Which of ``params`` litellm knows the provider of ``model`` not to take (none when it does not know)."""
+    try:
+        name, provider, *_ = litellm.get_llm_provider(model)
+        supported = litellm.get_supported_openai_params(model=name, custom_llm_provider=provider)
+    except (litellm.exceptions.BadRequestError, ValueError, KeyError):  # unknown: ask as given, the call says
+        return set()
+    return set() if supported is None else set(params) - set(supported)
 
 
 def _split_space(prompt: str) -> tuple[str, str]:
