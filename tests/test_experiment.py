@@ -863,7 +863,7 @@ def test_no_harm_compares_the_unrounded_gap_and_rounds_it_only_to_show_it():
                "contradiction": {}}
     assert no_harm(results)["federated"]["heldout"] < -0.005
     row = next(t for t in targets(results) if t["target"] == "no harm: federated - docs_only (heldout)")
-    assert row == {"target": "no harm: federated - docs_only (heldout)", "value": -0.005, "goal": ">= -0.005",
+    assert row == {"target": "no harm: federated - docs_only (heldout)", "value": -0.00504, "goal": ">= -0.005",
                    "met": False}
 
 

@@ -370,7 +370,7 @@ def test_errors_before_starting_anything(tmp_path, monkeypatch):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
         with pytest.raises(SynapseError, match=f"port {port} for the SuperLink is busy"):
-            run_local_deployment(DeploymentConfig(APP_DIR, [node], flwr_home=tmp_path / "h",
+            run_local_deployment(DeploymentConfig(APP_DIR, [node], {"min-nodes": 1}, flwr_home=tmp_path / "h",
                                                   superlink_port=port))
     monkeypatch.setattr(launch, "flower_bin_dir", lambda: tmp_path)
     monkeypatch.setenv("PATH", str(tmp_path))
