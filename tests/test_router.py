@@ -287,6 +287,19 @@ def test_flat_render_and_flat_compendium_route(central):
     assert router(central, render="flat").route("somewhere to stay tonight").tool == "book_hotel"
 
 
+def test_a_flat_clause_naming_no_tool_id_is_left_out_not_refused():
+    """Regression (LLM review): a flat compendium (free text, valid at load) whose "confused with" or "prefer"
+    named no tool id ("Search Flights") made every Router of it fail with a pydantic error."""
+    from synapse_flwr.core.schema import FlatCompendium
+
+    flat = FlatCompendium(issuer=Issuer(org="a"), texts={"book_hotel": (
+        "about: Book hotel rooms. | confused with: Visa Rules | followed by: get_weather | "
+        "avoid when: a visa for Japan -> prefer Visa Rules | use when: somewhere to stay")})
+    entry = router(flat).entries["book_hotel"]
+    assert entry.confusions == [] and [c.tool for c in entry.next_tools] == ["get_weather"]
+    assert entry.when_not[0].prefer is None and router(flat).route("somewhere to stay").tool == "book_hotel"
+
+
 def test_route_many_matches_route_and_evaluate_counts(central):
     r = router(central)
     queries = ["umbrella in Rome?", "somewhere to stay in Rome", "visa for Japan"]

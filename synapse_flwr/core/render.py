@@ -19,6 +19,8 @@ from synapse_flwr.core.sanitize import neutralise
 from synapse_flwr.core.scenarios import split_when
 from synapse_flwr.core.schema import (
     MAX_TEXT,
+    MAX_TOOL_ID,
+    TOOL_ID_PATTERN,
     Precaution,
     Scenario,
     ToolCount,
@@ -72,6 +74,7 @@ def is_contested(key: str) -> bool:
 
 
 # DOTALL: a flat text from an older global may hold a line break (without it, no match: an assertion failed)
+_TOOL_ID = re.compile(TOOL_ID_PATTERN)
 _VARIANTS = re.compile(r"^(?P<text>.*?)(?: \((?P<variants>[^()]*)\))?$", re.DOTALL)
 
 
@@ -80,6 +83,12 @@ def _parse_scenario(body: str) -> tuple[str, list[str]]:
     assert m is not None  # the pattern matches any string
     variants = [v for v in (m.group("variants") or "").split(", ") if v]
     return m.group("text")[:MAX_TEXT] or body[:MAX_TEXT], [v[:MAX_TEXT] for v in variants[:8]]
+
+
+def _tool_id(text: str) -> str | None:
+    """``text`` when it is a tool id, else None: a flat string is free text, and a clause naming no tool id
+    ("confused with: Search Flights") is left out rather than refusing the whole artifact where it is read."""
+    return text if len(text) <= MAX_TOOL_ID and _TOOL_ID.fullmatch(text) else None
 
 
 def parse_flat(tool_id: str, text: str) -> ToolEntry:
@@ -101,13 +110,11 @@ def parse_flat(tool_id: str, text: str) -> ToolEntry:
         elif head == "avoid when":
             scenario, _, prefer = body.partition(" -> prefer ")
             t, v = _parse_scenario(scenario)
-            when_not.append(WhenNot(text=t, support=1.0, variants=v, prefer=prefer or None))
+            when_not.append(WhenNot(text=t, support=1.0, variants=v, prefer=_tool_id(prefer)))
         elif head == "caution":
             precautions.append(Precaution(kind="failure_mode", text=body[:MAX_TEXT], support=1.0))
-        elif head == "confused with":
-            confusions.append(ToolCount(tool=body, count=1.0))
-        elif head == "followed by":
-            nexts.append(ToolCount(tool=body, count=1.0))
+        elif head in ("confused with", "followed by") and (tool := _tool_id(body)):
+            (confusions if head == "confused with" else nexts).append(ToolCount(tool=tool, count=1.0))
     return ToolEntry(
         tool_id=tool_id,
         description=description[:2000],

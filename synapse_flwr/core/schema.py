@@ -50,8 +50,9 @@ VOTE_NOISE_SDS = 6.0  # fusion votes further than this from what the release all
 
 MAX_TOOL_ID = 128  # characters of a tool id (longer normalised names are cut to it)
 MAX_ORG_ID = 64
+TOOL_ID_PATTERN = r"^[a-z0-9][a-z0-9_.\-]*$"
 ToolId = Annotated[
-    str, StringConstraints(min_length=1, max_length=MAX_TOOL_ID, pattern=r"^[a-z0-9][a-z0-9_.\-]*$")
+    str, StringConstraints(min_length=1, max_length=MAX_TOOL_ID, pattern=TOOL_ID_PATTERN)
 ]
 OrgId = Annotated[
     str, StringConstraints(min_length=1, max_length=MAX_ORG_ID, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
