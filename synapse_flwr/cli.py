@@ -1009,8 +1009,13 @@ def serve(
     elif host is not None or port is not None:
         raise SynapseError("--host and --port apply to --transport sse or streamable-http, not stdio")
     router = _load_router(catalog, compendium, reranker, model, embedder, "typed", 5, llm_weight, count_prior)
-    # the embedder loads now, not in the first request (an index read from the cache never loaded it)
+    # the models load now, not in the first request (an index read from the cache never loaded the embedder; an
+    # embedded LLM whose wheel is missing would fail every request of a server that started)
     getattr(router.embedder, "inner", router.embedder).encode(["warm up"])
+    if router.reranker == "llm" and router.model.startswith("local/"):
+        from synapse_flwr.core.llm import load_local_model
+
+        load_local_model(router.model.removeprefix("local/"))
     log.info("serving %d tools over %s%s", len(router.tool_ids), transport,
              f" at http://{listen['host']}:{listen['port']}" if listen else "")
     build_server(router).run(transport=transport, **listen)
