@@ -232,7 +232,7 @@ def build(
     try:
         config = BuildConfig(rewrite=scenario_rewriter(summarise_model) if summarise_model else None,
                              vote_share=VOTE_SHARE if votes and embedder != "none" else 0.0)
-        keys = logged_keys(experience)
+        keys = logged_keys(experience) if seed is not None or release_cache is not None else []  # (a second read)
         space, noise = None if embedder == "none" else get_embedder(embedder), _noise_seed(seed, epsilon, keys)
 
         def make(window: list, windows_before: int = 0) -> Compendium:

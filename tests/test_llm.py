@@ -654,3 +654,52 @@ def test_sampling_asks_a_provider_without_n_once_per_completion(monkeypatch: pyt
     asked.clear()
     assert len(llm.sample("openai/test-model", MSGS, 3, seed=1)) == 3
     assert len(asked) == 1 and asked[0]["n"] == 3 and asked[0]["seed"] == 1
+
+
+def test_a_rate_limited_call_is_retried_within_its_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review: turning the client's retries off (so that a timeout is not retried) failed a query on its first
+    429; a rate limit is retried, a timeout still not."""
+    hits: list[int] = []
+
+    class Limited(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            hits.append(1)
+            if len(hits) == 1:
+                self.send_response(429)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            data = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                               "choices": [{"index": 0, "finish_reason": "stop",
+                                            "message": {"role": "assistant", "content": "hello"}}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            """Quiet."""
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Limited)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("OPENAI_API_BASE", f"http://127.0.0.1:{server.server_address[1]}/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    assert llm.complete("openai/test-model", MSGS, timeout=10) == "hello" and len(hits) == 2
+    server.shutdown()
+
+
+def test_a_provider_without_n_gets_a_seed_of_its_own_per_completion(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review: Ollama takes a seed but no n; asked once per completion with one seed, it wrote one request n
+    times."""
+    asked: list[dict] = []
+
+    def completion(**kwargs: Any) -> litellm.ModelResponse:
+        asked.append(kwargs)
+        return litellm.ModelResponse(choices=[{"message": {"role": "assistant", "content": "a request"}}])
+
+    monkeypatch.setattr(llm.litellm, "completion", completion)
+    assert llm.unsupported("ollama/llama3", ("n", "seed")) == {"n"}
+    assert len(llm.sample("ollama/llama3", MSGS, 3, seed=7)) == 3
+    assert [a["seed"] for a in asked] == [7, 8, 9] and not any("n" in a for a in asked)

@@ -101,9 +101,27 @@ def calls_at_once(model: str) -> int:
 
 
 DEFAULT_TIMEOUT_S = 120.0
-# the provider's client retries a timeout twice by default, so a 120 s timeout took 6 minutes; a failed call
-# routes its query in retrieval order instead (a fallback, counted)
-NO_RETRIES = {"max_retries": 0}
+# A rate limit or a dropped connection is retried, twice at most and within the call's timeout; a timeout is
+# not (the provider's client retried it twice, so a 120 s timeout took 6 minutes). A call that fails routes
+# its query in retrieval order (a fallback, counted).
+RETRIED = (litellm.exceptions.RateLimitError, litellm.exceptions.APIConnectionError,
+           litellm.exceptions.InternalServerError, litellm.exceptions.ServiceUnavailableError)
+RETRIES, RETRY_WAIT_S = 2, 1.0
+
+
+def _completion(model: str, messages: list[dict[str, Any]], timeout: float, **kw: Any) -> Any:
+    """``litellm.completion`` with the retries above, the whole within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    for attempt in range(RETRIES + 1):
+        try:
+            return litellm.completion(model=model, messages=messages, max_retries=0,
+                                      timeout=max(deadline - time.monotonic(), 0.1), **kw)
+        except RETRIED:
+            wait = RETRY_WAIT_S * 2 ** attempt
+            if attempt == RETRIES or time.monotonic() + wait >= deadline:
+                raise
+            time.sleep(wait)
+    raise AssertionError("unreachable")  # the loop returns or raises
 Reduction = Literal["mean", "sum"]
 
 
@@ -356,7 +374,8 @@ def complete(
     messages : list of dict
         OpenAI-style chat messages.
     timeout : float
-        Seconds before the call is abandoned (it is not retried).
+        Seconds before the call is abandoned (a timeout is not retried; a rate limit or a dropped
+        connection is, within them).
     **kw
         Passed to :func:`litellm.completion` (``max_tokens``, ``temperature``,
         ``stop``, ``mock_response``, ...).
@@ -367,7 +386,7 @@ def complete(
         On any provider, network or timeout failure, naming the model.
     """
     try:
-        response = litellm.completion(model=model, messages=messages, timeout=timeout, **{**NO_RETRIES, **kw})
+        response = _completion(model, messages, timeout, **kw)
     except SynapseError:
         raise
     except Exception as exc:
@@ -403,13 +422,15 @@ def sample(model: str, messages: list[dict[str, Any]], n: int, timeout: float = 
         On any provider, network or timeout failure, naming the model.
     """
     missing = unsupported(model, ("n", "seed"))
-    kw = {**NO_RETRIES, **{k: v for k, v in kw.items() if k not in missing}}
-    # a provider without `n` (Anthropic, Ollama) is asked once per completion
-    asks = [{"n": n}] if "n" not in missing else [{}] * n
+    kw = {k: v for k, v in kw.items() if k not in missing}
+    # a provider without `n` (Anthropic, Ollama) is asked once per completion, each with a seed of its own
+    # (one seed for all gave Ollama the same completion n times)
+    asks = [{"n": n}] if "n" not in missing else [
+        {"seed": kw["seed"] + j} if "seed" in kw else {} for j in range(n)]
     texts = []
     for ask in asks:
         try:
-            response = litellm.completion(model=model, messages=messages, timeout=timeout, **ask, **kw)
+            response = _completion(model, messages, timeout, **{**kw, **ask})
         except SynapseError:
             raise
         except Exception as exc:

@@ -27,6 +27,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -338,6 +339,19 @@ def check_resume(output_dir: Path, run_config: Mapping[str, Any], nodes: int) ->
         raise SynapseError(f"{output_dir} holds {len(recorded[0])} rounds of a federation of {before} organisations; "
                            f"this run has {nodes}: resumed there, it would merge both federations and release "
                            f"records twice; give another output-dir (--set output-dir=PATH), or run {before} nodes")
+
+
+# what :meth:`Launch.stage` writes into a FLWR_HOME's config.toml (a home made before the mark was written)
+_LAUNCHER_CONFIG = re.compile(r'\[superlink\]\ndefault = "(\w+)"\n\n\[superlink\.\1\]\naddress = "[^"\n]*"\n'
+                              r'(?:insecure = true\n)?')
+
+
+def launcher_config(path: Path) -> bool:
+    """Whether the Flower config at ``path`` is one a launcher wrote (never raises)."""
+    try:
+        return _LAUNCHER_CONFIG.fullmatch(path.read_text(encoding="utf-8")) is not None
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def check_nodes_wanted(run_config: Mapping[str, Any], nodes: int) -> None:
@@ -708,7 +722,7 @@ class Launch:
         if self.flwr_home and self.flwr_home.exists() and not self.flwr_home.is_dir():
             raise SynapseError(f"--flwr-home {self.flwr_home} is a file; name a folder (or leave it out)")
         if self.flwr_home and (self.flwr_home / "config.toml").is_file() and not (
-                self.flwr_home / HOME_MARK).is_file():
+                (self.flwr_home / HOME_MARK).is_file() or launcher_config(self.flwr_home / "config.toml")):
             # the run writes its own connection there: an operator's ~/.flwr would lose theirs
             raise SynapseError(f"--flwr-home {self.flwr_home} holds a Flower config.toml of its own, which the run "
                                "would overwrite; name an empty folder for the run (or leave it out)")
