@@ -490,7 +490,7 @@ def test_arms_the_data_cannot_train_are_left_out_by_default_and_refused_by_name(
 def test_a_budget_dp_sgd_cannot_meet_leaves_fedavg_dp_out_before_any_flower_run(tmp_path, caplog):
     """Regression: epsilon 0.001 passed the config check (the compendium's noise can meet it), then the fedavg_dp
     arm raised a traceback after every Flower run of the experiment, when DP-SGD met the organisations' sizes."""
-    from synapse_flwr.simulations.experiment import run_experiment, runnable_arms
+    from synapse_flwr.simulations.experiment import runnable_arms
 
     from synapse_flwr.data.federation import load_federated
 
@@ -502,10 +502,17 @@ def test_a_budget_dp_sgd_cannot_meet_leaves_fedavg_dp_out_before_any_flower_run(
     assert left_out["fedavg_dp"].startswith("its DP-SGD noise cannot meet epsilon 0.001: an organisation of ")
     assert "privacy budget is too low" in left_out["fedavg_dp"]
     assert runnable_arms(replace(cfg, epsilon=4.0), ds) == (replace(cfg, epsilon=4.0), {})
+    _refused_before_any_flower_run(tmp_path, 'dataset = "demo"\nepsilon = 0.001\narms = ["docs_only", "fedavg_dp"]',
+                                   "arm 'fedavg_dp': its DP-SGD noise cannot meet epsilon 0.001")
+
+
+def _refused_before_any_flower_run(tmp_path: Path, keys: str, match: str) -> None:
+    """An experiment of these ``[experiment]`` keys is refused with ``match`` before any Flower run."""
+    from synapse_flwr.simulations.experiment import run_experiment
+
     config = tmp_path / "exp.toml"
-    config.write_text(f'[experiment]\ndataset = "demo"\ncache = "{tmp_path / "cache"}"\nepsilon = 0.001\n'
-                      'arms = ["docs_only", "fedavg_dp"]\n')
-    with pytest.raises(SynapseError, match="arm 'fedavg_dp': its DP-SGD noise cannot meet epsilon 0.001"):
+    config.write_text(f'[experiment]\ncache = "{tmp_path / "cache"}"\n{keys}\n')
+    with pytest.raises(SynapseError, match=match):
         run_experiment(config, output=tmp_path / "out")
     assert not (tmp_path / "cache" / "flower").exists()
 
@@ -1171,8 +1178,6 @@ def test_a_contradiction_rate_the_data_cannot_take_is_refused_before_any_flower_
     import json
     import shutil
 
-    from synapse_flwr.simulations.experiment import run_experiment
-
     from synapse_flwr.data.federation import demo_dir
 
     folder = tmp_path / "bench"
@@ -1181,12 +1186,9 @@ def test_a_contradiction_rate_the_data_cannot_take_is_refused_before_any_flower_
         records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
         log.write_text("".join(json.dumps(r) + "\n" for r in records
                                 if r["tool"] == r.get("gold", r["tool"]) == "search_flights"))
-    config = tmp_path / "exp.toml"
-    config.write_text(f'[experiment]\ndataset = "{folder}"\ncache = "{tmp_path / "cache"}"\nrates = [0.0, 0.2]\n'
-                      'arms = ["docs_only", "federated"]\n')
-    with pytest.raises(SynapseError, match="needs two such tools, found 1; drop the non-zero rates"):
-        run_experiment(config, output=tmp_path / "out")
-    assert not (tmp_path / "cache" / "flower").exists()
+    _refused_before_any_flower_run(tmp_path, f'dataset = "{folder}"\nrates = [0.0, 0.2]\n'
+                                             'arms = ["docs_only", "federated"]',
+                                   "needs two such tools, found 1; drop the non-zero rates")
 
 
 def test_a_gap_of_exactly_the_margin_is_met_and_values_are_rounded_once():

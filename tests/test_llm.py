@@ -384,6 +384,20 @@ def test_llm_mode_and_weight_errors_are_clear() -> None:
 # --- a hosted model's request/response path, against a local OpenAI-compatible server
 
 
+def send_chat_reply(handler: BaseHTTPRequestHandler, model: str, content: str) -> None:
+    """Answer a ``POST /v1/chat/completions`` in the OpenAI wire format with ``content``."""
+    data = json.dumps({
+        "id": "chatcmpl-test", "object": "chat.completion", "created": 0, "model": model,
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 class OpenAIHandler(BaseHTTPRequestHandler):
     """``POST /v1/chat/completions`` in the OpenAI wire format, answered like :func:`fake_pick`."""
 
@@ -401,18 +415,7 @@ class OpenAIHandler(BaseHTTPRequestHandler):
         time.sleep(self.delay)
         with self.lock:
             self.in_flight[0] -= 1
-        reply = {
-            "id": "chatcmpl-test", "object": "chat.completion", "created": 0, "model": body["model"],
-            "choices": [{"index": 0, "finish_reason": "stop", "message": {
-                "role": "assistant", "content": fake_pick(body["messages"][-1]["content"], False)}}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-        }
-        data = json.dumps(reply).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_chat_reply(self, body["model"], fake_pick(body["messages"][-1]["content"], False))
 
     def log_message(self, *args: Any) -> None:
         """Quiet."""
@@ -670,14 +673,7 @@ def test_a_rate_limited_call_is_retried_within_its_timeout(monkeypatch: pytest.M
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
-            data = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                               "choices": [{"index": 0, "finish_reason": "stop",
-                                            "message": {"role": "assistant", "content": "hello"}}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            send_chat_reply(self, body["model"], "hello")
 
         def log_message(self, *args: Any) -> None:
             """Quiet."""
