@@ -42,7 +42,7 @@ from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.catalog import load_catalog
 from synapse_flwr.core.embed import get_embedder
 from synapse_flwr.core.experience import load_experience
-from synapse_flwr.core.merge import clip_words, merge_typed
+from synapse_flwr.core.merge import clip_words, merge_robust, merge_typed
 from synapse_flwr.core.noise_claims import noise_claim_problem
 from synapse_flwr.core.prototypes import encode_prototype
 from synapse_flwr.core.release import ReleaseState
@@ -693,6 +693,16 @@ def test_a_quote_cut_to_length_in_a_dissent_cannot_become_an_instruction():
     assert dissent.endswith(" must") and len(dissent) <= MAX_TEXT and instruction_like(dissent) is None
     assert decode(encode(merged)) == merged  # every client takes it
     assert clip_words("a must choosey", 13) == "a must" and clip_words("short", 13) == "short"
+    # regression (merge review): the claim a tool's `when` loses to another tool's was cut mid-word too, so one
+    # organisation alone (its text on two tools) stalled every round
+    z = Compendium(issuer=Issuer(org="a"), tools=[
+        ToolEntry(tool_id=t, when=[Scenario(text=text, support=support, orgs=["a"])])
+        for t, support in (("t1", 100.0), ("t2", 5.0))])
+    for merge in (merge_typed, merge_robust):
+        merged = merge([z, b])
+        dissents = [p.text for t in merged.tools for p in t.precautions if p.kind == "dissent"]
+        assert dissents and all(instruction_like(d) is None for d in dissents)
+        assert decode(encode(merged)) == merged
 
 
 def test_a_merged_global_that_clients_would_refuse_is_never_broadcast():

@@ -772,8 +772,8 @@ def resolve_cross_tool_claims(
             continue
         gone = {id(s) for s in demoted[i]}
         dissent = [Precaution(kind="dissent", support=s.support, orgs=s.orgs,
-                              text=f"other orgs ({', '.join(s.orgs)}) report it works for '{s.text}', "
-                              "which is mostly another tool's"[:MAX_TEXT])
+                              text=clip_words(f"other orgs ({', '.join(s.orgs)}) report it works for '{s.text}', "
+                                              "which is mostly another tool's"))
                    for s in demoted[i]]
         out.append(entry.model_copy(update={
             "when": [s for s in entry.when if id(s) not in gone],
