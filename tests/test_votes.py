@@ -219,6 +219,22 @@ def test_votes_summed_past_the_schemas_bound_saturate_instead_of_failing():
     assert sum_votes([low, low]).records == -MAX_COUNT
 
 
+def test_votes_each_valid_sum_to_votes_a_global_accepts():
+    """Regression (merge review): each organisation's right routes may exceed its voters by 6 sqrt(2) of its SD;
+    summed, the excesses added up while the SD added in quadrature, so the merged global failed its own check
+    and the round's merge raised."""
+    from synapse_flwr.core.schema import Compendium, Issuer
+
+    edge = [FusionVotes(settings=list(SETTINGS), correct=[100.0 + 8.4 * 27.0] * len(SETTINGS), records=100.0,
+                        sd=27.0) for _ in range(2)]
+    for votes in edge:
+        Compendium(kind="org", issuer=Issuer(org="a"), votes=votes)  # each is valid alone
+    summed = sum_votes(edge)
+    assert summed.records == 200.0 and summed.sd == pytest.approx(27.0 * math.sqrt(2))
+    assert max(summed.correct) == pytest.approx(200.0 + 6 * math.sqrt(2) * summed.sd)
+    Compendium(kind="global", issuer=Issuer(org="global"), votes=summed)  # raised before
+
+
 def test_more_experience_is_followed_only_where_its_votes_beat_the_noise():
     n = len(SETTINGS)
     exact = [5.0] * (n - 1) + [6.0]

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from synapse_flwr.core.prototypes import shrunk_directions, stacked_prototypes
-from synapse_flwr.core.schema import MAX_COUNT, FusionSetting, FusionVotes
+from synapse_flwr.core.schema import MAX_COUNT, VOTE_NOISE_SDS, FusionSetting, FusionVotes
 
 if TYPE_CHECKING:
     from synapse_flwr.core.router import Router
@@ -171,11 +171,17 @@ def sum_votes(votes: Sequence[FusionVotes | None]) -> FusionVotes | None:
         # a sum past the schema's bound saturates there (each input is valid; their sum may not be)
         return min(max(x, low), MAX_COUNT)
 
+    records = bounded(round(math.fsum(v.records for v in same), 4))
+    sd = bounded(round(math.sqrt(math.fsum(v.sd**2 for v in same)), 6), 0.0)
+    # each input's right routes may exceed its voters by VOTE_NOISE_SDS of its SD; summed, those excesses add up
+    # while the SD adds in quadrature, so the sum is kept where a global's own check expects it (post-processing)
+    low, high = -VOTE_NOISE_SDS * sd, records + VOTE_NOISE_SDS * math.sqrt(2) * sd
     return FusionVotes(
         settings=same[0].settings,
-        correct=[bounded(round(math.fsum(v.correct[j] for v in same), 4)) for j in range(len(best))],
-        records=bounded(round(math.fsum(v.records for v in same), 4)),
-        sd=bounded(round(math.sqrt(math.fsum(v.sd**2 for v in same)), 6), 0.0),
+        correct=[min(max(bounded(round(math.fsum(v.correct[j] for v in same), 4)), low), high)
+                 for j in range(len(best))],
+        records=records,
+        sd=sd,
     )
 
 
