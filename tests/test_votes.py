@@ -227,8 +227,8 @@ def test_votes_each_valid_sum_to_votes_a_global_accepts():
 
     edge = [FusionVotes(settings=list(SETTINGS), correct=[100.0 + 8.4 * 27.0] * len(SETTINGS), records=100.0,
                         sd=27.0) for _ in range(2)]
-    for votes in edge:
-        Compendium(kind="org", issuer=Issuer(org="a"), votes=votes)  # each is valid alone
+    for each in edge:
+        Compendium(kind="org", issuer=Issuer(org="a"), votes=each)  # each is valid alone
     summed = sum_votes(edge)
     assert summed.records == 200.0 and summed.sd == pytest.approx(27.0 * math.sqrt(2))
     assert max(summed.correct) == pytest.approx(200.0 + 6 * math.sqrt(2) * summed.sd)

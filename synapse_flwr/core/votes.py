@@ -35,7 +35,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from synapse_flwr.core.prototypes import shrunk_directions, stacked_prototypes
-from synapse_flwr.core.schema import MAX_COUNT, VOTE_NOISE_SDS, FusionSetting, FusionVotes
+from synapse_flwr.core.schema import (
+    MAX_COUNT,
+    VOTE_NOISE_SDS,
+    FusionSetting,
+    FusionVotes,
+)
 
 if TYPE_CHECKING:
     from synapse_flwr.core.router import Router
