@@ -325,3 +325,16 @@ def test_noise_alone_hardly_lifts_an_honest_orgs_mass():
         assert max(masses) <= n + 5 * sd, (n, max(masses))
         if n == 0:
             assert sum(m > 0 for m in masses) <= 4  # at most 2% of pure-noise prototypes carry any mass
+
+
+def test_a_scaled_entry_never_has_more_successes_than_calls():
+    """Regression (merge review): calls and successes within the schema's tolerance of each other, rounded apart
+    after scaling, gave successes > calls, and the support-weighted and robust merges raised."""
+    from synapse_flwr.core.influence import scale_entry
+    from synapse_flwr.core.schema import ToolEntry, ToolStats
+
+    factor = 0.8146
+    calls = 0.00025 / factor - 5e-10  # scaled: just below a rounding boundary, its successes just above it
+    entry = ToolEntry(tool_id="t", stats=ToolStats(calls=calls, successes=calls + 1e-9))
+    scaled = scale_entry(entry, factor)
+    assert scaled.stats.successes <= scaled.stats.calls

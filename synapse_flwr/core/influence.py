@@ -74,7 +74,8 @@ def scale_entry(e: ToolEntry, factor: float) -> ToolEntry:
             "when": [s.model_copy(update={"support": sc(s.support)}) for s in e.when],
             "when_not": [s.model_copy(update={"support": sc(s.support)}) for s in e.when_not],
             "precautions": [p.model_copy(update={"support": sc(p.support)}) for p in e.precautions],
-            "stats": ToolStats(calls=sc(e.stats.calls), successes=sc(e.stats.successes),
+            # rounded apart, successes within the schema's tolerance of calls could end above them
+            "stats": ToolStats(calls=sc(e.stats.calls), successes=min(sc(e.stats.successes), sc(e.stats.calls)),
                                starts=sc(e.stats.starts)),
             "confusions": [t.model_copy(update={"count": sc(t.count)}) for t in e.confusions],
             "next_tools": [t.model_copy(update={"count": sc(t.count)}) for t in e.next_tools],
