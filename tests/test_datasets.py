@@ -329,6 +329,18 @@ def test_leak_filter_synthetic():
     assert (report.garbage, report.kept) == (0, 2)
 
 
+def test_leak_filter_compares_text_that_reads_alike():
+    """Regression (data review): a decomposed accent (macOS writes NFD), fullwidth letters and "ß" against "SS"
+    passed both the exact and the near-duplicate test, so a test query stayed in training."""
+    import unicodedata
+
+    test = ["Réserve un vol pour Zürich le 3 décembre", "book a hotel", "Straße nach Köln"]
+    train = [_event(unicodedata.normalize("NFD", test[0])), _event("ｂｏｏｋ ａ ｈｏｔｅｌ"),
+             _event("STRASSE NACH KÖLN"), _event("What are the top headlines in Berlin?", "news")]
+    kept, report = leak_filter(train, test)
+    assert [e.query for e in kept] == ["What are the top headlines in Berlin?"] and report.exact == 3
+
+
 def test_leak_filter_reads_the_request_inside_a_prompt_template(caplog):
     """Regression (acceptance pass): queries written into one long template ("Hi there. ... {request}. Please
     ...") were near duplicates of every test query in it, so a different request was dropped as a leak."""

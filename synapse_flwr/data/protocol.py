@@ -13,6 +13,7 @@ tools.
 from __future__ import annotations
 
 import logging
+import unicodedata
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -237,6 +238,15 @@ def without_wrappers(keys: Sequence[str]) -> list[str]:
     return [k if not (h or t) else " ".join(r[: len(r) - t]) for k, r, h, t in zip(keys, rest, head, tail)]
 
 
+def leak_key(text: str) -> str:
+    """The form a text is compared in by the leak filter: Unicode-composed and case-folded, then normalised.
+
+    Text that reads alike compares alike: a decomposed accent (macOS writes "Zu\u0308rich") split its word in two,
+    and fullwidth letters, "ß" against "SS", passed both the exact and the near-duplicate test.
+    """
+    return normalize_text(unicodedata.normalize("NFKC", text).casefold())
+
+
 def leak_filter(
     train: Sequence[Event],
     test_queries: Sequence[str],
@@ -264,7 +274,7 @@ def leak_filter(
     """
     if not 0 < jaccard <= 1:
         raise ValueError(f"jaccard must be in (0, 1], not {jaccard}")
-    test_keys = [k for k in (normalize_text(q) for q in test_queries) if k]
+    test_keys = [k for k in (leak_key(q) for q in test_queries) if k]
     exact_keys = set(test_keys)
     garbage = exact = 0
     candidates: list[tuple[Event, str]] = []
@@ -274,7 +284,7 @@ def leak_filter(
         )
         if not known:  # an Event's query has a word already (experience.Query)
             garbage += 1
-        elif (key := normalize_text(event.query)) in exact_keys:
+        elif (key := leak_key(event.query)) in exact_keys:
             exact += 1
         else:
             candidates.append((event, key))
