@@ -483,8 +483,10 @@ def test_hosted_server_down_falls_back_to_retrieval(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("OPENAI_API_BASE", f"http://127.0.0.1:{port}/v1")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     router = Router(None, CATALOG, embedder=TfidfEmbedder(), reranker="llm", k=4, model="openai/test-model")
+    started = time.monotonic()
     result = router.route("send an email to my landlord")
     assert result.fallback and result.decided_by == ["retrieval"] and router.fallbacks == 1
+    assert time.monotonic() - started < 2.5  # a refused connection is not retried (litellm calls it a 500)
     # stdout carries `synapse route`'s JSON and the MCP server's stdio channel: litellm's help banner stays off it
     assert capfd.readouterr().out == ""
 

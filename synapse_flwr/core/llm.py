@@ -101,11 +101,11 @@ def calls_at_once(model: str) -> int:
 
 
 DEFAULT_TIMEOUT_S = 120.0
-# A rate limit or a dropped connection is retried, twice at most and within the call's timeout; a timeout is
-# not (the provider's client retried it twice, so a 120 s timeout took 6 minutes). A call that fails routes
-# its query in retrieval order (a fallback, counted).
-RETRIED = (litellm.exceptions.RateLimitError, litellm.exceptions.APIConnectionError,
-           litellm.exceptions.InternalServerError, litellm.exceptions.ServiceUnavailableError)
+# A rate limit (429) or an overloaded server (503) is retried, twice at most and within the call's timeout. A
+# timeout is not (the provider's client retried it twice, so a 120 s timeout took 6 minutes), nor a refused
+# connection, which litellm reports as an internal server error (a server that is down: every call of a batch
+# waited out the retries). A call that fails routes its query in retrieval order (a fallback, counted).
+RETRIED = (litellm.exceptions.RateLimitError, litellm.exceptions.ServiceUnavailableError)
 RETRIES, RETRY_WAIT_S = 2, 1.0
 
 
@@ -374,8 +374,8 @@ def complete(
     messages : list of dict
         OpenAI-style chat messages.
     timeout : float
-        Seconds before the call is abandoned (a timeout is not retried; a rate limit or a dropped
-        connection is, within them).
+        Seconds before the call is abandoned (a timeout is not retried; a rate limit or an
+        overloaded server is, within them).
     **kw
         Passed to :func:`litellm.completion` (``max_tokens``, ``temperature``,
         ``stop``, ``mock_response``, ...).
