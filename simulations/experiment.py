@@ -712,10 +712,9 @@ def aggregate(cfg: ExperimentConfig, per_seed: dict, llm: dict) -> dict:
     for arm, run in first["per_round"].items():
         per_round[arm] = [_split_summary(per_seed, lambda r, a=arm, i=i: r["per_round"][a]["rounds"][i])
                           for i in range(cfg.rounds)]
-    records = {private: [rec for r in per_seed.values() for arm, run in r["per_round"].items()
-                         if (arm == "federated_private") == private for rec in run["records"]]
-               for private in (False, True)}
-    clean, private = records[False], records[True]
+    records = [(arm, rec) for r in per_seed.values() for arm, run in r["per_round"].items() for rec in run["records"]]
+    clean = [rec for arm, rec in records if arm != "federated_private"]
+    private = [rec for arm, rec in records if arm == "federated_private"]
     results = {
         "name": cfg.name, "dataset": shown_dataset(cfg.dataset), "seeds": cfg.seeds, "orgs": cfg.orgs,
         "alpha": cfg.alpha, "rounds": cfg.rounds, "embedder": cfg.embedder, "reranker": cfg.reranker, "k": cfg.k,
@@ -915,8 +914,8 @@ def run_experiment(config: Path, fresh: bool = False, output: Path | None = None
     if not exp.splits(first):  # before any Flower run: nothing could be scored
         raise SynapseError(f"{cfg.dataset}: no test queries to score the arms on; add a test.jsonl "
                            "(docs/formats.md: a query and its gold tool per line)")
-    for rate in sorted({r for r in cfg.rates if r > 0})[:1]:  # what injection needs, before any Flower run
-        exp.dataset(cfg.seeds[0], rate)
+    if rates := [r for r in cfg.rates if r > 0]:  # what injection needs, before any Flower run
+        exp.dataset(cfg.seeds[0], min(rates))
     events = len(first.all_events)
     if not first.info.get("orgs_as_given") and cfg.orgs > events:  # before any Flower run: a node per empty org
         raise SynapseError(f"orgs: {cfg.orgs} organisations re-partition {events} events of {cfg.dataset}, "

@@ -994,6 +994,7 @@ def serve(
     count_prior: CountPriorOption = None,
 ) -> None:
     """Serve routing to agents as an MCP server with one tool, `route`."""
+    from synapse_flwr.core.embed import uncached
     from synapse_flwr.serve import build_server, check_listen
 
     if transport not in TRANSPORTS:
@@ -1011,7 +1012,7 @@ def serve(
     router = _load_router(catalog, compendium, reranker, model, embedder, "typed", 5, llm_weight, count_prior)
     # the models load now, not in the first request (an index read from the cache never loaded the embedder; an
     # embedded LLM whose wheel is missing would fail every request of a server that started)
-    getattr(router.embedder, "inner", router.embedder).encode(["warm up"])
+    uncached(router.embedder).encode(["warm up"])
     if router.reranker == "llm" and router.model.startswith("local/"):
         from synapse_flwr.core.llm import load_local_model
 

@@ -393,7 +393,7 @@ def test_a_flower_home_with_its_own_config_is_not_overwritten(tmp_path, tmp_root
     assert isinstance(res.exception, SynapseError) and "holds a Flower config.toml of its own" in str(res.exception)
     assert "prod:9093" in (home / "config.toml").read_text()
     started_nothing(tmp_root, tmp_path / "out" / "logs")
-    # a home a launcher made before it marked its homes holds the launcher's own config: not refused
+    # a home the launchers made holds their own config: not refused
     from synapse_flwr.flower.launch import launcher_config
 
     (home / "config.toml").write_text('[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n')

@@ -32,7 +32,8 @@ def test_a_global_that_routes_alike_is_not_scored_again(monkeypatch):
         return Router(*args, **kwargs)
 
     monkeypatch.setattr(server_app, "Router", counting_router)
-    evaluate = server_app.make_evaluator(RunConfig.from_mapping({"dataset": "demo", "embedder": "static"}))
+    cfg = RunConfig.from_mapping({"dataset": "demo", "embedder": "static"})
+    evaluate = server_app.make_evaluator(cfg, server_app.federation_catalog(cfg))
     assert routers == [None]  # the documentation-only line
 
     def global_(round_: int, inputs: list[str], policy: str = "typed") -> Compendium:
@@ -61,8 +62,9 @@ def test_a_run_on_another_catalog_is_not_scored_on_the_dataset_s_queries(tmp_pat
     with caplog.at_level("WARNING"):
         cfg = RunConfig.from_mapping({"dataset": "demo", "embedder": "static",
                                       "catalog": str(tmp_path / "catalog.json")})
-        assert server_app.make_evaluator(cfg) is None
+        assert server_app.make_evaluator(cfg, server_app.federation_catalog(cfg)) is None
     assert "no evaluation: the run's catalog" in caplog.text
     same = RunConfig.from_mapping({"dataset": "demo", "embedder": "static",
                                    "catalog": str(demo_dir() / "catalog.json")})
-    assert server_app.make_evaluator(same) is not None  # the dataset's own catalog, named: scored
+    # the dataset's own catalog, named: scored
+    assert server_app.make_evaluator(same, server_app.federation_catalog(same)) is not None

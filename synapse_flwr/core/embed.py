@@ -473,6 +473,11 @@ class CachedEmbedder:
         self._seen_shards = {merged}
 
 
+def uncached(embedder: Embedder) -> Embedder:
+    """The embedder under a :class:`CachedEmbedder` (``embedder`` itself when it caches nothing)."""
+    return embedder.inner if isinstance(embedder, CachedEmbedder) else embedder
+
+
 LEXICAL = "tfidf"  # fitted on the text it indexes: no fixed space, so it carries no prototypes
 EMBEDDERS: dict[str, Callable[[], Embedder]] = {
     "minilm": MiniLMEmbedder,

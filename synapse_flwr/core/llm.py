@@ -112,16 +112,20 @@ RETRIES, RETRY_WAIT_S = 2, 1.0
 def _completion(model: str, messages: list[dict[str, Any]], timeout: float, **kw: Any) -> Any:
     """``litellm.completion`` with the retries above, the whole within ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
-    for attempt in range(RETRIES + 1):
+
+    def call() -> Any:
+        return litellm.completion(model=model, messages=messages, max_retries=0,
+                                  timeout=max(deadline - time.monotonic(), 0.1), **kw)
+
+    for attempt in range(RETRIES):
         try:
-            return litellm.completion(model=model, messages=messages, max_retries=0,
-                                      timeout=max(deadline - time.monotonic(), 0.1), **kw)
+            return call()
         except RETRIED:
             wait = RETRY_WAIT_S * 2 ** attempt
-            if attempt == RETRIES or time.monotonic() + wait >= deadline:
+            if time.monotonic() + wait >= deadline:
                 raise
             time.sleep(wait)
-    raise AssertionError("unreachable")  # the loop returns or raises
+    return call()
 Reduction = Literal["mean", "sum"]
 
 

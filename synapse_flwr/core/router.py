@@ -52,7 +52,7 @@ import numpy as np
 
 from synapse_flwr.core.catalog import Catalog
 from synapse_flwr.core.documentation import catalog_arguments, doc_entry, doc_text
-from synapse_flwr.core.embed import Embedder, get_embedder, l2_normalize
+from synapse_flwr.core.embed import Embedder, get_embedder, l2_normalize, uncached
 from synapse_flwr.core.explain import decided_by
 from synapse_flwr.core.fusion import Fusion, gate_open, voted_fusion
 from synapse_flwr.core.phrase_profile import PhraseProfile
@@ -803,7 +803,7 @@ class Router:
         out: list[RouteResult] = []
         for start in range(0, len(queries), batch_size):
             chunk = list(queries[start : start + batch_size])
-            qv = self._embed(chunk, None if remember else getattr(self.embedder, "inner", self.embedder))
+            qv = self._embed(chunk, None if remember else uncached(self.embedder))
             parts = self.evidence(chunk, qv)
             fused = sum(parts.values())
             cands = []

@@ -48,6 +48,11 @@ MAX_DIM = 4096  # width of a prototype embedding space
 MAX_SCALE = 1e6  # int8 step of a prototype vector (bounds every coordinate by 127 * MAX_SCALE)
 VOTE_NOISE_SDS = 6.0  # fusion votes further than this from what the release allows are refused
 
+
+def vote_bounds(records: float, sd: float) -> tuple[float, float]:
+    """The range a setting's right routes may take among ``records`` voters with noise SD ``sd``."""
+    return -VOTE_NOISE_SDS * sd, records + VOTE_NOISE_SDS * math.sqrt(2) * sd
+
 MAX_TOOL_ID = 128  # characters of a tool id (longer normalised names are cut to it)
 MAX_ORG_ID = 64
 TOOL_ID_PATTERN = r"^[a-z0-9][a-z0-9_.\-]*$"
@@ -611,7 +616,7 @@ class Compendium(_Strict):
         spread = VOTE_NOISE_SDS * math.sqrt(v.sd**2 + sum(p.count_sd**2 for p in protos))
         if self.kind == "org" and v.records > counts + spread:
             raise ValueError(f"votes from {v.records:g} records, but the prototypes count {counts:g} released records")
-        low, high = -VOTE_NOISE_SDS * v.sd, v.records + VOTE_NOISE_SDS * math.sqrt(2) * v.sd
+        low, high = vote_bounds(v.records, v.sd)
         for setting, correct in zip(v.settings, v.correct):
             if not low <= correct <= high:
                 raise ValueError(f"votes: {correct:g} right routes under (prototype {setting.prototype:g}, prior "

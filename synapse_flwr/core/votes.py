@@ -35,12 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from synapse_flwr.core.prototypes import shrunk_directions, stacked_prototypes
-from synapse_flwr.core.schema import (
-    MAX_COUNT,
-    VOTE_NOISE_SDS,
-    FusionSetting,
-    FusionVotes,
-)
+from synapse_flwr.core.schema import MAX_COUNT, FusionSetting, FusionVotes, vote_bounds
 
 if TYPE_CHECKING:
     from synapse_flwr.core.router import Router
@@ -178,9 +173,9 @@ def sum_votes(votes: Sequence[FusionVotes | None]) -> FusionVotes | None:
 
     records = bounded(round(math.fsum(v.records for v in same), 4))
     sd = bounded(round(math.sqrt(math.fsum(v.sd**2 for v in same)), 6), 0.0)
-    # each input's right routes may exceed its voters by VOTE_NOISE_SDS of its SD; summed, those excesses add up
+    # each input's right routes may exceed its voters by 6 sqrt(2) of its SD (vote_bounds); summed, those excesses add up
     # while the SD adds in quadrature, so the sum is kept where a global's own check expects it (post-processing)
-    low, high = -VOTE_NOISE_SDS * sd, records + VOTE_NOISE_SDS * math.sqrt(2) * sd
+    low, high = vote_bounds(records, sd)
     return FusionVotes(
         settings=same[0].settings,
         correct=[min(max(bounded(round(math.fsum(v.correct[j] for v in same), 4)), low), high)

@@ -66,7 +66,6 @@ log = logging.getLogger(__name__)
 
 FLOWER_BINARIES = ("flwr", "flower-superlink", "flower-supernode", "flower-superexec")
 FINISHED_OK = "finished:completed"
-HOME_MARK = ".synapse-flwr-home"  # in a FLWR_HOME the launchers made: its config.toml is theirs to rewrite
 FEDERATION_FILE = "federation.json"  # in output-dir: how many organisations its rounds are from
 #: Seconds without a finished round after which the launcher says the run is still going (a first round over
 #: thousands of tools embeds for minutes with nothing else to show).
@@ -341,7 +340,7 @@ def check_resume(output_dir: Path, run_config: Mapping[str, Any], nodes: int) ->
                            f"records twice; give another output-dir (--set output-dir=PATH), or run {before} nodes")
 
 
-# what :meth:`Launch.stage` writes into a FLWR_HOME's config.toml (a home made before the mark was written)
+# what :meth:`Launch.stage` writes into a FLWR_HOME's config.toml: a home holding another is an operator's
 _LAUNCHER_CONFIG = re.compile(r'\[superlink\]\ndefault = "(\w+)"\n\n\[superlink\.\1\]\naddress = "[^"\n]*"\n'
                               r'(?:insecure = true\n)?')
 
@@ -721,8 +720,8 @@ class Launch:
         self.flwr_home = Path(flwr_home).expanduser().resolve() if flwr_home else None
         if self.flwr_home and self.flwr_home.exists() and not self.flwr_home.is_dir():
             raise SynapseError(f"--flwr-home {self.flwr_home} is a file; name a folder (or leave it out)")
-        if self.flwr_home and (self.flwr_home / "config.toml").is_file() and not (
-                (self.flwr_home / HOME_MARK).is_file() or launcher_config(self.flwr_home / "config.toml")):
+        if self.flwr_home and (self.flwr_home / "config.toml").is_file() and not launcher_config(
+                self.flwr_home / "config.toml"):
             # the run writes its own connection there: an operator's ~/.flwr would lose theirs
             raise SynapseError(f"--flwr-home {self.flwr_home} holds a Flower config.toml of its own, which the run "
                                "would overwrite; name an empty folder for the run (or leave it out)")
@@ -806,7 +805,6 @@ class Launch:
         """
         tag = uuid.uuid4().hex
         env = flower_env(self.home, tag, extra_env)
-        (self.home / HOME_MARK).write_text("a FLWR_HOME made by synapse-flwr: its config.toml is the run's\n")
         write_atomic(self.output_dir / FEDERATION_FILE, json.dumps({"nodes": self.nodes}) + "\n")
         (self.home / "config.toml").write_text(
             f'[superlink]\ndefault = "{superlink}"\n\n[superlink.{superlink}]\naddress = "{address}"\n'

@@ -178,7 +178,7 @@ def federation_catalog(cfg: RunConfig) -> Catalog:
     return loaded(f"dataset {cfg.dataset}", lambda: load_dataset(cfg.dataset, cfg.seed)).catalog
 
 
-def make_evaluator(cfg: RunConfig) -> Callable[[Artifact], dict] | None:
+def make_evaluator(cfg: RunConfig, catalog: Catalog) -> Callable[[Artifact], dict] | None:
     """Server-side evaluation of a global compendium on the dataset's test sets.
 
     Returns None when ``evaluate`` is off, the dataset has no test set, or
@@ -186,11 +186,18 @@ def make_evaluator(cfg: RunConfig) -> Callable[[Artifact], dict] | None:
     be scored on another catalog's queries: a ``deploy-local`` of one's own
     nodes scored on the demo's). Metrics: top-1 accuracy and recall@5 of the
     ``fields`` router, on seen-tool and held-out-tool queries.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The run config (``evaluate``, ``dataset``, ``seed``, ``embedder``).
+    catalog : Catalog
+        The federation's tools (:func:`federation_catalog`).
     """
     if not cfg.evaluate:
         return None
     ds = loaded(f"dataset {cfg.dataset}", lambda: load_dataset(cfg.dataset, cfg.seed))
-    if cfg.catalog and set(federation_catalog(cfg).ids) != set(ds.catalog.ids):
+    if set(catalog.ids) != set(ds.catalog.ids):
         log.warning("no evaluation: the run's catalog %s is not dataset %s's, whose test queries would score "
                     "another catalog's tools; set dataset to a folder holding this catalog and a test.jsonl",
                     cfg.catalog, cfg.dataset)
@@ -307,6 +314,7 @@ def main(grid: Grid, context: Context) -> None:
         return
     if done:
         log.warning("resuming after round %d from %s", done, out_dir)
+    catalog = federation_catalog(cfg)
     strategy = make_strategy(
         cfg.policy,
         min_nodes=cfg.min_nodes,
@@ -317,7 +325,7 @@ def main(grid: Grid, context: Context) -> None:
         vote_phase=cfg.votes,
         # the run's space: an artifact in another is refused at intake, not left to fail the merge
         embedding=None if cfg.embedder == "none" else space_of(get_embedder(cfg.embedder)),
-        catalog=federation_catalog(cfg).ids,  # made-up tools are refused, and larger replies are never parsed
+        catalog=catalog.ids,  # made-up tools are refused, and larger replies are never parsed
         noise_bound=noise_bound(cfg),  # one organisation's claimed noise would drown every merged prototype
     )
     strategy.restore(orgs)  # an org that misses the next round keeps contributing what it sent before
@@ -326,6 +334,6 @@ def main(grid: Grid, context: Context) -> None:
         initial_arrays=to_record(resume_bytes or empty_global()),
         num_rounds=num_rounds - done,
         timeout=cfg.round_timeout,
-        evaluate_fn=make_evaluate_fn(strategy, recorder, done, make_evaluator(cfg)),
+        evaluate_fn=make_evaluate_fn(strategy, recorder, done, make_evaluator(cfg, catalog)),
     )
     log.warning("federation finished: outputs in %s\n%s", out_dir, summary_table(recorder.rounds))
