@@ -153,7 +153,7 @@ def reply_body(msg: Message, max_bytes: int, base: bytes | None) -> tuple[bytes 
     """
     is_delta = DELTA_KEY in msg.content.array_records
     try:
-        raw = from_record(msg.content[DELTA_KEY if is_delta else "artifact"])
+        raw = from_record(msg.content[DELTA_KEY if is_delta else "artifact"], max_bytes)
     except (KeyError, AttributeError, TypeError, ValueError) as exc:
         return None, 0, f"reply carries no artifact ({type(exc).__name__}: {exc})"
     if is_delta and base is None:

@@ -10,8 +10,11 @@ model weights do. Its detached signature travels beside it as a
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.common.constant import SType
 
 from synapse_flwr.core.signing import Registry, Signature, Signer
 from synapse_flwr.core.wire import ArtifactError, unwrap
@@ -24,15 +27,52 @@ def to_record(wire_bytes: bytes) -> ArrayRecord:
     return ArrayRecord({ARTIFACT_KEY: Array(np.frombuffer(wire_bytes, dtype=np.uint8))})
 
 
-def from_record(record: ArrayRecord) -> bytes:
-    """Unwrap the wire bytes from an ArrayRecord.
+def from_record(record: ArrayRecord, max_bytes: int | None = None) -> bytes:
+    """Unwrap the wire bytes from an ArrayRecord, reading the array's header before its data.
+
+    The array comes from another party, and ``Array.numpy()`` allocates what
+    its header claims (a 1 TiB claim is a MemoryError, an empty payload an
+    EOFError): the header is read and checked first, and the bytes after it
+    are returned as they are.
+
+    Parameters
+    ----------
+    record : ArrayRecord
+        The record that carries the artifact under :data:`ARTIFACT_KEY`.
+    max_bytes : int, optional
+        Refuse an array whose header claims more bytes.
 
     Raises
     ------
     KeyError
         If the record holds no artifact.
+    ValueError
+        If the artifact is not a one-dimensional uint8 numpy array whose
+        header agrees with its payload, or (with ``max_bytes``) claims more bytes.
     """
-    return record[ARTIFACT_KEY].numpy().tobytes()
+    array = record[ARTIFACT_KEY]
+    if array.stype != SType.NUMPY:
+        raise ValueError(f"the artifact is serialised as {str(array.stype)[:40]!r}, not {SType.NUMPY!r}")
+    stream = io.BytesIO(array.data)
+    try:
+        version = np.lib.format.read_magic(stream)
+        read = _HEADER_READERS.get(version)
+        if read is None:
+            raise ValueError(f"numpy format version {version}, expected one of {sorted(_HEADER_READERS)}")
+        shape, _, dtype = read(stream)
+    except (ValueError, EOFError, SyntaxError, TypeError) as exc:  # what numpy raises on a malformed header
+        raise ValueError(f"the artifact is not a numpy array ({type(exc).__name__}: {exc})") from None
+    if dtype != np.uint8 or len(shape) != 1:
+        raise ValueError(f"the artifact is a {dtype} array of shape {shape}, expected one dimension of uint8")
+    if max_bytes is not None and shape[0] > max_bytes:
+        raise ValueError(f"the artifact's header claims {shape[0]} bytes, over the limit of {max_bytes}")
+    body = array.data[stream.tell():]
+    if len(body) != shape[0]:
+        raise ValueError(f"the artifact's header claims {shape[0]} bytes and {len(body)} follow it")
+    return bytes(body)
+
+
+_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
 SIGNATURE_KEY = "signature"

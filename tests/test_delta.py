@@ -107,6 +107,9 @@ def _edit_tool_and_digest(delta):
     (lambda d: d["tools"].append([5, 9]), "delta.tools.3"),
     (lambda d: d.update(base="f" * 64), "delta.base"),
     (lambda d: d.pop("set"), "delta.set: missing"),
+    # JSON's NaN and Infinity (Python writes them) made the rebuild raise a TypeError through check_reply
+    (lambda d: d["set"].update(policy=float("nan")), "NaN or Infinity"),
+    (lambda d: d["tools"][0].update(description=float("inf")), "NaN or Infinity"),
 ])
 def test_a_tampered_delta_is_rejected(tamper, expect):
     base, target = rounds_apart()

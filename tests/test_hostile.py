@@ -8,6 +8,7 @@ LLM render.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import sys
 import time
@@ -15,11 +16,12 @@ import tracemalloc
 import unicodedata
 from collections import Counter
 
+import numpy as np
 import pytest
-from flwr.app import RecordDict
+from flwr.app import Array, ArrayRecord, RecordDict
 from hostile.corpus import INJECTION, Case, base_artifact, cases
 from hostile.signatures import RUN, make_keys, reply
-from synapse_flwr.strategies.base import CompendiumStrategy
+from synapse_flwr.strategies.base import CompendiumStrategy, check_reply
 from synapse_flwr.strategies.records import attach_signature, from_record, to_record
 from typer.testing import CliRunner
 
@@ -44,6 +46,7 @@ from synapse_flwr.core.schema import (
 )
 from synapse_flwr.core.signing import ARTIFACT, new_signer
 from synapse_flwr.core.wire import (
+    MAX_WIRE_BYTES,
     RESERVED_ORGS,
     ArtifactError,
     canonical_json,
@@ -100,6 +103,30 @@ def test_peak_memory_of_the_worst_case_is_bounded():
             tracemalloc.stop()
     worst = max(peaks, key=peaks.get)
     assert peaks[worst] < MAX_PEAK_BYTES, peaks
+
+
+def _npy(shape: tuple, descr: str = "|u1", payload: bytes = b"") -> bytes:
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": descr, "fortran_order": False, "shape": shape})
+    return buf.getvalue() + payload
+
+
+@pytest.mark.parametrize("data, expect", [
+    (b"", "not a numpy array"),  # Array.numpy() raised EOFError
+    (_npy((2**40,)), "claims 1099511627776 bytes, over the limit"),  # MemoryError: it allocated what the header said
+    (_npy((3,), payload=b"ab"), "claims 3 bytes and 2 follow"),
+    (_npy((1,), "<f8", b"\0" * 8), "expected one dimension of uint8"),
+    (_npy((1, 1), payload=b"x"), "expected one dimension of uint8"),
+])
+def test_a_reply_array_is_read_by_its_header_first_and_refused_with_a_reason(data, expect):
+    record = ArrayRecord({"compendium": Array(dtype="uint8", shape=(0,), stype="numpy.ndarray", data=data)})
+    _, _, reason = check_reply(reply(1, RecordDict({"artifact": record})), MAX_WIRE_BYTES)
+    assert reason.startswith("reply carries no artifact") and expect in reason, reason
+
+
+def test_an_artifact_array_round_trips():
+    wire = encode(base_artifact())
+    assert from_record(to_record(wire)) == wire and from_record(to_record(b"")) == b""
 
 
 def test_merges_never_carry_a_reserved_issuer_as_an_org():

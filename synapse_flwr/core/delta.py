@@ -172,8 +172,11 @@ def apply_delta(base: bytes, data: bytes, max_bytes: int = MAX_WIRE_BYTES) -> by
     old = json.loads(base)
     new = {k: v for k, v in old.items() if k != "tools" and k not in delta["drop"]}
     new.update(delta["set"])
-    new["tools"] = _rebuilt_tools(delta["tools"], old.get("tools", []), max_bytes - len(_dump(new)))
-    body = _dump(new)
+    try:
+        new["tools"] = _rebuilt_tools(delta["tools"], old.get("tools", []), max_bytes - len(_dump(new)))
+        body = _dump(new)
+    except TypeError:  # parse_json reads NaN and Infinity as a marker that JSON cannot write back
+        raise ArtifactError(["delta: holds NaN or Infinity, which JSON does not allow"]) from None
     if len(body) > max_bytes:
         raise ArtifactError([f"(delta): rebuilt artifact of {len(body)} bytes exceeds the limit of {max_bytes} bytes"])
     if sha256_hex(body) != delta["target"]:
