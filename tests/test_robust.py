@@ -165,6 +165,21 @@ def test_a_lone_prototype_pointing_elsewhere_is_left_out_and_logged(honest, loud
     assert len(lone) == 1 and lone[0].claims[0].orgs == ["z"]
 
 
+@pytest.mark.parametrize("org", ["pick", "Select", "only", "must"])
+def test_a_lone_dissenter_named_like_a_routing_verb_leaves_a_valid_global(org):
+    def art(name: str, dissent: bool) -> Compendium:
+        # agrees with the others on three tools (so it is not left out as a whole), points away on the fourth
+        dirs = [np.eye(8)[7 if dissent and i == 0 else i] for i in range(4)]
+        return Compendium(issuer=Issuer(org=name, round=1), embedding=SPACE, tools=[ToolEntry(
+            tool_id=f"t{i}", stats=ToolStats(calls=20.0, successes=20.0),
+            prototype=encode_prototype(16.0 * v, 20.0, 0.0, 0.0)) for i, v in enumerate(dirs)])
+
+    g = merge_robust([art("h0", False), art("h1", False), art(org, True)])
+    (lone,) = [c for c in g.conflicts if c.field == "prototype"]
+    assert lone.tool_id == "t0" and lone.claims[0].orgs == [org]
+    assert decode(encode(g)) == g  # the merge's own text passes every reader's check
+
+
 def test_typed_lets_a_loud_lone_prototype_turn_the_direction():
     d, e = np.eye(8)[0], np.eye(8)[1]
     arts = [_proto_org(f"h{i}", d, 20.0) for i in range(3)] + [_proto_org("z", e, 1000.0)]

@@ -613,8 +613,10 @@ def drop_lone_prototypes(
             claims=[Claim(view=f"queries of {org}", support=_r(counts[org]), orgs=[org]),
                     Claim(view="queries of the other holders", support=_count(math.fsum(counts[o] for o in others)),
                           orgs=others[:MAX_ORGS])],
-            resolution=f"left out the prototype only {org} holds (cosine {cos:.2f} with {len(others)} other "
-            "holders')"[:MAX_TEXT],
+            # the org's id never follows "only": an org named "pick" made "only pick", a command every
+            # reader's instruction check refuses, so the merged global failed and every round's replies with it
+            resolution=f"left out the prototype of {org}, whose direction no other holder shares (cosine "
+            f"{cos:.2f} with {len(others)} other holders')"[:MAX_TEXT],
             policy=policy,
         ))
     return [(c, p) for c, p in protos if not (c.kind == "org" and c.issuer.org in lone)], conflicts
