@@ -8,7 +8,7 @@ from synapse_flwr.core.merge import SUPPORT_WEIGHTED, merge_support_weighted
 
 
 class SupportWeightedStrategy(CompendiumStrategy):
-    """Typed merge after capping each org's support mass at the median org's.
+    """Typed merge after capping each org's support mass at the (lower) median org's.
 
     Parameters
     ----------

@@ -172,6 +172,15 @@ def test_support_weighted_caps_a_loud_org():
     assert [s.text for s in weighted.when] == ["crypto prices"] and weighted.when_not == []
 
 
+@pytest.mark.parametrize("factor", [100.0, 10_000.0])
+def test_support_weighted_caps_a_loud_org_of_two(factor):
+    # the median of two is their mean, which the loud org lifts with itself (it kept 98% of the calls at x100)
+    honest = _org("a", calls=10, successes=9)
+    loud = _org("z", calls=10 * factor, successes=9 * factor)
+    stats = merge_support_weighted([honest, loud]).tools[0].stats
+    assert stats.calls <= 20.0 + 1e-6
+
+
 def test_flat_majority_votes_contradictions_away_without_a_log():
     a = _org("a", when=[("crypto prices", 3.0)])
     b = _org("b", when=[("crypto prices", 1.0)])

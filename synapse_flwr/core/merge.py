@@ -31,12 +31,12 @@ Policies
     a ``prototype`` conflict.
 ``support-weighted``
     ``typed`` after scaling every organisation's support so that none
-    weighs more than ``max_share`` times the median organisation: one loud
-    (or malicious) org cannot dominate.
+    weighs more than ``max_share`` times the (lower) median organisation: one
+    loud (or malicious) org cannot dominate, of two orgs too.
 ``robust``
     ``typed`` with every organisation's influence bounded, for federations
     that may hold one poisoning (or badly broken) org: (1) each org's
-    support mass is capped at ``max_share`` x the median org's (as
+    support mass is capped at ``max_share`` x the lower median org's (as
     ``support-weighted``); (2) per tool, no org may claim more than
     ``tool_share`` x the lower median of the tool's holders
     (:func:`~synapse_flwr.core.influence.clip_tool_influence`: every count,
@@ -885,15 +885,18 @@ def _support_mass(c: Compendium) -> float:
 
 
 def cap_org_support(compendia: Sequence[Compendium], max_share: float) -> list[Compendium]:
-    """Scale down any org artifact whose support mass exceeds ``max_share`` x the median.
+    """Scale down any org artifact whose support mass exceeds ``max_share`` x the lower median.
 
     Global inputs are already aggregates and pass unchanged. The scaling keeps
-    an org's relative preferences but bounds its weight in every sum.
+    an org's relative preferences but bounds its weight in every sum. The
+    lower median, because with two orgs the median is their mean, which a loud
+    one lifts with itself (x100 kept 98% of the merged calls); with an odd
+    count of orgs both are the middle one.
     """
     orgs = [c for c in compendia if c.kind == "org"]
     if len(orgs) < 2:
         return list(compendia)
-    cap = max_share * statistics.median(_support_mass(c) for c in orgs)
+    cap = max_share * statistics.median_low(_support_mass(c) for c in orgs)
     out = []
     for c in compendia:
         mass = _support_mass(c) if c.kind == "org" else 0.0
