@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import stat
 
@@ -33,6 +34,8 @@ from synapse_flwr.core.signing import (
     SERVER,
     DemoRegistry,
     KeyFileError,
+    Signer,
+    add_to_registry,
     demo_registry,
     demo_signer,
     load_private_key,
@@ -180,6 +183,41 @@ def test_malformed_registry_names_the_problem(tmp_path, text, match):
     path.write_text(text)
     with pytest.raises(KeyFileError, match=match):
         load_registry(path)
+
+
+def _row(owner: str, signer) -> dict:
+    return {"owner": owner, "key_id": signer.key_id, "public": signer.public.public_bytes_raw().hex()}
+
+
+@pytest.mark.parametrize("second, match", [
+    ("zz-mallory", "already registered to 'org_a': a key has one owner"),  # a later row took the key over
+    ("global", "reserved"),
+    ("two words", "owner 'two words'"),
+])
+def test_a_registry_giving_a_key_to_a_second_or_invalid_owner_is_refused(tmp_path, second, match):
+    a = new_signer("org_a")
+    path = tmp_path / "keys.json"
+    path.write_text(json.dumps({"format": "synapse-keys/1", "keys": [_row("org_a", a), _row(second, a)]}))
+    with pytest.raises(KeyFileError, match=match):
+        load_registry(path)
+
+
+def test_a_row_whose_key_id_is_not_its_key_s_is_refused(tmp_path):
+    a, b = new_signer("org_a"), new_signer("org_b")
+    path = tmp_path / "keys.json"
+    path.write_text(json.dumps({"format": "synapse-keys/1", "keys": [{**_row("org_a", a), "key_id": b.key_id}]}))
+    with pytest.raises(KeyFileError, match="is not the key's id"):
+        load_registry(path)
+
+
+def test_registering_another_owner_s_key_is_refused_and_the_file_kept(tmp_path):
+    a = new_signer("org_a")
+    path = tmp_path / "keys.json"
+    add_to_registry(path, a)
+    before = path.read_text()
+    with pytest.raises(KeyFileError, match="already registered to 'org_a'"):
+        add_to_registry(path, Signer("zz-mallory", a._private))
+    assert path.read_text() == before and load_registry(path).lookup(a.sign(ARTIFACT, RUN, 1, b"{}"))[0] == "org_a"
 
 
 def test_a_non_key_file_is_refused_without_its_bytes(tmp_path):

@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.files import write_atomic
+from synapse_flwr.core.schema import org_id_problem
 
 SERVER = "server"
 REGISTRY_FORMAT = "synapse-keys/1"
@@ -241,8 +242,28 @@ def load_registry(path: str | Path) -> Registry:
             owner = str(row["owner"])
         except (KeyError, TypeError, ValueError):
             raise KeyFileError(f"keys file {path}: keys.{i} needs 'owner' and a 32-byte hex 'public'") from None
+        if problem := _row_problem(keys, owner, public, row.get("key_id")):
+            raise KeyFileError(f"keys file {path}: keys.{i}: {problem}")
         keys[key_id(public)] = (owner, public)
     return Registry(keys)
+
+
+def _row_problem(keys: dict[str, tuple[str, Ed25519PublicKey]], owner: str, public: Ed25519PublicKey,
+                 listed_id: object = None) -> str | None:
+    """Why a registry may not give ``public`` to ``owner``, or None.
+
+    A key has one owner: a later row giving an organisation's key to another
+    owner silently took it over (every honest reply of the first was then
+    rejected as signed by the wrong org).
+    """
+    if owner != SERVER and (problem := org_id_problem(owner)):
+        return f"owner {owner[:80]!r}: {problem}"
+    kid = key_id(public)
+    if listed_id is not None and listed_id != kid:
+        return f"key_id {str(listed_id)[:40]!r} is not the key's id {kid!r}"
+    if kid in keys and keys[kid][0] != owner:
+        return f"key {kid!r} of {owner!r} is already registered to {keys[kid][0]!r}: a key has one owner"
+    return None
 
 
 def save_private_key(path: str | Path, signer: Signer) -> Path:
@@ -280,11 +301,19 @@ def add_to_registry(path: str | Path, signer: Signer, replace: bool = False) -> 
         Whose public key to add.
     replace : bool
         Drop the owner's other keys (the end of a rotation).
+
+    Raises
+    ------
+    KeyFileError
+        For an unreadable registry, an owner that is not an org id (or the
+        server), or a key already registered to another owner.
     """
     path = Path(path)
     keys = dict(load_registry(path).keys) if path.exists() else {}
     if replace:
         keys = {kid: entry for kid, entry in keys.items() if entry[0] != signer.owner}
+    if problem := _row_problem(keys, signer.owner, signer.public):
+        raise KeyFileError(f"keys file {path}: {problem}")
     keys[signer.key_id] = (signer.owner, signer.public)
     registry = Registry(keys)
     write_atomic(path, registry.to_json())
