@@ -16,7 +16,7 @@ from synapse_flwr import cli
 from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.catalog import load_catalog
 from synapse_flwr.core.errors import InputError
-from synapse_flwr.core.experience import Event, load_experience
+from synapse_flwr.core.experience import Event, load_experience, load_testset
 from synapse_flwr.data.check import DataError, check_folder, file_hashes, require_valid
 from synapse_flwr.data.federation import demo_dir, load_folder, load_partition
 from synapse_flwr.data.split import split_orgs
@@ -54,6 +54,28 @@ def test_valid_folder(folder):
     report = require_valid(folder)
     assert report.ok and report.tools == 3 and report.orgs == {"a": 6, "b": 6} and report.test == 2
     assert set(report.hashes) == {"catalog.json", "org_a.jsonl", "org_b.jsonl", "test.jsonl"}
+
+
+@pytest.mark.parametrize("sep", ["\u2028", "\u2029", "\u0085"])
+def test_a_record_holding_a_unicode_line_separator_is_one_record(folder, sep):
+    # JSON lets these stand raw in a string (json.dumps(..., ensure_ascii=False) writes them);
+    # str.splitlines split there, and the valid record read as two invalid lines
+    events = [{**EVENTS[0], "query": f"weather in Oslo{sep}this weekend"}, *EVENTS[1:6]]
+    (folder / "org_a.jsonl").write_text("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in events),
+                                        encoding="utf-8")
+    assert require_valid(folder).orgs == {"a": 6, "b": 6}
+    assert load_experience(folder / "org_a.jsonl")[0].query == f"weather in Oslo{sep}this weekend"
+
+
+@pytest.mark.parametrize("tools", [[], ["get_weather", "book_hotel"], [{"query": "other", "gold": "book_hotel"}]])
+def test_one_record_with_a_tools_field_is_a_record_not_a_catalog(folder, tools):
+    # converted benchmarks list each request's candidate tools under "tools": a one-line log or test set
+    # was read as a {"tools": [...]} catalog (the record lost, refused, or replaced by its first candidate)
+    _jsonl(folder / "org_a.jsonl", [{**EVENTS[0], "tools": tools}])
+    _jsonl(folder / "test.jsonl", [{**TEST[0], "tools": tools}])
+    assert require_valid(folder).orgs == {"a": 1, "b": 6}
+    assert [e.query for e in load_experience(folder / "org_a.jsonl")] == [EVENTS[0]["query"]]
+    assert [(t.query, t.gold) for t in load_testset(folder / "test.jsonl")] == [(TEST[0]["query"], ("get_weather",))]
 
 
 def test_demo_folder_is_valid():

@@ -334,11 +334,14 @@ def test_leak_filter_compares_text_that_reads_alike():
     passed both the exact and the near-duplicate test, so a test query stayed in training."""
     import unicodedata
 
-    test = ["Réserve un vol pour Zürich le 3 décembre", "book a hotel", "Straße nach Köln"]
+    test = ["Réserve un vol pour Zürich le 3 décembre", "book a hotel", "Straße nach Köln", "what's the weather",
+            "I'm late, tell Bob", "a re-booking"]
     train = [_event(unicodedata.normalize("NFD", test[0])), _event("ｂｏｏｋ ａ ｈｏｔｅｌ"),
-             _event("STRASSE NACH KÖLN"), _event("What are the top headlines in Berlin?", "news")]
+             _event("STRASSE NACH KÖLN"), _event("What are the top headlines in Berlin?", "news"),
+             # a typographic apostrophe or hyphen (a phone's keyboard), short enough to escape the 3-gram test
+             _event("what\u2019s the weather"), _event("I\u2019m late, tell Bob"), _event("a re\u2010booking")]
     kept, report = leak_filter(train, test)
-    assert [e.query for e in kept] == ["What are the top headlines in Berlin?"] and report.exact == 3
+    assert [e.query for e in kept] == ["What are the top headlines in Berlin?"] and report.exact == 6
 
 
 def test_leak_filter_reads_the_request_inside_a_prompt_template(caplog):

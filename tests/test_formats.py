@@ -241,7 +241,7 @@ def test_a_pretty_printed_document_names_the_line_each_record_starts_on(tmp_path
     text = json.dumps({"server": {"tools": ["not these"]}, "tools": tools}, indent=2)
     path.write_text("\n" + text)
     first, second = [i for i, row in enumerate(text.splitlines(), start=2) if row == "    {"]  # the items' "{"
-    assert [(int(line), line.item) for line, _ in read_records(path)] == [(first, 1), (second, 2)]
+    assert [(int(line), line.item) for line, _ in read_records(path, catalog=True)] == [(first, 1), (second, 2)]
     err = raises_input_error(load_catalog, path)
     assert str(err).startswith(f"{path}:{second} (item 2): field 'name'")
 

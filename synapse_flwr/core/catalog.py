@@ -498,7 +498,7 @@ def load_catalog(path: str | Path, aliases: Mapping[str, str] | None = None, exa
     if aliases is None:
         aliases = read_aliases(Path(path).parent)
     docs, lines, unread = [], {}, Counter[str]()
-    for line, obj in read_records(path):
+    for line, obj in read_records(path, catalog=True):
         try:
             docs.append(parse_tool(obj))
         except ValueError as exc:

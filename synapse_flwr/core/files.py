@@ -190,12 +190,15 @@ def _item_lines(text: str) -> list[ItemLine]:
     return lines
 
 
-def document_items(path: str | Path, text: str) -> list[tuple[ItemLine, object]] | None:
+def document_items(path: str | Path, text: str, catalog: bool = False) -> list[tuple[ItemLine, object]] | None:
     """The items of a file that is one JSON document, each with where it starts, or None for JSONL.
 
-    One document is a JSON list, or an object whose ``"tools"`` is a list
-    (an MCP ``tools/list`` result, a ``{"tools": [...]}`` export). Any
-    other object spanning several lines is an error naming the shapes read.
+    One document is a JSON list, or, in a catalog, an object whose
+    ``"tools"`` is a list (an MCP ``tools/list`` result, a ``{"tools": [...]}``
+    export). Any other object spanning several lines is an error naming the
+    shapes read. A log or test set of one record on one line is JSONL, even
+    when the record has a ``tools`` field (converted benchmarks list each
+    request's candidate tools there: its one record was read as a catalog).
 
     Raises
     ------
@@ -218,16 +221,27 @@ def document_items(path: str | Path, text: str) -> list[tuple[ItemLine, object]]
         raise InputError(path, f"invalid JSON: {exc}") from None
     if isinstance(doc, list):
         return list(zip(_item_lines(text), doc, strict=True))
-    if isinstance(doc, dict) and "tools" in doc:
+    if catalog and isinstance(doc, dict) and "tools" in doc:
         if not isinstance(doc["tools"], list):
             raise InputError(path, f'"tools" is {json_kind(doc["tools"])}: expected a JSON list of objects '
                                    '({"tools": [...]})')
         return list(zip(_item_lines(text), doc["tools"], strict=True))
     if "\n" in stripped:
         keys = ", ".join(map(repr, list(doc)[:5]))
+        shapes = 'one object a line (JSONL), or {"tools": [...]}' if catalog else "or one object a line (JSONL)"
         raise InputError(path, f"one JSON object (keys {keys}) where records were expected: write a JSON list of "
-                               'objects, one object a line (JSONL), or {"tools": [...]}')
+                               f"objects, {shapes}")
     return None  # one object on one line: a one-record JSONL file
+
+
+def jsonl_lines(text: str) -> list[str]:
+    """The lines of a JSONL text: split at line feeds only (a CR before one is dropped).
+
+    JSON strings may hold U+2028, U+2029 and U+0085 unescaped (``json.dumps``
+    with ``ensure_ascii=False`` writes them so), which ``str.splitlines``
+    splits at: a valid record became two invalid lines.
+    """
+    return [line.removesuffix("\r") for line in text.split("\n")]
 
 
 def read_text(path: Path) -> str:
@@ -244,15 +258,18 @@ def read_text(path: Path) -> str:
     return data.decode("utf-8-sig")
 
 
-def read_records(path: str | Path) -> Iterator[tuple[int, dict]]:
-    """Yield ``(line, record)`` from a JSON list, a ``{"tools": [...]}`` object or a JSONL file.
+def read_records(path: str | Path, catalog: bool = False) -> Iterator[tuple[int, dict]]:
+    """Yield ``(line, record)`` from a JSON list, a catalog's ``{"tools": [...]}`` object or a JSONL file.
 
     Parameters
     ----------
     path : str or Path
-        A ``.json`` file holding a list of objects (or an object whose
-        ``"tools"`` is one), or a JSONL file with one object a line (blank
-        lines are skipped). In a JSON document, ``line`` is an :class:`ItemLine`.
+        A ``.json`` file holding a list of objects (or, with ``catalog``, an
+        object whose ``"tools"`` is one), or a JSONL file with one object a
+        line (blank lines are skipped; :func:`jsonl_lines`). In a JSON
+        document, ``line`` is an :class:`ItemLine`.
+    catalog : bool
+        The file is a tool catalog (:func:`document_items`).
 
     Raises
     ------
@@ -267,14 +284,14 @@ def read_records(path: str | Path) -> Iterator[tuple[int, dict]]:
         raise InputError(path, "file not found") from None
     except (OSError, EOFError, UnicodeDecodeError) as exc:  # EOFError: a truncated gzip
         raise InputError(path, read_problem(exc)) from None
-    items = document_items(path, text)
+    items = document_items(path, text, catalog)
     if items is not None:
         for line, item in items:
             if not isinstance(item, dict):
                 raise InputError(path, f"not a JSON object (found {json_kind(item)})", line=line)
             yield line, item
         return
-    for lineno, raw in enumerate(text.splitlines(), start=1):
+    for lineno, raw in enumerate(jsonl_lines(text), start=1):
         if not raw.strip():
             continue
         try:

@@ -50,6 +50,7 @@ from synapse_flwr.core.experience import (
 from synapse_flwr.core.files import (
     document_items,
     json_kind,
+    jsonl_lines,
     loads_records,
     read_problem,
     read_text,
@@ -227,15 +228,16 @@ def _bad_org_ids(logs: Mapping[str, Path], orgs: Sequence[str] | None) -> list[P
             for o, p in logs.items() if (orgs is None or o in orgs) and (problem := org_id_problem(o))]
 
 
-def _scan(path: Path) -> Iterator[tuple[int | None, dict | None, Problem | None]]:
-    """Every record of a file as ``(line, record, None)``, every unreadable one as a problem."""
+def _scan(path: Path, catalog: bool = False) -> Iterator[tuple[int | None, dict | None, Problem | None]]:
+    """Every record of a file as ``(line, record, None)``, every unreadable one as a problem (``catalog``:
+    :func:`~synapse_flwr.core.files.document_items`)."""
     try:
         text = read_text(path)
     except (OSError, EOFError, UnicodeDecodeError) as exc:
         yield None, None, Problem(str(path), read_problem(exc))
         return
     try:
-        items = document_items(path, text)
+        items = document_items(path, text, catalog)
     except InputError as exc:  # one document: one parse, one problem at most
         yield exc.line, None, Problem(str(path), exc.message, exc.line)
         return
@@ -246,7 +248,7 @@ def _scan(path: Path) -> Iterator[tuple[int | None, dict | None, Problem | None]
                 return
             yield line, obj, None
         return
-    for line, raw in enumerate(text.splitlines(), start=1):
+    for line, raw in enumerate(jsonl_lines(text), start=1):
         if not raw.strip():
             continue
         try:
@@ -264,7 +266,7 @@ def _check_catalog(path: Path, aliases: Mapping[str, str]) -> tuple[Catalog | No
     """The catalog at ``path`` with the alias table ``aliases``, its problems (each collision named) and the keys
     of its entries that are not read, with their counts (:func:`unread_fields`)."""
     problems, docs, lines, unread = [], [], {}, Counter[str]()
-    for line, obj, problem in _scan(path):
+    for line, obj, problem in _scan(path, catalog=True):
         if problem:
             problems.append(problem)
             continue

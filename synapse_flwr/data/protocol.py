@@ -242,9 +242,15 @@ def leak_key(text: str) -> str:
     """The form a text is compared in by the leak filter: Unicode-composed and case-folded, then normalised.
 
     Text that reads alike compares alike: a decomposed accent (macOS writes "Zu\u0308rich") split its word in two,
-    and fullwidth letters, "ß" against "SS", passed both the exact and the near-duplicate test.
+    and fullwidth letters, "ß" against "SS", passed both the exact and the near-duplicate test; so did a
+    typographic apostrophe or hyphen ("what\u2019s" against "what's"), which NFKC leaves as it is.
     """
-    return normalize_text(unicodedata.normalize("NFKC", text).casefold())
+    return normalize_text(unicodedata.normalize("NFKC", text).casefold().translate(_TYPOGRAPHIC))
+
+
+# apostrophes and hyphens as word processors and phones type them, read as the ASCII ones words are joined by
+_TYPOGRAPHIC = str.maketrans(dict.fromkeys("\u2018\u2019\u02bc\u0060", "'")
+                             | dict.fromkeys("\u2010\u2011\u2012\u2013\u2212", "-"))
 
 
 def leak_filter(
