@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from synapse_flwr.core.catalog import (
+    AliasCollision,
     Catalog,
     ToolCollision,
     alias_key,
@@ -151,6 +152,25 @@ def test_undeclared_collision_is_an_error_naming_both():
         make_catalog(docs)
     with pytest.raises(ToolCollision):  # the same name twice is two entries too (file readers drop exact repeats)
         make_catalog([docs[0], docs[0]])
+
+
+@pytest.mark.parametrize("entries, match", [
+    # an entry's own alias took another tool's name: every record naming book_hotel went to the lister
+    ([{"name": "accommodation_search", "aliases": ["book_hotel"]}, {"name": "book_hotel"}],
+     "'accommodation_search' lists the alias 'book_hotel', which is already the name of the tool 'book_hotel'"),
+    # two entries listing one alias: records naming it went to whichever sorted first
+    ([{"name": "book_hotel", "aliases": ["lodging"]}, {"name": "rent_apartment", "aliases": ["Lodging"]}],
+     "'rent_apartment' lists the alias 'Lodging', which is already an alias of the tool 'book_hotel'"),
+])
+def test_an_entry_alias_naming_another_tool_is_refused(entries, match):
+    with pytest.raises(AliasCollision, match=match):
+        make_catalog([parse_tool(e) for e in entries])
+
+
+def test_an_entry_alias_of_its_own_spellings_is_kept():
+    catalog = make_catalog([parse_tool({"name": "get_weather", "aliases": ["GetWeather", "weather"]}),
+                            parse_tool({"name": "book_hotel"})])
+    assert catalog.resolve("GetWeather") == catalog.resolve("weather") == "get_weather"
 
 
 def test_an_alias_declares_its_own_spelling_not_every_spelling_of_its_key():

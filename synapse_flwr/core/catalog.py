@@ -286,6 +286,36 @@ class ToolCollision(ValueError):
         )
 
 
+class AliasCollision(ToolCollision):
+    """A catalog entry whose own ``aliases`` list names another tool, or an alias two entries both list.
+
+    Parameters
+    ----------
+    first, second : ToolDoc
+        The tool whose name (or alias) it is, and the entry listing the alias (where the fix goes).
+    alias : str
+        The alias as written.
+    """
+
+    def __init__(self, first: ToolDoc, second: ToolDoc, alias: str) -> None:
+        self.first, self.second = first, second
+        what = "the name" if alias_key(alias) in {alias_key(first.tool_id), alias_key(first.name)} else "an alias"
+        ValueError.__init__(self, f"{second.name!r} lists the alias {alias!r}, which is already {what} of the tool "
+                                  f"{first.name!r} (records naming it would route to one of them silently); "
+                                  "remove that alias, or merge the two entries into one")
+
+
+def _entry_alias_collision(tools: Sequence[ToolDoc]) -> AliasCollision | None:
+    """The first entry alias that is another tool's id, name or alias, or None."""
+    owner = {alias_key(n): d for d in tools for n in (d.tool_id, d.name)}
+    for doc in tools:
+        for alias in doc.aliases:
+            other = owner.setdefault(alias_key(alias), doc)
+            if other.tool_id != doc.tool_id:
+                return AliasCollision(other, doc, alias)
+    return None
+
+
 class AliasError(InputError):
     """An alias of the alias table that names no catalog tool, or that is already another tool's name."""
 
@@ -375,6 +405,8 @@ def make_catalog(
         Naming both entries of an undeclared collision.
     AliasError
         For an alias naming no catalog tool, or already another tool's name.
+    AliasCollision
+        For an entry's own alias that is another tool's name or alias (a :class:`ToolCollision`).
     """
     docs = list(docs)
     declared = _declared(docs, aliases or {})
@@ -397,6 +429,8 @@ def make_catalog(
             aliases=tuple(sorted({*first.aliases, doc.name, *doc.aliases} - {first.name})),
             examples=clean_texts([*first.examples, *doc.examples]),
         )
+    if collision := _entry_alias_collision(list(by_key.values())):
+        raise collision
     tools = _with_table_aliases(by_key.values(), aliases or {}, source)
     return Catalog(tuple(sorted(tools, key=lambda d: d.tool_id)))
 
