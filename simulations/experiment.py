@@ -37,7 +37,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from synapse_flwr.simulations.experiment_config import ARMS, SPLITS, ExperimentConfig
+from synapse_flwr.simulations.experiment_config import (
+    ARMS,
+    LLM_ARMS,
+    SPLITS,
+    ExperimentConfig,
+)
 from synapse_flwr.simulations.experiment_report import (
     figures,
     no_harm,
@@ -82,6 +87,8 @@ log = logging.getLogger(__name__)
 # Sampled queries per split whose LLM picks are rechecked in reversed and
 # shuffled candidate order (each costs two more LLM passes over its candidates)
 ORDER_CHECK = 20
+#: The arm whose LLM picks the order check reads: the first of these the config runs.
+ORDER_CHECK_ARMS = ("federated", "centralized", "docs_only")
 # What the Router (and the fusion votes cast through it) reads: every synapse_flwr module
 # core.router and core.votes import, but error texts, file writes and the progress bar.
 # A Flower run that votes is cached under their hash (its votes are scored by a Router).
@@ -547,24 +554,28 @@ class Experiment:
         ``arms``: per router arm and split the LLM's metrics (``fallbacks``:
         failed calls, routed in retrieval order) and ``retrieval_acc``,
         retrieval order's top-1 on the same queries (the line an LLM has to
-        beat). ``order_check``: per split, the federated
-        arm's picks that change when the candidates are shown reversed or
-        shuffled (:func:`~synapse_flwr.eval.order_check.order_changes`, on the
-        first :data:`ORDER_CHECK` sampled queries, at the router's weight).
+        beat). ``order_check``: per split, the picks of the first arm of
+        :data:`ORDER_CHECK_ARMS` the config runs that change when the candidates are
+        shown reversed or shuffled (:func:`~synapse_flwr.eval.order_check.order_changes`,
+        on the first :data:`ORDER_CHECK` sampled queries, at the router's weight).
+        Only the arms of ``arms`` are reranked (a sample of docs_only alone
+        started a Flower run for the federated arm it left out).
         """
         n, arms = self.cfg.llm_sample, {}
-        fed = self.global_of(self.federate(seed, TYPED, math.inf, 0.0))
-        central = self.centralized(seed)
+        make = {"federated": lambda: self.global_of(self.federate(seed, TYPED, math.inf, 0.0)),
+                "centralized": lambda: self.centralized(seed), "docs_only": lambda: None}
+        globals_ = {arm: make[arm]() for arm in LLM_ARMS if arm in self.cfg.arms}
         # (no flat render here: a whole compendium entry as one string makes
         # prompts of thousands of tokens, minutes per query for the local model)
-        for arm, comp in (("docs_only", None), ("federated", fed), ("centralized", central)):
+        for arm, comp in globals_.items():
             llm = self.evaluate(comp, seed, reranker="llm", sample=n, label=f"llm-{arm}")
             order = self.evaluate(comp, seed, reranker="none", sample=n, label=f"llm-{arm}")
             arms[arm] = {split: {**m, "retrieval_acc": order[split]["acc"]} for split, m in llm.items()}
-        key = f"llm-order/{content_hash(fed)[:16]}/n{n}/seed{seed}/code{self.code}"
-        return {"arms": arms, "order_check": self.unit(key, lambda: self._order_check(fed, seed))}
+        checked = globals_[next(arm for arm in ORDER_CHECK_ARMS if arm in globals_)]
+        key = f"llm-order/{content_hash(checked)[:16] if checked else 'docs'}/n{n}/seed{seed}/code{self.code}"
+        return {"arms": arms, "order_check": self.unit(key, lambda: self._order_check(checked, seed))}
 
-    def _order_check(self, compendium: Compendium, seed: int) -> dict:
+    def _order_check(self, compendium: Compendium | None, seed: int) -> dict:
         ds = self.dataset(seed)
         router = Router(compendium, ds.catalog, embedder=self.embedder, reranker="llm", k=self.cfg.k,
                         model=self.cfg.llm_model)

@@ -32,6 +32,8 @@ DEFAULT_ORGS = 5
 
 ARMS = ("local_only", "docs_only", "federated", "federated_private", "centralized", "classifier",
         "oracle", "fedavg_dp")
+#: The arms the LLM sample reranks (those of ``arms`` among them).
+LLM_ARMS = ("docs_only", "federated", "centralized")
 
 
 MERGES = (TYPED, FLAT_MAJORITY)
@@ -278,6 +280,8 @@ class ExperimentConfig:
             return [f"llm_sample: queries per split, 0 (off) or more, got {self.llm_sample}"]
         if not self.llm_sample and self.reranker != "llm":
             return []
+        if self.llm_sample and not set(LLM_ARMS) & set(self.arms):
+            return [f"llm_sample: reranks the arms {', '.join(LLM_ARMS)}, and arms holds none of them"]
         try:
             check_router_args("llm", self.k, "typed", self.llm_model, "auto", None, DOCS_CANDIDATES)
         except ValueError as exc:

@@ -118,6 +118,8 @@ def _write(tmp_path: Path, body: str) -> Path:
         ('[experiment]\ndataset="demo"\nllm_sample=5\nllm_model="local/smolm2"\n',
          "llm_model: unknown local model 'local/smolm2'; valid: .*local/smollm2"),
         ('[experiment]\ndataset="demo"\nreranker="llm"\nllm_model="local/nope"\n', "llm_model: unknown local model"),
+        ('[experiment]\ndataset="demo"\nllm_sample=3\narms=["classifier"]\n',
+         "llm_sample: reranks the arms docs_only, federated, centralized, and arms holds none of them"),
         ('[experiment]\ndataset="demo"\nfedavg={batch_size="8"}\n', "fedavg.batch_size: expected int, got '8'"),
         ('[experiment]\ndataset="demo"\nfedavg={learning_rate=0}\n', "fedavg.learning_rate: must be a finite number > 0"),
         ('[experiment]\ndataset="demo"\nfedavg={backend_config=5}\n', "fedavg.backend_config: expected a table"),
@@ -699,6 +701,22 @@ def test_the_llm_sample_sits_beside_retrieval_order_and_its_order_check_catches_
     row = position["arms"]["federated"]["seen"]
     assert (f"| federated | seen | {row['acc']:.3f} | {row['retrieval_acc']:.3f} | "
             f"{row['acc'] - row['retrieval_acc']:+.3f} |") in text
+
+
+def test_the_llm_sample_reranks_only_the_arms_the_config_runs(tmp_path, monkeypatch):
+    """Regression (rehearsal): arms = ["docs_only"] with llm_sample still started a Flower run for the federated
+    arm and reported federated and centralized LLM rows and targets."""
+    from synapse_flwr.simulations.experiment import Experiment
+
+    def no_flower(self, *args, **kwargs):
+        raise AssertionError("a Flower run for an arm the config left out")
+
+    monkeypatch.setattr(Experiment, "federate", no_flower)
+    monkeypatch.setattr("synapse_flwr.core.llm.channel_scores", lambda model, pairs: [float(len(e)) for e, _ in pairs])
+    cfg = ExperimentConfig(name="x", dataset="demo", seeds=[7], embedder="static", llm_sample=3,
+                           arms=["docs_only"], cache=str(tmp_path))
+    found = Experiment(cfg).llm_sample(7)
+    assert set(found["arms"]) == {"docs_only"} and {c["n"] for c in found["order_check"].values()} == {3}
 
 
 def test_a_results_stamp_is_dirty_for_changed_code_not_for_rewritten_results(tmp_path):
