@@ -58,7 +58,13 @@ TOOLS = ["get_weather", "get_weather_forecast", "book_hotel", "send_email"]
         ("I would use send_email for this.", 3),
         ("get_weather_forecast", 1),  # not the shorter get_weather it contains
         ("Use get_weather_forecast, it fits best", 1),
-        ("book_hotel, then send_email", 2),  # earliest mention wins
+        # two choices named: not read (the earliest mention won, and it follows the order they were shown in)
+        ("book_hotel, then send_email", None),
+        ("Not get_weather. The answer is book_hotel.", 2),  # the text after the last answer marker
+        ("I cannot decide between book_hotel and send_email.", None),
+        ("Option 1 get_weather: no. Option 3 book_hotel: fits. Final answer: book_hotel", 2),
+        ("<think>get_weather? send_email? no.</think>book_hotel", 2),
+        ('{"tool": "send_email"}', 3),
         ("book hotel", 2),  # separators ignored
         ("get_wether_forcast", 1),  # fuzzy
         ("9", None),  # out of range
@@ -84,6 +90,14 @@ def test_complete_hosted_via_litellm_mock() -> None:
 def test_complete_wraps_provider_errors() -> None:
     with pytest.raises(llm.LLMError, match=r"gpt-4o-mini.*Timeout"):
         llm.complete(HOSTED, MSGS, timeout=1, mock_timeout=True)
+
+
+def test_an_unread_reply_is_logged_without_its_text(caplog) -> None:
+    """A reply may quote the user's request: at default verbosity only its length is logged."""
+    reply = 'The request "is my parcel #W1762618 out" matches no listed tool.'
+    with caplog.at_level(logging.WARNING, logger="synapse_flwr.core.llm"):
+        assert llm.score_choices(HOSTED, "Which tool?", TOOLS, mock_response=reply) is None
+    assert "W1762618" not in caplog.text and f"{len(reply)} characters" in caplog.text
 
 
 def test_score_choices_hosted_one_hot_and_parse_failures() -> None:

@@ -641,7 +641,9 @@ def score_choices(
     picked = parse_choice(reply, choices)
     if picked is None:
         _count("parse_failures")
-        logger.warning("could not parse a choice from %s reply %r", model, reply[:200])
+        # the reply may quote the user's request: its text only at debug level
+        logger.warning("could not read one choice from a %s reply of %d characters (-v shows it)", model, len(reply))
+        logger.debug("%s reply not read as one choice: %r", model, reply[:200])
         return None
     return [float(i == picked) for i in range(len(choices))]
 
@@ -653,36 +655,54 @@ def _norm(text: str) -> str:
 def parse_choice(text: str, choices: list[str]) -> int | None:
     """Which of ``choices`` a free-text reply names, if any.
 
-    Tried in order: the whole reply equals a choice (ignoring case, quotes and
-    punctuation); the reply is a bare 1-based option number ("2", "(2)",
-    "Answer: 2"); choices named in the reply (a choice contained in a longer
-    named choice is dropped, then the earliest mention wins); a close fuzzy
-    match of the whole reply.
+    A reasoning block (``<think>...</think>``) is left out. Then, on the text
+    after the reply's last answer marker ("answer", "final answer is",
+    "choice:") when that names one choice, else on the whole reply, tried in
+    order: the text equals a choice (ignoring case, quotes and punctuation);
+    it is a bare 1-based option number ("2", "(2)", "Answer: 2"); it names
+    exactly one choice (a choice contained in a longer named choice is
+    dropped); a close fuzzy match of the whole text.
+
+    A reply naming two choices without a marker ("not A, the best is B", "I
+    cannot decide between A and B") is None: the earliest mention used to win,
+    and it follows the order the candidates were shown in.
 
     Returns
     -------
     int or None
-        Index into ``choices``, or ``None`` when nothing matches.
+        Index into ``choices``, or ``None`` when nothing, or more than one, matches.
     """
-    reply = _norm(text)
+    reply = _norm(_THINK.sub(" ", text))
     if not reply:
         return None
     normed = [_norm(c) for c in choices]
+    markers = list(_ANSWER_MARKER.finditer(reply))
+    if markers and (picked := _named_choice(reply[markers[-1].end():].strip(), normed)) is not None:
+        return picked
+    return _named_choice(reply, normed)
+
+
+# a reasoning model's thoughts (they weigh every candidate), and the words that open its answer
+_THINK = re.compile(r"<think>.*?(?:</think>|$)", re.IGNORECASE | re.DOTALL)
+_ANSWER_MARKER = re.compile(r"\b(?:final )?(?:answer|choice|selection)(?: is)?\b")
+
+
+def _named_choice(reply: str, normed: list[str]) -> int | None:
+    """:func:`parse_choice` on one normalised text: the index it names alone, or None."""
+    if not reply:
+        return None
     if reply in normed:
         return normed.index(reply)
     number = re.fullmatch(r"(?:(?:the )?(?:answer|option|choice)(?: is)? )?(\d+)", reply)
-    if number and 1 <= int(number.group(1)) <= len(choices):
+    if number and 1 <= int(number.group(1)) <= len(normed):
         return int(number.group(1)) - 1
     padded = f" {reply} "
-    named = {i: padded.find(f" {c} ") for i, c in enumerate(normed) if c and f" {c} " in padded}
+    named = [i for i, c in enumerate(normed) if c and f" {c} " in padded]
     # "get weather" also occurs inside "get weather forecast": keep the longer name only.
-    maximal = [
-        i
-        for i in named
-        if not any(normed[i] != normed[j] and f" {normed[i]} " in f" {normed[j]} " for j in named)
-    ]
+    maximal = {normed[i] for i in named
+               if not any(normed[i] != normed[j] and f" {normed[i]} " in f" {normed[j]} " for j in named)}
     if maximal:
-        return min(maximal, key=lambda i: named[i])
+        return normed.index(maximal.pop()) if len(maximal) == 1 else None
     close = difflib.get_close_matches(reply, normed, n=1, cutoff=0.8)
     return normed.index(close[0]) if close else None
 
