@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Column, Table
 
 from synapse_flwr.core.errors import SynapseError
-from synapse_flwr.core.privacy import DEFAULT_DELTA, DEFAULT_EPSILON
+from synapse_flwr.core.privacy import DEFAULT_DELTA, DEFAULT_EPSILON, MAX_DELTA
 from synapse_flwr.core.wire import ArtifactError
 from synapse_flwr.flower.config import BY_NAME
 
@@ -65,7 +65,8 @@ def check_output(output: Path, inputs: list[Path], option: str = "--output") -> 
 
     if output.is_dir():
         raise SynapseError(f"{option} {output} is a folder; name a file to write")
-    if output.exists() and any(p.exists() and p.resolve() == output.resolve() for p in inputs):
+    # compared whether or not they exist yet: keygen's registry named as its own new key file passed
+    if any(p.resolve() == output.resolve() for p in inputs):
         raise SynapseError(f"{option} {output} is one of the inputs; writing it would destroy that input")
     if problem := write_problem(output):  # a parent that is a file, a read-only folder: said now, not after the work
         raise SynapseError(f"{option} {output} {problem}")
@@ -85,11 +86,12 @@ def check_folder(folder: Path, what: str) -> None:
 def check_org(org: str, what: str = "--org", reserved: bool = False) -> None:
     """Refuse, before any work, an organisation id the artifact's schema would refuse (``schema.OrgId``).
 
-    ``reserved``: the server's and the global's own ids pass too (a key's owner may be the server).
+    ``reserved``: the server's own id passes too (a key's owner may be the server; no key is the global's).
     """
-    from synapse_flwr.core.schema import RESERVED_ORGS, org_id_problem
+    from synapse_flwr.core.schema import org_id_problem
+    from synapse_flwr.core.signing import SERVER
 
-    if (problem := org_id_problem(org)) and not (reserved and org in RESERVED_ORGS):
+    if (problem := org_id_problem(org)) and not (reserved and org == SERVER):
         raise SynapseError(f"{what} {org!r}: {problem}")
 
 
@@ -111,13 +113,31 @@ def _noise_seed(seed: int | None, epsilon: float, records: list[str]) -> int:
     return derive_seed(seed, hashlib.sha256("\n".join(records).encode()).hexdigest())
 
 
-def check_space(embedder: str) -> None:
-    """Refuse, before any work, an embedder that cannot name a space shared by the federation (``SPACES``)."""
+def check_space(embedder: str, none: bool = True) -> None:
+    """Refuse, before any work, an embedder that cannot name a space shared by the federation (``SPACES``).
+
+    ``none``: whether ``none`` (no prototypes) is one; a vote routes its records, so it needs a space.
+    """
     from synapse_flwr.flower.config import SPACES
 
-    if embedder not in SPACES:
-        raise SynapseError(f"--embedder {embedder!r}: use one of {' | '.join(SPACES)} (tfidf is fitted per "
+    spaces = [s for s in SPACES if none or s != "none"]
+    if embedder not in spaces:
+        raise SynapseError(f"--embedder {embedder!r}: use one of {' | '.join(spaces)} (tfidf is fitted per "
                            "corpus, so organisations' prototypes could not share its space)")
+
+
+def check_budget(epsilon: float, delta: float) -> None:
+    """Refuse, before the log loads, a budget no noise meets: an epsilon not > 0, a delta outside (0, MAX_DELTA]."""
+    from synapse_flwr.core.privacy import PrivacyParams, gaussian_noise_multiplier
+
+    if not 0 < delta <= MAX_DELTA:  # (a NaN fails it too)
+        raise SynapseError(f"--delta must be in (0, {MAX_DELTA:g}], as a federation's, got {delta!r}")
+    try:
+        PrivacyParams(epsilon=epsilon, delta=delta, rounds=1, max_contributions=1)
+        if math.isfinite(epsilon):  # the calibration depends on epsilon and delta only, not on the releases
+            gaussian_noise_multiplier(epsilon, delta, 1)
+    except ValueError as exc:
+        raise SynapseError(f"--epsilon {epsilon!r} with --delta {delta!r}: {exc}") from None
 
 
 def check_model(model: str, option: str = "--model") -> None:
@@ -161,9 +181,10 @@ def build(
     org: Annotated[str, typer.Option(help="This organisation's id (written into the issuer block).")],
     output: OutOption,
     epsilon: Annotated[
-        float, typer.Option(help="Privacy budget per record over the whole run; 'inf' turns privacy off.")
+        float, typer.Option(help="Privacy budget per record over the whole run, > 0; 'inf' turns privacy off.")
     ] = DEFAULT_EPSILON,
-    delta: Annotated[float, typer.Option(help="Privacy delta (accounting + phrase selection).")] = DEFAULT_DELTA,
+    delta: Annotated[float, typer.Option(help=f"Privacy delta per record over the whole run, in (0, {MAX_DELTA:g}] "
+                                         "(accounting + phrase selection).")] = DEFAULT_DELTA,
     rounds: Annotated[
         int, typer.Option(min=1, help="Releases one record may take part in (1: released once).")
     ] = 1,
@@ -212,6 +233,7 @@ def build(
 
     check_org(org)
     check_space(embedder)
+    check_budget(epsilon, delta)
     if summarise_model:
         check_model(summarise_model, "--summarise-model")
     check_output(output, [experience, catalog])
@@ -342,7 +364,8 @@ def vote(
                                           "and the other organisations' artifacts.")],
     output: OutOption,
     embedder: Annotated[str, typer.Option(help="Embedder of the global's prototype space "
-                                          "(the one --artifact was built with).")] = "minilm",
+                                          "(the one --artifact was built with): minilm, mpnet or static.")
+                        ] = "minilm",
     seed: NoiseSeedOption = None,
     release_cache: Annotated[Path | None, typer.Option(
         help="The release cache --artifact was built with (`build --release-cache`): then only its records "
@@ -376,7 +399,7 @@ def vote(
     from synapse_flwr.core.votes import SETTINGS, chosen_setting
     from synapse_flwr.core.wire import content_hash
 
-    check_space(embedder)
+    check_space(embedder, none=False)
     check_output(output, [experience, catalog, artifact, global_])
     if release_cache is not None:
         _check_cache(release_cache, [output, experience, catalog, artifact, global_])

@@ -642,6 +642,25 @@ def test_build_refuses_an_unshared_space_first_and_an_out_of_range_epsilon_in_on
     assert not (tmp_path / "x.json").exists()
 
 
+@pytest.mark.parametrize("epsilon, delta, named", [
+    ("0", "1e-5", "epsilon must be > 0"), ("nan", "1e-5", "epsilon must be > 0"),
+    ("1e9", "1e-5", "inf to turn privacy off"), ("4", "0.5", "--delta must be in (0, 0.1]"),
+    ("4", "nan", "--delta must be in (0, 0.1]"),
+])
+def test_build_refuses_a_budget_before_reading_the_log(data, tmp_path, epsilon, delta, named):
+    # the log is missing: a check after loading it would name that instead (every one of these came after it,
+    # and a delta of 0.5, which every federation refuses, was built)
+    refused(invoke("build", "--experience", tmp_path / "absent.jsonl", "--catalog", data["catalog"], "--org", "acme",
+                   "--epsilon", epsilon, "--delta", delta, "-o", tmp_path / "x.json"), named)
+
+
+def test_vote_refuses_no_embedding_space_in_one_line(data, tmp_path):
+    # a vote routes its records: 'none' passed the space check and ended in get_embedder's traceback
+    refused(invoke("vote", "--experience", data["acme"], "--catalog", data["catalog"], "--artifact",
+                   tmp_path / "a.json", "--global", tmp_path / "g.json", "--embedder", "none", "-o", tmp_path / "v.json"),
+            "use one of minilm | mpnet | static")
+
+
 def test_merging_spaces_apart_is_a_user_error_and_repeats_are_named(data, built, tmp_path, caplog):
     static = tmp_path / "static.json"
     ok(invoke("build", "--experience", data["acme"], "--catalog", data["catalog"], "--org", "acme",

@@ -153,6 +153,17 @@ def test_keygen_writes_a_private_key_and_registers_the_public_one(tmp_path, capl
     assert again.exit_code != 0 and load_private_key(key_file, "org_a").key_id == signer.key_id
 
 
+@pytest.mark.parametrize("args, words", [
+    (["acme", "--registry", "{dir}/acme.key"], "--registry {dir}/acme.key is one of the inputs"),  # its own key file
+    (["global"], "'global' is reserved"),  # no key is the global's: it failed in the registry, after the key
+])
+def test_keygen_refuses_before_any_key_is_written(tmp_path, args, words):
+    runner, key_dir = CliRunner(), tmp_path / "k"
+    res = runner.invoke(cli.app, ["keygen", *[a.format(dir=key_dir) for a in args], "--dir", str(key_dir)])
+    assert res.exit_code != 0 and words.format(dir=key_dir) in str(res.exception), res.exception
+    assert not key_dir.exists() or not any(key_dir.iterdir())
+
+
 def test_rotation_keeps_then_drops_the_old_key(tmp_path):
     reg_file = tmp_path / "keys.json"
     runner = CliRunner()

@@ -96,7 +96,8 @@ def test_vote_noise_is_the_vote_multiplier_times_the_sensitivity():
 
 
 @pytest.mark.parametrize(("epsilon", "rounds", "releases", "embedder"),
-                         [(4.0, 1, 1, EMB), (2.0, 3, 2, EMB), (4.0, 1, 1, None), (math.inf, 1, 1, EMB)])
+                         [(4.0, 1, 1, EMB), (2.0, 3, 2, EMB), (4.0, 1, 1, None), (math.inf, 1, 1, EMB),
+                          (2e4, 1, 1, EMB), (1e5, 1, 1, EMB)])  # sigma 0.019 at 1e5: its 6-decimal rounding was refused
 def test_an_artifact_s_vote_noise_is_read_back_from_its_privacy_block(epsilon, rounds, releases, embedder):
     config = BuildConfig(vote_share=VOTE_SHARE)
     art = build_compendium(EVENTS, CATALOG, "acme", epsilon=epsilon, rounds=rounds, releases=releases,

@@ -54,6 +54,8 @@ logger = logging.getLogger(__name__)
 #: config, ``synapse build`` and ``synapse experiment`` all start from it.
 DEFAULT_EPSILON = 4.0
 DEFAULT_DELTA = 1e-5
+#: The largest delta a federation or a build accepts (a delta near 1 is no guarantee at all).
+MAX_DELTA = 0.1
 
 H = TypeVar("H", bound=Hashable)
 K = TypeVar("K")

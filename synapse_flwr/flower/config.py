@@ -20,7 +20,7 @@ from typing import Any
 from synapse_flwr.core.embed import EMBEDDERS, LEXICAL
 from synapse_flwr.core.errors import SynapseError
 from synapse_flwr.core.merge import FLAT_MAJORITY, POLICIES
-from synapse_flwr.core.privacy import DEFAULT_DELTA, DEFAULT_EPSILON
+from synapse_flwr.core.privacy import DEFAULT_DELTA, DEFAULT_EPSILON, MAX_DELTA
 
 # Embedders whose space is fixed (TF-IDF's is fitted per corpus, so it cannot carry prototypes).
 SPACES = (*(name for name in EMBEDDERS if name != LEXICAL), "none")
@@ -102,7 +102,7 @@ KEYS: tuple[Key, ...] = (
     Key("min-nodes", int, 2, "fewest valid artifacts a round merges", _between(1, 100_000)),
     Key("epsilon", float, DEFAULT_EPSILON, "privacy budget per record over the whole run; inf turns privacy off",
         _between(0.0, math.inf, low_open=True)),
-    Key("delta", float, DEFAULT_DELTA, "privacy delta per record over the whole run", _between(0.0, 0.1, low_open=True)),
+    Key("delta", float, DEFAULT_DELTA, "privacy delta per record over the whole run", _between(0.0, MAX_DELTA, low_open=True)),
     Key("alpha", float, 0.5, "Dirichlet skew when experience is re-partitioned", _between(0.0, 1e6, low_open=True)),
     Key("seed", int, 42, "seed of the data split (and of the noise when noise is seeded)", _between(0, 2**63 - 1)),
     Key("noise", str, "secret", "where each organisation's DP noise comes from: secret (a seed from the OS's "
