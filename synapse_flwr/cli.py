@@ -46,7 +46,7 @@ ReleaseCacheOption = Annotated[Path | None, typer.Option(
          "records were released (and voted). With it each record is released once across builds: a later build "
          "of a grown log releases a window of the new records (noise alone when none is new, so that what is sent "
          "does not show whether records arrived) and re-sends the rest at no further cost. A cache made under "
-         "other settings (org, epsilon, delta, rounds, embedder) is refused, not replaced.")]
+         "other settings (org, epsilon, delta, rounds, embedder, --no-votes) is refused, not replaced.")]
 
 
 def check_output(output: Path, inputs: list[Path], option: str = "--output") -> None:
@@ -262,9 +262,12 @@ def build(
                                     releases=releases, seed=window_seed(noise, windows_before), config=config,
                                     embedder=space)
 
+        # --no-votes too (only when set, so that the caches of default builds keep their settings): a cache
+        # mixing windows built with and without a vote share left records that paid for a vote unable to cast it
+        settings = {"epsilon": epsilon, "delta": delta, "rounds": rounds, "embedder": embedder,
+                    **({"votes": "off"} if not votes and embedder != "none" else {})}
         comp = make(events) if release_cache is None else _release_once(
-            release_cache, events, keys, cat, org,
-            {"epsilon": epsilon, "delta": delta, "rounds": rounds, "embedder": embedder}, make, round_,
+            release_cache, events, keys, cat, org, settings, make, round_,
             math.isfinite(epsilon) and not config.vote_share, max_windows)
     except ValueError as exc:
         raise SynapseError(str(exc)) from None
