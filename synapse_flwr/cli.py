@@ -49,8 +49,9 @@ ReleaseCacheOption = Annotated[Path | None, typer.Option(
          "other settings (org, epsilon, delta, rounds, embedder, --no-votes) is refused, not replaced.")]
 
 
-def check_output(output: Path, inputs: list[Path], option: str = "--output") -> None:
-    """Refuse, before any work, an output that is a folder, one of the command's inputs, or cannot be written.
+def check_output(output: Path, inputs: list[Path], option: str = "--output", adds: bool = False) -> None:
+    """Refuse, before any work, an output that is a folder, one of the command's inputs, cannot be written, or
+    would replace a file kept for itself (:func:`_kept_file`).
 
     Parameters
     ----------
@@ -60,6 +61,8 @@ def check_output(output: Path, inputs: list[Path], option: str = "--output") -> 
         The files it reads.
     option : str
         The option that named ``output``, for the message.
+    adds : bool
+        The command adds to ``output`` (keygen's registry) rather than replacing it.
     """
     from synapse_flwr.core.files import write_problem
 
@@ -70,6 +73,27 @@ def check_output(output: Path, inputs: list[Path], option: str = "--output") -> 
         raise SynapseError(f"{option} {output} is one of the inputs; writing it would destroy that input")
     if problem := write_problem(output):  # a parent that is a file, a read-only folder: said now, not after the work
         raise SynapseError(f"{option} {output} {problem}")
+    if not adds and output.is_file() and (kind := _kept_file(output)):
+        raise SynapseError(f"{option} {output} is {kind}; writing over it would lose it: name another file")
+
+
+def _kept_file(path: Path) -> str | None:
+    """What ``path`` holds when it is a file no command's output may replace, or None.
+
+    An organisation's release cache (its ledger: replaced, its records would be
+    released again), a key or key registry, a log or test set (JSONL).
+    """
+    if path.name.endswith((".jsonl", ".jsonl.gz")):
+        return "a JSONL file (a log or a test set)"
+    if path.suffix == ".key":
+        return "a private key"
+    with path.open("rb") as handle:
+        head = handle.read(256)
+    if head.startswith(b'{"fingerprint":'):
+        return "a release cache (the organisation's ledger of released records)"
+    if b'"synapse-keys/' in head:
+        return "a key registry"
+    return None
 
 
 def check_folder(folder: Path, what: str) -> None:
@@ -540,7 +564,7 @@ def keygen(
     key_path, reg_path = key_dir / f"{owner}.key", registry or key_dir / "keys.json"
     if key_path.exists() and not replace:
         raise SynapseError(f"{key_path} exists; pass --replace to rotate the key of {owner!r}")
-    check_output(reg_path, [key_path], "--registry")
+    check_output(reg_path, [key_path], "--registry", adds=True)
     _check_registry(reg_path)  # before the key is written: a bad registry must not leave a key behind
     signer = new_signer(owner)
     save_private_key(key_path, signer)

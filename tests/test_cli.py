@@ -654,6 +654,19 @@ def test_build_refuses_a_budget_before_reading_the_log(data, tmp_path, epsilon, 
                    "--epsilon", epsilon, "--delta", delta, "-o", tmp_path / "x.json"), named)
 
 
+@pytest.mark.parametrize("name, content, kind", [
+    ("acme.cache.json", '{"fingerprint":"x","settings":{}}', "a release cache"),  # the org's ledger
+    ("keys.json", '{"format": "synapse-keys/1", "keys": []}', "a key registry"),
+    ("org_a.jsonl", '{"query": "q", "tool": "t"}\n', "a JSONL file"),
+])
+def test_an_output_never_replaces_a_ledger_a_key_registry_or_a_log(data, built, tmp_path, name, content, kind):
+    kept = tmp_path / name
+    kept.write_text(content)
+    refused(invoke("merge", built["acme"], built["globex"], "-o", kept), f"is {kind}")
+    refused(invoke("schema", "-o", kept), f"is {kind}")
+    assert kept.read_text() == content
+
+
 def test_vote_refuses_no_embedding_space_in_one_line(data, tmp_path):
     # a vote routes its records: 'none' passed the space check and ended in get_embedder's traceback
     refused(invoke("vote", "--experience", data["acme"], "--catalog", data["catalog"], "--artifact",
