@@ -266,6 +266,9 @@ def build(
         if releases != 1:
             raise SynapseError("--releases counts a record's releases by hand; --release-cache counts them itself "
                                "(each record once): leave --releases at 1")
+    elif max_windows != MAX_WINDOWS:
+        log.warning("--max-windows %d is ignored without --release-cache: it bounds the windows a cache releases",
+                    max_windows)
     t0 = time.perf_counter()
     cat = load_catalog(catalog)
     if too_large := size_problem(cat):  # before the log and the embedder load
