@@ -285,6 +285,8 @@ def tables(results: dict) -> str:
             lines.append(f"| {arm} | " + " | ".join(_cell(arms[arm].get(s)) for s in splits) + " |")
     if results.get("arms_left_out"):
         lines += [""] + [f"Left out of this run: `{arm}`, {why}." for arm, why in results["arms_left_out"].items()]
+    if sizes := _size_lines(results):  # as the run's summary says them: a split absent or small is not hidden
+        lines += [""] + [f"- {line.strip().removeprefix('note: ')}" for line in sizes]
     lines += ["", _leak_line(results)]
     if results.get("cache"):
         lines += ["", f"Units of work: {results['cache']['computed']} computed in this run, "

@@ -1093,6 +1093,9 @@ def test_the_summary_says_how_much_each_compendium_arm_left_to_the_documentation
     assert ("final globals of seed 7 (`synapse route --compendium PATH`): federated runs/g/global_round_2.json"
             in summary)
     assert "Queries whose route reads no prototype" in tables(results)
+    # the written tables say the sizes too: a missing heldout column was left unexplained there
+    assert "- no heldout queries (on tools without experience) in the test set of some seed" in tables(results)
+    assert "- tools with experience: 159 of 432 in the catalog" in tables(results)
     results["arms"]["federated"] = _seen(0.269)  # results written before the share was measured
     assert "reads no prototype" not in "\n".join(summary_lines(results))
 
