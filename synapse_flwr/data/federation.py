@@ -109,7 +109,7 @@ def load_folder(path: Path, name: str | None = None, org: str | None = None) -> 
     orgs, leaks = {}, []
     for o, p in logs.items():
         orgs[o], leak = leak_filter(load_experience(p, catalog, warn=False), [i.query for i in items],
-                                    catalog=catalog)
+                                    catalog=catalog, source=str(p))
         leaks.append(leak)
         if leak.total and not leak.kept:  # the org would join the federation with nothing to teach
             warn_once(log, f"{p}: the leak filter removed all {leak.total} records of organisation {o!r} "

@@ -258,6 +258,7 @@ def leak_filter(
     test_queries: Sequence[str],
     jaccard: float = 0.8,
     catalog: Catalog | None = None,
+    source: str = "the training events",
 ) -> tuple[list[Event], LeakReport]:
     """Drop training events that leak test queries, and garbage (events of tools outside ``catalog``).
 
@@ -272,6 +273,8 @@ def leak_filter(
         near duplicate of a test query.
     catalog : Catalog or None
         When given, events whose tool or gold is not in it are garbage.
+    source : str
+        What ``train`` is (a log's path), for the log line.
 
     Returns
     -------
@@ -309,7 +312,8 @@ def leak_filter(
     report = LeakReport(
         total=len(train), exact=exact, near=int(near_flags.sum()), garbage=garbage, kept=len(kept)
     )
-    log.info("leak filter: %s", report)
+    log.info("leak filter, %s: of %d records %d equal a test query, %d nearly do and %d name a tool outside the "
+             "catalog: dropped; %d kept", source, report.total, report.exact, report.near, report.garbage, report.kept)
     return kept, report
 
 
