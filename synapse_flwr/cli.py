@@ -830,9 +830,11 @@ INSPECT_WRAP = 24  # the orgs column wraps at this width
 @app.command()
 def inspect(
     file: Annotated[Path, typer.Argument(help="An artifact.")],
-    limit: Annotated[int, typer.Option(min=0, help="Show at most this many tools (most experience first).")] = 30,
+    limit: Annotated[int, typer.Option(min=0, help="Show at most this many tools (those with experience above the "
+                                        "noise first, then by calls).")] = 30,
 ) -> None:
     """Summarise an artifact: issuer, privacy, size, and a table of its tools."""
+    from synapse_flwr.core.router import NOISE_SDS, calls_floor
     from synapse_flwr.core.schema import FlatCompendium
     from synapse_flwr.core.wire import content_hash, encode
 
@@ -861,8 +863,13 @@ def inspect(
     console.print(f"tools: {len(art.tools)}, conflicts: {len(art.conflicts)}")
     if art.votes is not None:
         console.print(_votes_line(art.votes))
-    read = {tool: f"{art.tool(tool).prototype.count:.0f}" + (" *" if m else "") for tool, m in _above_noise(art).items()}
-    ranked = sorted(art.tools, key=lambda t: (-t.stats.calls, t.tool_id))[:limit]
+    above = _above_noise(art)
+    read = {tool: f"{art.tool(tool).prototype.count:.0f}" + (" *" if m else "") for tool, m in above.items()}
+    floor = calls_floor(art)
+    # tools with evidence above the noise first (calls, or a prototype the router may read): a private global's
+    # unused tools read 40-70 noised calls and were listed among the most used; a count within the noise is marked ~
+    ranked = sorted(art.tools, key=lambda t: (t.stats.calls <= floor and not above.get(t.tool_id, False),
+                                              -t.stats.calls, t.tool_id))[:limit]
     # the tool's id whole (up to 40 columns) and the short columns unbroken: the orgs wrap, and the scenario is cut
     # to one line (wrapped into a narrow terminal's last columns it read one word per line)
     widest = min(40, max([4, *(len(t.tool_id) for t in ranked)]))
@@ -871,8 +878,10 @@ def inspect(
                *(Column(h, no_wrap=True, min_width=len(h)) for h in ("when/not/prec", "calls", "success", "prototype")),
                Column("orgs", min_width=4, max_width=INSPECT_WRAP),
                Column("top scenario", no_wrap=True, overflow="ellipsis")]
-    rows = [[t.tool_id, f"{len(t.when)}/{len(t.when_not)}/{len(t.precautions)}", f"{t.stats.calls:.0f}",
-             "-" if t.stats.success_rate is None else f"{t.stats.success_rate:.0%}", read.get(t.tool_id, "-"),
+    rows = [[t.tool_id, f"{len(t.when)}/{len(t.when_not)}/{len(t.precautions)}",
+             f"{t.stats.calls:.0f}" + (" ~" if floor and t.stats.calls <= floor else ""),
+             "-" if t.stats.success_rate is None or t.stats.calls <= floor else f"{t.stats.success_rate:.0%}",
+             read.get(t.tool_id, "-"),
              ",".join(t.provenance.orgs), max(t.when, key=lambda s: s.support).text if t.when else ""]
             for t in ranked]
     # the orgs and the top scenario only where some tool has them (a private global names an org only where
@@ -892,6 +901,10 @@ def inspect(
     for row in rows:
         table.add_row(*(row[i] for i in shown))
     console.print(table)
+    if floor:
+        console.print(f"calls: noised; ~ at or below {floor:.0f}, where a tool nobody called reads {NOISE_SDS:g} noise "
+                      f"SDs aside: no evidence of use ({sum(t.stats.calls <= floor for t in art.tools)} of "
+                      f"{len(art.tools)} tools; listed after the others unless their prototype is above the noise)")
     if read:
         console.print(f"prototype: its released query count; * above the noise (length and count tests): "
                       f"{sum(m.endswith('*') for m in read.values())} of {len(read)} tools. A router reads those "

@@ -20,6 +20,7 @@ from synapse_flwr.core.errors import InputError, SynapseError
 from synapse_flwr.core.prototypes import decode_prototype
 from synapse_flwr.core.schema import Compendium, FlatCompendium
 from synapse_flwr.core.wire import content_hash, load_artifact, save_artifact
+from synapse_flwr.data.federation import demo_dir
 
 SYNAPSE = Path(sys.executable).with_name("synapse")
 ENV = {"COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}
@@ -217,6 +218,23 @@ def test_inspect_prints_the_tool_table(built):
     ok(res)
     assert "org artifact from acme" in res.stdout
     assert sum(t in res.stdout for t in ("book_flight", "convert_currency", "get_weather")) == 1
+
+
+def test_inspect_lists_tools_with_evidence_above_the_noise_first(tmp_path):
+    """Regression (rehearsal): a private global's unused tools read 40-70 noised calls and were listed among the
+    most used; counts within the noise of a never-called tool are marked and listed after those with evidence."""
+    demo = demo_dir()
+    out = tmp_path / "a.json"
+    ok(invoke("build", "--experience", demo / "org_a.jsonl", "--catalog", demo / "catalog.json", "--org", "acme",
+              "--embedder", "static", "--epsilon", "1", "--seed", "3", "-o", out))
+    res = invoke("inspect", out, "--limit", "50")
+    ok(res)
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in res.stdout.splitlines() if line.startswith("│")]
+    calls, proto = (next(i for i, h in enumerate(("tool", "when/not/prec", "calls", "success", "prototype")) if h == x)
+                    for x in ("calls", "prototype"))
+    evidence = [not r[calls].endswith("~") or r[proto].endswith("*") for r in rows]
+    assert len(rows) == 24 and 0 < sum(evidence) < 24 and evidence == sorted(evidence, reverse=True), rows
+    assert "~ at or below" in res.stdout
 
 
 def test_inspect_leaves_the_scenario_out_of_a_narrow_terminal_and_says_so(built, tmp_path):

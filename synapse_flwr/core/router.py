@@ -335,9 +335,7 @@ class Router:
         self.fusion = fusion or voted_fusion(compendium, self.embedder.name)
         self.entries = typed_entries(compendium, catalog)
         privacy = getattr(compendium, "privacy", None)
-        # a merged count sums the (clamped) noise of every org artifact behind it
-        merged = max(len(getattr(compendium, "inputs", None) or []), 1)
-        self.calls_floor = zero_count_floor(privacy.sigma if privacy is not None else 0.0, merged, NOISE_SDS)
+        self.calls_floor = calls_floor(compendium)
         if render == "flat":
             # The ablation of the typed fields (the paper's flat arm): the router
             # reads one string per tool, as if it were the tool's documentation,
@@ -856,6 +854,16 @@ class Router:
         if problem := query_problem(query):
             raise ValueError(f"query {problem}: nothing to route")
         return self.route_many([query], remember=False)[0]
+
+
+def calls_floor(compendium: Compendium | FlatCompendium | None) -> float:
+    """The call count a tool nobody called stays below in ``compendium`` (:data:`NOISE_SDS` aside): no evidence.
+
+    A merged count sums the (clamped) noise of every org artifact behind it.
+    """
+    privacy = getattr(compendium, "privacy", None)
+    merged = max(len(getattr(compendium, "inputs", None) or []), 1)
+    return zero_count_floor(privacy.sigma if privacy is not None else 0.0, merged, NOISE_SDS)
 
 
 def query_problem(query: str) -> str | None:
