@@ -521,6 +521,20 @@ def test_logs_named_json_are_named_with_the_name_read(folder, caplog):
     assert "test.json: not read" in caplog.text and "named test.jsonl" in caplog.text
 
 
+def test_logs_with_another_extension_or_in_a_subfolder_are_named_as_not_read(folder, caplog):
+    # each was left out without a word, and an experiment re-partitioned the orgs that remained
+    for name in ("org_c.ndjson", "org_d.JSONL", "test.jsonl.gz"):
+        shutil.copy(folder / "org_a.jsonl", folder / name)
+    (folder / "orgs").mkdir()
+    shutil.copy(folder / "org_a.jsonl", folder / "orgs" / "org_e.jsonl")
+    with caplog.at_level("WARNING"):
+        report = check_folder(folder)
+    assert report.ok and report.orgs == {"a": 6, "b": 6}
+    for name in ("org_c.ndjson: not read", "org_d.JSONL: not read", "test.jsonl.gz: not read",
+                 "orgs: holds org_e.jsonl, not read"):
+        assert name in caplog.text, caplog.text
+
+
 def test_logs_named_outside_the_pattern_are_named_as_not_read(folder, caplog):
     shutil.copy(folder / "org_a.jsonl", folder / "orgC.jsonl")
     shutil.copy(folder / "org_a.jsonl", folder / "org-d.jsonl")

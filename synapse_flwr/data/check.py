@@ -210,15 +210,25 @@ def _other_kind(record: Mapping, kind: str) -> str | None:
 
 
 def _warn_misnamed(folder: Path) -> None:
-    """Warn about files named almost like a folder's logs, which are not read (``org_a.json``, ``orgA.jsonl``)."""
-    for path in sorted(folder.glob("*.json")):
-        if path.name.startswith("org_") or path.name == "test.json":
+    """Warn about files named almost like a folder's logs, which are not read (``org_a.json``, ``orgA.jsonl``,
+    ``org_a.ndjson``, ``org_a.JSONL``, ``test.jsonl.gz``), and logs in a subfolder (``orgs/org_a.jsonl``)."""
+    read = {TEST_FILE, *CATALOG_FILES, *(p.name for p in folder.glob(ORG_GLOB))}
+    for path in sorted(p for p in folder.iterdir() if p.is_file() and p.name not in read):
+        name = path.name.lower()
+        if name.startswith("org_") and name.endswith(".jsonl.gz"):
+            continue  # a problem of its own (check_folder)
+        if name.endswith(".json") and (name.startswith("org_") or name == "test.json"):
             warn_once(log, f"{path}: not read; a dataset folder's logs are JSONL, named {path.stem}.jsonl")
-    read = {TEST_FILE, "catalog.jsonl", *(p.name for p in folder.glob(ORG_GLOB))}
-    for path in sorted(folder.glob("*.jsonl")):
-        if path.name not in read:
+        elif path.suffix == ".jsonl":
             warn_once(log, f"{path}: not read; an organisation's log is named org_<id>.jsonl, the test set "
                            f"{TEST_FILE} (a log to split into organisations: synapse split-orgs {path} --orgs 5)")
+        elif name.startswith(("org_", "test")):
+            warn_once(log, f"{path}: not read; an organisation's log is named org_<id>.jsonl and the test set "
+                           f"{TEST_FILE}, in lower case, uncompressed")
+    for sub in sorted(p for p in folder.iterdir() if p.is_dir()):
+        if nested := sorted([*sub.glob(ORG_GLOB), *sub.glob(TEST_FILE)]):
+            warn_once(log, f"{sub}: holds {', '.join(p.name for p in nested[:3])}{', ...' if len(nested) > 3 else ''}"
+                           ", not read; a dataset folder's logs and test set sit in the folder itself")
 
 
 def _bad_org_ids(logs: Mapping[str, Path], orgs: Sequence[str] | None) -> list[Problem]:
