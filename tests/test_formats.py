@@ -167,6 +167,22 @@ def test_an_entry_alias_naming_another_tool_is_refused(entries, match):
         make_catalog([parse_tool(e) for e in entries])
 
 
+def test_names_in_two_unicode_forms_are_one_name(tmp_path, caplog):
+    """Regression (data review): "Café_Finder" composed and decomposed printed alike and were named a collision
+    that only an alias typed byte for byte could lift; a word-for-word repeat is now read once."""
+    import unicodedata
+
+    nfc, nfd = (unicodedata.normalize(form, "Café_Finder") for form in ("NFC", "NFD"))
+    entries = [{"name": nfc, "description": "Find a café."}, {"name": nfd, "description": "Find a café."}]
+    path = tmp_path / "catalog.json"
+    path.write_text(json.dumps(entries), encoding="utf-8")
+    catalog = load_catalog(path)
+    assert len(catalog) == 1 and catalog.tools[0].name == nfc and catalog.resolve(nfd) == catalog.tools[0].tool_id
+    entries[1]["description"] = "Another text."
+    path.write_text(json.dumps(entries), encoding="utf-8")
+    assert "duplicate tool 'Café_Finder' with another description" in str(raises_input_error(load_catalog, path))
+
+
 def test_an_entry_alias_of_its_own_spellings_is_kept():
     catalog = make_catalog([parse_tool({"name": "get_weather", "aliases": ["GetWeather", "weather"]}),
                             parse_tool({"name": "book_hotel"})])

@@ -227,12 +227,22 @@ def parse_tool(obj: Mapping[str, Any]) -> ToolDoc:
         raise ValueError(f"{prefix}name: {exc}") from None
     return ToolDoc(
         tool_id=tool_id,
-        name=name.strip(),
+        name=written_name(name),
         description=fold_text(description)[:MAX_DESCRIPTION],
         parameters=params,
-        aliases=tuple(aliases),
+        aliases=tuple(map(written_name, aliases)),
         examples=clean_texts(examples),
     )
+
+
+def written_name(name: str) -> str:
+    """A tool name or alias as the catalog keeps it: stripped, Unicode-composed (NFC).
+
+    Two entries whose names differ only in their Unicode form ("Café" composed, and decomposed as macOS writes
+    it) print alike: they were named a collision no one could read, and declaring one the other's alias only
+    worked typed byte for byte.
+    """
+    return unicodedata.normalize("NFC", name.strip())
 
 
 def unread_fields(obj: Mapping[str, Any]) -> list[str]:
@@ -354,8 +364,8 @@ def _declared(docs: Sequence[ToolDoc], aliases: Mapping[str, str]) -> set[tuple[
     key, so a table naming ``Search.Web`` would otherwise declare an entry
     ``SEARCH-WEB`` nobody wrote down, and merge its text away.
     """
-    pairs = {(a.strip(), t.strip()) for a, t in aliases.items()}
-    pairs |= {(a.strip(), d.name) for d in docs for a in d.aliases}
+    pairs = {(written_name(a), written_name(t)) for a, t in aliases.items()}
+    pairs |= {(a, d.name) for d in docs for a in d.aliases}
     return pairs | {(t, a) for a, t in pairs}
 
 
