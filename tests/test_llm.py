@@ -656,6 +656,41 @@ def test_a_call_that_times_out_is_not_retried(monkeypatch: pytest.MonkeyPatch) -
     server.shutdown()
 
 
+def test_a_model_that_keeps_failing_is_paused_then_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (LLM review): a hung server made every query wait out the timeout (131 queries, about two
+    hours); after BREAK_AFTER failures in a row a model's calls fail at once for BREAK_S, then one is tried."""
+    calls: list[int] = []
+    reply = litellm.ModelResponse(choices=[{"message": {"role": "assistant", "content": "hello"}}])
+
+    def completion(**kwargs: Any) -> litellm.ModelResponse:
+        calls.append(1)
+        if len(calls) <= llm.BREAK_AFTER:
+            raise litellm.exceptions.Timeout("slow", model="test-model", llm_provider="openai")
+        return reply
+
+    monkeypatch.setattr(llm.litellm, "completion", completion)
+    for _ in range(llm.BREAK_AFTER):
+        with pytest.raises(llm.LLMError, match="Timeout"):
+            llm.complete("openai/test-model", MSGS)
+    with pytest.raises(llm.LLMError, match=f"failed {llm.BREAK_AFTER} calls in a row.*paused"):
+        llm.complete("openai/test-model", MSGS)
+    assert len(calls) == llm.BREAK_AFTER  # paused: the provider was not called
+    assert llm.complete("openai/other-model", MSGS) == "hello"  # one model's failures pause that model only
+    monkeypatch.setattr(llm, "BREAK_S", 0.0)
+    llm.reset_breakers()
+    assert llm.complete("openai/test-model", MSGS) == "hello"
+
+
+@pytest.mark.parametrize("value, expected", [("", llm.DEFAULT_TIMEOUT_S), ("7.5", 7.5), ("0", None), ("x", None)])
+def test_the_timeout_variable_sets_a_hosted_call_s_timeout(monkeypatch, value, expected) -> None:
+    monkeypatch.setenv(llm.TIMEOUT_ENV, value)
+    if expected is None:
+        with pytest.raises(llm.LLMError, match=f"{llm.TIMEOUT_ENV}={value!r}: expected seconds"):
+            llm.call_timeout()
+    else:
+        assert llm.call_timeout() == expected and llm.call_timeout(3.0) == 3.0
+
+
 def test_sampling_asks_a_provider_without_n_once_per_completion(monkeypatch: pytest.MonkeyPatch) -> None:
     """Regression (LLM review): `synapse examples --model anthropic/...` failed at its first tool, Anthropic
     taking neither `n` nor `seed` (Ollama no `n`)."""

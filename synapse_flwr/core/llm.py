@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 import logging
+import math
 import os
 import re
 import threading
@@ -101,6 +102,8 @@ def calls_at_once(model: str) -> int:
 
 
 DEFAULT_TIMEOUT_S = 120.0
+#: Environment variable that sets a hosted call's timeout in seconds (default :data:`DEFAULT_TIMEOUT_S`).
+TIMEOUT_ENV = "SYNAPSE_LLM_TIMEOUT"
 # A rate limit (429) or an overloaded server (503) is retried, twice at most and within the call's timeout. A
 # timeout is not (the provider's client retried it twice, so a 120 s timeout took 6 minutes), nor a refused
 # connection, which litellm reports as an internal server error (a server that is down: every call of a batch
@@ -109,7 +112,73 @@ RETRIED = (litellm.exceptions.RateLimitError, litellm.exceptions.ServiceUnavaila
 RETRIES, RETRY_WAIT_S = 2, 1.0
 
 
-def _completion(model: str, messages: list[dict[str, Any]], timeout: float, **kw: Any) -> Any:
+# After this many failed calls of one model in a row, its calls fail at once for a pause, then one is tried
+# again: a server that hangs made every query wait out the timeout (131 queries at 5 calls each: two hours).
+BREAK_AFTER, BREAK_S = 5, 60.0
+
+
+@dataclass
+class _Breaker:
+    failures: int = 0
+    paused_until: float = 0.0
+    last: str = ""
+
+
+_BREAKERS: dict[str, _Breaker] = {}
+_BREAKER_LOCK = threading.Lock()
+
+
+def reset_breakers() -> None:
+    """Forget every model's failed calls (a caller that knows its server is back; tests)."""
+    with _BREAKER_LOCK:
+        _BREAKERS.clear()
+
+
+def call_timeout(timeout: float | None = None) -> float:
+    """``timeout``, else the :data:`TIMEOUT_ENV` variable's seconds, else :data:`DEFAULT_TIMEOUT_S`.
+
+    Raises
+    ------
+    LLMError
+        For a variable that is not a number of seconds > 0.
+    """
+    if timeout is not None:
+        return timeout
+    text = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise LLMError(f"{TIMEOUT_ENV}={text!r}: expected seconds, a number > 0")
+    return value
+
+
+def _completion(model: str, messages: list[dict[str, Any]], timeout: float | None, **kw: Any) -> Any:
+    """``litellm.completion`` with the retries above, the whole within ``timeout`` seconds, behind the model's
+    breaker (:data:`BREAK_AFTER`)."""
+    with _BREAKER_LOCK:
+        breaker = _BREAKERS.setdefault(model, _Breaker())
+        if time.monotonic() < breaker.paused_until:
+            raise LLMError(f"{model!r} failed {breaker.failures} calls in a row (last: {breaker.last}); its calls "
+                           f"are paused for up to {BREAK_S:g} s, and their queries fall back")
+    try:
+        response = _attempts(model, messages, call_timeout(timeout), **kw)
+    except Exception as exc:
+        with _BREAKER_LOCK:
+            breaker.failures += 1
+            breaker.last = f"{type(exc).__name__}"
+            if breaker.failures >= BREAK_AFTER:
+                breaker.paused_until = time.monotonic() + BREAK_S
+        raise
+    with _BREAKER_LOCK:
+        breaker.failures, breaker.paused_until = 0, 0.0
+    return response
+
+
+def _attempts(model: str, messages: list[dict[str, Any]], timeout: float, **kw: Any) -> Any:
     """``litellm.completion`` with the retries above, the whole within ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
 
@@ -366,7 +435,7 @@ def register_local_provider() -> None:
 def complete(
     model: str,
     messages: list[dict[str, Any]],
-    timeout: float = DEFAULT_TIMEOUT_S,
+    timeout: float | None = None,
     **kw: Any,
 ) -> str:
     """Chat completion through litellm; returns the reply text.
@@ -377,9 +446,9 @@ def complete(
         litellm model string, e.g. ``"local/smollm2"`` or ``"openai/gpt-4o-mini"``.
     messages : list of dict
         OpenAI-style chat messages.
-    timeout : float
+    timeout : float or None
         Seconds before the call is abandoned (a timeout is not retried; a rate limit or an
-        overloaded server is, within them).
+        overloaded server is, within them); None: :func:`call_timeout`.
     **kw
         Passed to :func:`litellm.completion` (``max_tokens``, ``temperature``,
         ``stop``, ``mock_response``, ...).
@@ -401,7 +470,7 @@ def complete(
     return content if isinstance(content, str) else ""
 
 
-def sample(model: str, messages: list[dict[str, Any]], n: int, timeout: float = DEFAULT_TIMEOUT_S,
+def sample(model: str, messages: list[dict[str, Any]], n: int, timeout: float | None = None,
            **kw: Any) -> list[str]:
     """``n`` completions of one conversation through litellm (one request, or one per completion where the
     provider takes no ``n``; a ``seed`` it does not take is left out); empty replies dropped.
@@ -415,8 +484,8 @@ def sample(model: str, messages: list[dict[str, Any]], n: int, timeout: float = 
         for embedded models, see :func:`generate_local`).
     n : int
         Completions asked for.
-    timeout : float
-        Seconds before the call is abandoned.
+    timeout : float or None
+        Seconds before the call is abandoned; None: :func:`call_timeout`.
     **kw
         Passed to :func:`litellm.completion` (``temperature``, ``seed``, ``stop``, ...).
 
