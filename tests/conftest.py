@@ -13,7 +13,6 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 
-
 @pytest.fixture(autouse=True)
 def _fresh_llm_breakers():
     """Each test starts with no model's failed calls counted (a test that fails calls on purpose would pause
