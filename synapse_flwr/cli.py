@@ -10,6 +10,7 @@ import os
 import secrets
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Annotated
 
@@ -1011,7 +1012,10 @@ def route(
     if bad := [(i, problem) for i, q in enumerate(queries, start=1) if (problem := query_problem(q))]:
         raise SynapseError(f"query {bad[0][0]} of {len(queries)} {bad[0][1]}: nothing to route")
     router = _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_weight, count_prior)
+    stats = _llm_stats() if reranker == "llm" else Counter()
+    before = Counter(stats)
     results = router.route_many(queries, remember=test is not None)  # a test set is scored again, a request not
+    asked = Counter(stats) - before
     for i, result in enumerate(results):
         if explain:
             typer.echo(explain_route(result, router.names) + (f"\ngold: {', '.join(items[i].gold)}" if items else ""))
@@ -1022,9 +1026,19 @@ def route(
     if fell_back := sum(r.fallback for r in results):
         log.warning("%d of %d queries fell back to retrieval order: the LLM gave no usable answer (see the "
                     "warnings above); their routes are retrieval's, not the LLM's", fell_back, len(results))
+    if asked["parse_failures"]:  # a query falls back only when all its calls fail: these are the rest
+        log.warning("%d of %d LLM replies named no single candidate and counted as no preference",
+                    asked["parse_failures"], asked["hosted_calls"])
     if items:
         scores = evaluate_routes(results, [item.gold for item in items], k)
         log.info("%s: top-1 %.3f, recall@%d %.3f over %d queries", test, scores["acc"], k, scores["r5"], len(items))
+
+
+def _llm_stats() -> Counter:
+    """The hosted LLM calls' counters (``llm.SCORE_STATS``: calls, replies that named no candidate)."""
+    from synapse_flwr.core.llm import SCORE_STATS
+
+    return SCORE_STATS
 
 
 TRANSPORTS = ("stdio", "sse", "streamable-http")

@@ -759,7 +759,10 @@ class Router:
     def _rerank_llm(
         self, cand: list[int], fused: np.ndarray, docs: np.ndarray, llm: np.ndarray | None
     ) -> tuple[list[Candidate], list[str], bool]:
-        if llm is None:
+        # scores alike for every candidate are no answer either (each cyclic order's reply named the same
+        # position, so every candidate was picked once): read as one, they were reported as the LLM's choice
+        # and the documentation's standing could still reorder the candidates
+        if llm is None or (len(cand) > 1 and np.ptp(llm) == 0):
             self.fallbacks += 1
             return self._retrieval_order(cand, fused), ["retrieval"], True
         retrieval = fused[cand]
