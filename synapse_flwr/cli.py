@@ -713,6 +713,9 @@ def examples(
     empty = sum(not v for v in table.values())
     log.info("wrote %s: %d requests for %d tools (%d tools got none)", out, sum(map(len, table.values())),
              len(table), empty)
+    if empty > len(table) / 2:
+        log.warning("most tools got no usable request from %s (refusals, preambles or empty replies are left out): "
+                    "read a few of its replies with -v before you use %s", model, out)
 
 
 @app.command()

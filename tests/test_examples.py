@@ -31,6 +31,7 @@ from synapse_flwr.core.examples import (
     clean_examples,
     example_messages,
     generate_examples,
+    without_shared,
 )
 from synapse_flwr.core.router import EXAMPLE_WEIGHT, Router
 
@@ -65,6 +66,19 @@ def test_cleaning_keeps_only_new_plain_requests():
              "is it sunny in Rome"]
     assert clean_examples(texts, WEATHER) == ["will it rain in Oslo tomorrow?", "is it sunny in Rome"]
     assert clean_examples(texts, WEATHER, limit=1) == ["will it rain in Oslo tomorrow?"]
+    # a chat model's refusals and preambles are no requests (they were kept, the same refusal for every tool)
+    chat = ["I'm sorry, but I can't help with that request.", "Sure! Here are some example requests users might send:",
+            "As an AI language model, I cannot browse the internet.", "Here are 6 example requests:",
+            "is it going to snow in Munich on Monday"]
+    assert clean_examples(chat, WEATHER) == ["is it going to snow in Munich on Monday"]
+
+
+def test_a_request_written_for_two_tools_is_left_out_of_both(caplog):
+    table = {"get_weather": ["Tell me more please", "will it rain in Oslo"], "book_hotel": ["tell me more, please",
+                                                                                           "a room in Rome"]}
+    with caplog.at_level("WARNING"):
+        assert without_shared(table) == {"get_weather": ["will it rain in Oslo"], "book_hotel": ["a room in Rome"]}
+    assert "1 requests were written for more than one tool" in caplog.text
 
 
 def test_prompt_is_a_few_shot_prefill_of_public_text():

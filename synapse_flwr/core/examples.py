@@ -19,7 +19,9 @@ description, and do not read as an instruction.
 from __future__ import annotations
 
 import logging
+import re
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
@@ -58,24 +60,45 @@ def example_messages(tool: ToolDoc) -> list[dict[str, str]]:
             {"role": "assistant", "content": text}]
 
 
+# what a chat model writes around or instead of a request: a refusal, a preamble, a word on itself
+# ("I'm sorry, but I can't help with that", "Sure! Here are some example requests:", "As an AI language model")
+_NOT_A_REQUEST = re.compile(r"^\W*(?:(?:i'?m |i am )?sorry\b|i (?:cannot|can'?t|am unable|'m unable|won'?t)\b"
+                            r"|as an ai\b|as a (?:large )?language model\b|(?:sure|certainly|of course|okay)\b\W"
+                            r"|here (?:are|is)\b|here'?s\b)|\bexample (?:user )?requests?\b", re.IGNORECASE)
+
+
 def clean_examples(texts: list[str], tool: ToolDoc, limit: int = MAX_EXAMPLES) -> list[str]:
     """The usable requests among a model's completions, in order.
 
     A completion is cut at its first line and kept when it has at least
     :data:`MIN_CHARS` characters, is new (after normalisation), is neither a
-    shot's request nor the tool's own description, and does not read as an
-    instruction to a model.
+    shot's request nor the tool's own description, does not read as an
+    instruction to a model, nor as a refusal or a preamble (a chat model's
+    "I'm sorry, ..." or "Here are some example requests:").
     """
     seen = set(_SHOT_REQUESTS) | {normalize_text(tool.description)}
     out = []
     for text in texts:
         line = " ".join(text.strip().split("\n", 1)[0].split())[:MAX_TEXT]
         key = normalize_text(line)
-        if len(line) < MIN_CHARS or key in seen or instruction_like(line):
+        if len(line) < MIN_CHARS or key in seen or instruction_like(line) or _NOT_A_REQUEST.search(line):
             continue
         seen.add(key)
         out.append(line)
     return out[:limit]
+
+
+def without_shared(table: dict[str, list[str]]) -> dict[str, list[str]]:
+    """``table`` less every request written for two or more tools (a generic reply, not one tool's request).
+
+    Such a request would document two tools alike; one refusal written for every tool documented them all.
+    """
+    owners = Counter(key for requests in table.values() for key in {normalize_text(r) for r in requests})
+    shared = {key for key, n in owners.items() if n > 1}
+    if shared:
+        log.warning("%d requests were written for more than one tool and are left out (e.g. %r)", len(shared),
+                    next(r for requests in table.values() for r in requests if normalize_text(r) in shared))
+    return {tool: [r for r in requests if normalize_text(r) not in shared] for tool, requests in table.items()}
 
 
 def generate_examples(
@@ -130,7 +153,7 @@ def generate_examples(
         except BaseException:
             pool.shutdown(cancel_futures=True)  # the first failure stops the run
             raise
-    out = {tool.name: found[tool.name] for tool in catalog.tools}
+    out = without_shared({tool.name: found[tool.name] for tool in catalog.tools})
     log.info("wrote %d example requests for %d tools with %s in %.0f s", sum(map(len, out.values())), len(out),
              model, time.perf_counter() - start)
     return out
