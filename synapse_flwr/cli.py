@@ -773,23 +773,27 @@ def _log_votes_step(output: Path, artifacts: list, merged) -> None:
 
 
 def _check_one_per_org(files: list[Path], artifacts: list, hashes: list[str]) -> None:
-    """Refuse two different artifacts of one organisation (two builds of its log, an artifact and its voted copy).
+    """Refuse two different inputs that hold one organisation's records: two builds of its log, an artifact and its
+    voted copy, a global and an artifact of one of its organisations, two globals sharing one.
 
     Merged together its records would count twice, with twice its weight; a
     Flower round keeps one artifact per organisation. An artifact a global
-    input already contains is merged once (``merge.unique_inputs``) and passes.
-    ``hashes``: each artifact's content hash.
+    input already contains is merged once (``merge.unique_inputs``) and passes;
+    a global names its organisations (``orgs``; one written before it did is
+    not checked). ``hashes``: each artifact's content hash.
     """
     contained = {h for a in artifacts if a.kind == "global" for h in getattr(a, "inputs", ())}
     first: dict[str, tuple[str, Path]] = {}
     for path, art, digest in zip(files, artifacts, hashes):
-        if art.kind != "org" or digest in contained:
+        if digest in contained:
             continue
-        other_digest, other = first.setdefault(art.issuer.org, (digest, path))
-        if other_digest != digest:
-            raise SynapseError(f"{other} and {path} are both artifacts of organisation {art.issuer.org!r}: merged "
-                               "together its records would count twice; merge one artifact per organisation (its "
-                               "latest, or the copy `synapse vote` wrote)")
+        for org in (art.orgs if art.kind == "global" else [art.issuer.org]) if hasattr(art, "orgs") else []:
+            other_digest, other = first.setdefault(org, (digest, path))
+            if other_digest != digest:
+                raise SynapseError(f"{other} and {path} both hold records of organisation {org!r}: merged together "
+                                   "they would count twice; merge one artifact per organisation (its latest, or "
+                                   "the copy `synapse vote` wrote), or the organisations' artifacts instead of "
+                                   "a global that holds one of them")
 
 
 def _warn_merge_inputs(files: list[Path], artifacts: list, hashes: list[str]) -> int:

@@ -239,8 +239,14 @@ def test_merge_refuses_two_artifacts_of_one_organisation(folder, tmp_path):
     ok(invoke("build", "--experience", folder / "train.jsonl", "--catalog", folder / "catalog.json", "--org", "acme",
               "--embedder", "none", "--epsilon", "inf", "--round", "1", "-o", again))
     refused(invoke("merge", folder / "docs.json", again, "-o", tmp_path / "m.json"),
-            f"{folder / 'docs.json'} and {again} are both artifacts of organisation 'acme'")
+            f"{folder / 'docs.json'} and {again} both hold records of organisation 'acme'")
     assert not (tmp_path / "m.json").exists()
     # an artifact the global already holds is merged once, as before
     ok(invoke("merge", folder / "docs.json", "-o", tmp_path / "g.json"))
     ok(invoke("merge", tmp_path / "g.json", folder / "docs.json", "-o", tmp_path / "g2.json"))
+    # the global and another artifact of an organisation it holds (its voted copy): counted twice, merged silently
+    refused(invoke("merge", tmp_path / "g.json", again, "-o", tmp_path / "m.json"),
+            f"{tmp_path / 'g.json'} and {again} both hold records of organisation 'acme'")
+    ok(invoke("merge", again, "-o", tmp_path / "g3.json"))
+    refused(invoke("merge", tmp_path / "g.json", tmp_path / "g3.json", "-o", tmp_path / "m.json"), "'acme'")
+    assert not (tmp_path / "m.json").exists()

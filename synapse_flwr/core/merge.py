@@ -260,6 +260,11 @@ def leaf_hashes(inputs: Sequence[tuple[str, Compendium]]) -> list[str]:
     return sorted({h for own, c in inputs for h in (c.inputs if c.kind == "global" else [own])})
 
 
+def input_orgs(inputs: Iterable[Compendium]) -> list[str]:
+    """The organisations behind ``inputs``: each org artifact's issuer, each global's ``orgs`` (sorted)."""
+    return sorted({org for c in inputs for org in (c.orgs if c.kind == "global" else [c.issuer.org])})
+
+
 def merge_privacy(blocks: Sequence[PrivacyBlock]) -> PrivacyBlock:
     """The guarantee of a merge is the loosest of its inputs'."""
     private = all(b.mechanism == "gaussian" for b in blocks)
@@ -870,6 +875,7 @@ def _merge_unique(
         conflicts_dropped=dropped,
         policy=policy,
         inputs=leaf_hashes(recorded),
+        orgs=input_orgs(inputs),
         embedding=space,
         votes=sum_votes([c.votes for c in inputs]),
     ))

@@ -13,16 +13,18 @@ import base64
 import binascii
 import math
 from collections import Counter
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     StringConstraints,
     TypeAdapter,
     ValidationError,
+    model_serializer,
     model_validator,
 )
 
@@ -545,6 +547,11 @@ class Compendium(_Strict):
         Merge policy that produced a global compendium.
     inputs : list of str
         Content hashes of the artifacts merged into a global (sorted).
+    orgs : list of str
+        The organisations behind a global (sorted; empty for an org artifact,
+        and left out of its JSON). With them a merge can refuse two inputs that
+        hold one organisation's records (a global and that organisation's voted
+        artifact), which would count its records twice.
     embedding : EmbeddingSpace or None
         The space of every tool's prototype; required when any tool has one.
     votes : FusionVotes or None
@@ -567,8 +574,18 @@ class Compendium(_Strict):
     inputs: list[Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]] = Field(
         default_factory=list, max_length=MAX_INPUTS
     )
+    orgs: Annotated[list[OrgId], Field(max_length=MAX_INPUTS), AfterValidator(_sorted_unique)] = Field(
+        default_factory=list)
     embedding: EmbeddingSpace | None = None
     votes: FusionVotes | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_empty_orgs(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # an org artifact's JSON (and so its content hash) is what it was before globals named their orgs
+        out = handler(self)
+        if not out.get("orgs"):
+            out.pop("orgs", None)
+        return out
 
     @model_validator(mode="after")
     def _tools_sorted_unique(self) -> Compendium:
@@ -577,6 +594,8 @@ class Compendium(_Strict):
             raise ValueError("tools must be sorted by tool_id, ids unique")
         if self.kind == "org" and (self.conflicts or self.conflicts_dropped):
             raise ValueError("an org artifact carries no conflict log")
+        if self.kind == "org" and self.orgs:
+            raise ValueError("an org artifact names no orgs (its issuer is its org)")
         per_field = Counter((c.tool_id, c.field) for c in self.conflicts)
         crowded = [k for k, n in per_field.items() if n > MAX_CONFLICTS_PER_FIELD]
         if crowded:
