@@ -735,6 +735,14 @@ def test_sampling_asks_a_provider_without_n_once_per_completion(monkeypatch: pyt
     assert len(asked) == 1 and asked[0]["n"] == 3 and asked[0]["seed"] == 1
 
 
+def test_a_server_that_ignores_n_is_said_once(monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    one = litellm.ModelResponse(choices=[{"message": {"role": "assistant", "content": "only one"}}])
+    monkeypatch.setattr(llm.litellm, "completion", lambda **kwargs: one)
+    with caplog.at_level(logging.WARNING, logger="synapse_flwr.core.llm"):
+        assert llm.sample("openai/ignores-n", MSGS, 6, seed=1) == ["only one"]
+    assert "returned 1 completions of the 6 asked for" in caplog.text
+
+
 def test_a_rate_limited_call_is_retried_within_its_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     """Review: turning the client's retries off (so that a timeout is not retried) failed a query on its first
     429; a rate limit is retried, a timeout still not."""

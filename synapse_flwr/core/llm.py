@@ -34,7 +34,7 @@ import litellm
 from litellm.llms.custom_llm import CustomLLM
 
 from synapse_flwr.core.embed import package_dir
-from synapse_flwr.core.errors import SynapseError
+from synapse_flwr.core.errors import SynapseError, warn_once
 from synapse_flwr.core.progress import Progress
 
 logger = logging.getLogger(__name__)
@@ -509,6 +509,9 @@ def sample(model: str, messages: list[dict[str, Any]], n: int, timeout: float | 
         except Exception as exc:
             raise LLMError(f"sampling {n} completions with {model!r} failed: {type(exc).__name__}: {exc}") from exc
         texts += [c.message.content for c in response.choices]
+    if len(texts) < n:  # a compatible server that ignores `n` answers once: fewer requests, said once
+        warn_once(logger, f"{model} returned {len(texts)} completions of the {n} asked for in one request (a "
+                          "server that ignores 'n'?): fewer example requests are written")
     return [t for t in texts if isinstance(t, str) and t.strip()]
 
 
