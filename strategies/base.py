@@ -204,6 +204,8 @@ def verify_reply(
         return None, None, size, "invalid artifact: expected a typed org compendium"
     if sig is not None and art.issuer.org != sig.signer:
         return None, None, size, f"rejected signature: issuer.org {art.issuer.org!r} is not the signer {sig.signer!r}"
+    if round_ and art.issuer.round > round_:  # the global takes the largest: one org could name any round for it
+        return None, None, size, f"invalid artifact: issuer.round {art.issuer.round} is ahead of the server's {round_}"
     return art, body, size, None
 
 

@@ -28,6 +28,7 @@ from typer.testing import CliRunner
 
 from synapse_flwr import cli
 from synapse_flwr.core.merge import merge_typed
+from synapse_flwr.core.schema import Issuer
 from synapse_flwr.core.signing import (
     ARTIFACT,
     GLOBAL,
@@ -42,7 +43,7 @@ from synapse_flwr.core.signing import (
     load_registry,
     new_signer,
 )
-from synapse_flwr.core.wire import MAX_WIRE_BYTES, canonical_json, unwrap
+from synapse_flwr.core.wire import MAX_WIRE_BYTES, canonical_json, encode, unwrap
 from synapse_flwr.flower.config import RunConfig
 from synapse_flwr.flower.keys import registry_for, signer_for
 
@@ -54,6 +55,14 @@ CASES = all_cases(KEYS)
 def test_bad_signature_is_rejected_with_its_reason(case):
     reason = case.check()
     assert reason is not None and case.expect in reason, reason
+
+
+def test_an_artifact_stamped_with_a_later_round_is_refused():
+    """One org could name any round for the global, which takes the largest of its inputs'."""
+    ahead = base_artifact("org_a").model_copy(update={"issuer": Issuer(org="org_a", round=ROUND + 1000)})
+    art, _, reason = check_reply(signed_reply(encode(ahead), KEYS.org_a), MAX_WIRE_BYTES, KEYS.registry, ROUND,
+                                 run=RUN)
+    assert art is None and f"issuer.round {ROUND + 1000} is ahead of the server's {ROUND}" in reason
 
 
 def test_a_good_signature_is_accepted():
