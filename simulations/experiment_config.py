@@ -286,6 +286,12 @@ class ExperimentConfig:
             check_router_args("llm", self.k, "typed", self.llm_model, "auto", None, DOCS_CANDIDATES)
         except ValueError as exc:
             return [f"llm_model: {exc}"]
+        from synapse_flwr.core.llm import LLMError, call_timeout
+
+        try:
+            call_timeout()
+        except LLMError as exc:
+            return [str(exc)]
         return []
 
     def _run_problems(self) -> list[str]:

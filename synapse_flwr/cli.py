@@ -166,15 +166,17 @@ def check_budget(epsilon: float, delta: float) -> None:
 
 
 def check_model(model: str, option: str = "--model") -> None:
-    """Refuse, before any model loads, a ``local/`` model that is not one of the embedded ones.
+    """Refuse, before any model loads, a ``local/`` model that is not one of the embedded ones, and a call timeout
+    (``SYNAPSE_LLM_TIMEOUT``) that is no number of seconds.
 
     Any other string names a hosted litellm model, which only its provider can check.
     """
+    # imported here: it imports litellm, for an LLM only
+    from synapse_flwr.core.llm import LOCAL_MODELS, call_timeout
+
+    call_timeout()  # an LLMError, a SynapseError: said in one line
     if not model.startswith("local/"):
         return
-    # imported here: it imports litellm, for a local model only
-    from synapse_flwr.core.llm import LOCAL_MODELS
-
     if model.removeprefix("local/") not in LOCAL_MODELS:
         raise SynapseError(f"{option} {model!r}: unknown local model; valid: "
                            + ", ".join(f"local/{n}" for n in sorted(LOCAL_MODELS)) + ", or a hosted litellm model "

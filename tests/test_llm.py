@@ -65,6 +65,14 @@ TOOLS = ["get_weather", "get_weather_forecast", "book_hotel", "send_email"]
         ("Option 1 get_weather: no. Option 3 book_hotel: fits. Final answer: book_hotel", 2),
         ("<think>get_weather? send_email? no.</think>book_hotel", 2),
         ('{"tool": "send_email"}', 3),
+        # the answer is the clause after its marker; prose after it does not veto it (review of the first rule)
+        ("The answer is book_hotel. It is a better choice than send_email here.", 2),
+        ("Answer: book_hotel\n\nsend_email would be a poor choice here.", 2),
+        ("I would pick book_hotel because it can answer questions about send_email", 2),
+        ("Final answer: book_hotel. (send_email is not the right choice)", 2),
+        ("My choice: book_hotel, since get_weather and send_email don't apply.", 2),
+        ("The best tool is book_hotel (not send_email).", 2),
+        ("I would not pick book_hotel; send_email fits.", None),
         ("book hotel", 2),  # separators ignored
         ("get_wether_forcast", 1),  # fuzzy
         ("9", None),  # out of range
@@ -694,6 +702,7 @@ def test_a_model_that_keeps_failing_is_paused_then_tried_again(monkeypatch: pyte
         return reply
 
     monkeypatch.setattr(llm.litellm, "completion", completion)
+    monkeypatch.setattr(llm, "BREAK_S", 0.3)
     for _ in range(llm.BREAK_AFTER):
         with pytest.raises(llm.LLMError, match="Timeout"):
             llm.complete("openai/test-model", MSGS)
@@ -701,8 +710,47 @@ def test_a_model_that_keeps_failing_is_paused_then_tried_again(monkeypatch: pyte
         llm.complete("openai/test-model", MSGS)
     assert len(calls) == llm.BREAK_AFTER  # paused: the provider was not called
     assert llm.complete("openai/other-model", MSGS) == "hello"  # one model's failures pause that model only
-    monkeypatch.setattr(llm, "BREAK_S", 0.0)
-    llm.reset_breakers()
+    time.sleep(0.35)
+    assert llm.complete("openai/test-model", MSGS) == "hello"  # after the pause one call is tried: it works again
+
+
+def test_a_call_being_tried_after_a_pause_is_the_only_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review: once a pause ended every call in flight went to a server that still hung."""
+    monkeypatch.setattr(llm.litellm, "completion", lambda **kw: (_ for _ in ()).throw(
+        litellm.exceptions.APIConnectionError("refused", llm_provider="openai", model="test-model")))
+    for _ in range(llm.BREAK_AFTER):
+        with pytest.raises(llm.LLMError):
+            llm.complete("openai/test-model", MSGS)
+    breaker = llm._BREAKERS["openai/test-model"]
+    breaker.paused_until = 0.0  # the pause is over: the next call is the one tried
+    started = threading.Event()
+
+    def hangs(**kw: Any) -> litellm.ModelResponse:
+        started.set()
+        time.sleep(0.5)
+        raise litellm.exceptions.Timeout("slow", model="test-model", llm_provider="openai")
+
+    monkeypatch.setattr(llm.litellm, "completion", hangs)
+    trial = threading.Thread(target=lambda: pytest.raises(llm.LLMError, llm.complete, "openai/test-model", MSGS))
+    trial.start()
+    started.wait(5)
+    with pytest.raises(llm.LLMError, match="paused"):  # refused at once while the trial runs
+        llm.complete("openai/test-model", MSGS)
+    trial.join()
+
+
+def test_a_request_the_provider_refuses_does_not_pause_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review: two over-long queries (k calls each) paused a healthy model for every other query."""
+    def completion(**kwargs: Any) -> litellm.ModelResponse:
+        if "VERY LONG" in kwargs["messages"][-1]["content"]:
+            raise litellm.exceptions.ContextWindowExceededError("too long", model="test-model",
+                                                                llm_provider="openai")
+        return litellm.ModelResponse(choices=[{"message": {"role": "assistant", "content": "hello"}}])
+
+    monkeypatch.setattr(llm.litellm, "completion", completion)
+    for _ in range(2 * llm.BREAK_AFTER):
+        with pytest.raises(llm.LLMError):
+            llm.complete("openai/test-model", [{"role": "user", "content": "VERY LONG"}])
     assert llm.complete("openai/test-model", MSGS) == "hello"
 
 
@@ -714,6 +762,22 @@ def test_the_timeout_variable_sets_a_hosted_call_s_timeout(monkeypatch, value, e
             llm.call_timeout()
     else:
         assert llm.call_timeout() == expected and llm.call_timeout(3.0) == 3.0
+
+
+def test_a_bad_timeout_variable_is_refused_before_any_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review: it was found call by call, counted as the server's failures, and then hidden behind the pause."""
+    from synapse_flwr.simulations.experiment_config import ExperimentConfig
+    from typer.testing import CliRunner
+
+    from synapse_flwr import cli
+    from synapse_flwr.data.federation import demo_dir
+
+    monkeypatch.setenv(llm.TIMEOUT_ENV, "2m")
+    res = CliRunner().invoke(cli.app, ["route", "will it rain", "--catalog", str(demo_dir() / "catalog.json"),
+                                       "--reranker", "llm", "--model", "openai/never-called"])
+    assert res.exit_code != 0 and "SYNAPSE_LLM_TIMEOUT='2m': expected seconds" in str(res.exception)
+    with pytest.raises(llm.SynapseError, match="SYNAPSE_LLM_TIMEOUT='2m'"):
+        ExperimentConfig(name="x", dataset="demo", llm_sample=3).check()
 
 
 def test_sampling_asks_a_provider_without_n_once_per_completion(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -114,7 +114,12 @@ RETRIES, RETRY_WAIT_S = 2, 1.0
 
 # After this many failed calls of one model in a row, its calls fail at once for a pause, then one is tried
 # again: a server that hangs made every query wait out the timeout (131 queries at 5 calls each: two hours).
+# Only a server's or the network's failure counts: a request the provider refuses (too long, filtered) says
+# nothing of the next one.
 BREAK_AFTER, BREAK_S = 5, 60.0
+SERVER_FAILURES = (litellm.exceptions.Timeout, litellm.exceptions.APIConnectionError,
+                   litellm.exceptions.InternalServerError, litellm.exceptions.ServiceUnavailableError,
+                   litellm.exceptions.RateLimitError)
 
 
 @dataclass
@@ -159,17 +164,21 @@ def call_timeout(timeout: float | None = None) -> float:
 def _completion(model: str, messages: list[dict[str, Any]], timeout: float | None, **kw: Any) -> Any:
     """``litellm.completion`` with the retries above, the whole within ``timeout`` seconds, behind the model's
     breaker (:data:`BREAK_AFTER`)."""
+    seconds = call_timeout(timeout)  # a bad setting is the caller's mistake, not the server's failure
     with _BREAKER_LOCK:
         breaker = _BREAKERS.setdefault(model, _Breaker())
-        if time.monotonic() < breaker.paused_until:
+        now = time.monotonic()
+        if now < breaker.paused_until:
             raise LLMError(f"{model!r} failed {breaker.failures} calls in a row (last: {breaker.last}); its calls "
                            f"are paused for up to {BREAK_S:g} s, and their queries fall back")
+        if breaker.failures >= BREAK_AFTER:  # the pause is over: this call is the one tried, the others still wait
+            breaker.paused_until = now + seconds
     try:
-        response = _attempts(model, messages, call_timeout(timeout), **kw)
-    except Exception as exc:
+        response = _attempts(model, messages, seconds, **kw)
+    except SERVER_FAILURES as exc:
         with _BREAKER_LOCK:
             breaker.failures += 1
-            breaker.last = f"{type(exc).__name__}"
+            breaker.last = f"{type(exc).__name__}: {str(exc)[:80]}"
             if breaker.failures >= BREAK_AFTER:
                 breaker.paused_until = time.monotonic() + BREAK_S
         raise
@@ -727,13 +736,15 @@ def _norm(text: str) -> str:
 def parse_choice(text: str, choices: list[str]) -> int | None:
     """Which of ``choices`` a free-text reply names, if any.
 
-    A reasoning block (``<think>...</think>``) is left out. Then, on the text
-    after the reply's last answer marker ("answer", "final answer is",
-    "choice:") when that names one choice, else on the whole reply, tried in
-    order: the text equals a choice (ignoring case, quotes and punctuation);
-    it is a bare 1-based option number ("2", "(2)", "Answer: 2"); it names
-    exactly one choice (a choice contained in a longer named choice is
-    dropped); a close fuzzy match of the whole text.
+    A reasoning block (``<think>...</think>``) is left out. An answer marker
+    ("Answer:", "the answer is", "Final answer:", "My choice:", "the best tool
+    is", "I would pick") is read
+    first: the words right after it, up to the end of that clause, when they
+    name one choice ("final" markers before the others, then in order).
+    Otherwise the whole reply, tried in order: the text equals a choice
+    (ignoring case, quotes and punctuation); it is a bare 1-based option
+    number ("2", "(2)", "Answer: 2"); it names exactly one choice (a choice
+    contained in a longer named choice is dropped); a close fuzzy match.
 
     A reply naming two choices without a marker ("not A, the best is B", "I
     cannot decide between A and B") is None: the earliest mention used to win,
@@ -744,19 +755,22 @@ def parse_choice(text: str, choices: list[str]) -> int | None:
     int or None
         Index into ``choices``, or ``None`` when nothing, or more than one, matches.
     """
-    reply = _norm(_THINK.sub(" ", text))
-    if not reply:
-        return None
+    text = _THINK.sub(" ", text)
     normed = [_norm(c) for c in choices]
-    markers = list(_ANSWER_MARKER.finditer(reply))
-    if markers and (picked := _named_choice(reply[markers[-1].end():].strip(), normed)) is not None:
-        return picked
-    return _named_choice(reply, normed)
+    markers = sorted(_ANSWER_MARKER.finditer(text), key=lambda m: (not m.group(1), m.start()))
+    for marker in markers:
+        clause = _CLAUSE_END.split(text[marker.end():], maxsplit=1)[0]
+        if (picked := _named_choice(_norm(clause), normed)) is not None:
+            return picked
+    return _named_choice(_norm(text), normed)
 
 
-# a reasoning model's thoughts (they weigh every candidate), and the words that open its answer
+# a reasoning model's thoughts (they weigh every candidate); the words that open its answer, with the colon or
+# "is" that makes them one ("a better choice than B" is prose); and where the answer's clause ends
 _THINK = re.compile(r"<think>.*?(?:</think>|$)", re.IGNORECASE | re.DOTALL)
-_ANSWER_MARKER = re.compile(r"\b(?:final )?(?:answer|choice|selection)(?: is)?\b")
+_ANSWER_MARKER = re.compile(r"\b(final\s+)?(?:answer|choice|selection|pick|tool)\s*(?:is\b|[:\uff1a])"
+                            r"|\bI(?:'d| would| will|'ll)?\s+(?:pick|choose|select|use|go with)\b", re.IGNORECASE)
+_CLAUSE_END = re.compile(r"[\n;,(]|\.(?:\s|$)| because\b| since\b", re.IGNORECASE)
 
 
 def _named_choice(reply: str, normed: list[str]) -> int | None:
