@@ -292,12 +292,9 @@ def build(
                                     releases=releases, seed=window_seed(noise, windows_before), config=config,
                                     embedder=space)
 
-        # --no-votes too (only when set, so that the caches of default builds keep their settings): a cache
-        # mixing windows built with and without a vote share left records that paid for a vote unable to cast it
-        settings = {"epsilon": epsilon, "delta": delta, "rounds": rounds, "embedder": embedder,
-                    **({"votes": "off"} if not votes and embedder != "none" else {})}
         comp = make(events) if release_cache is None else _release_once(
-            release_cache, events, keys, cat, org, settings, make, round_,
+            release_cache, events, keys, cat, org,
+            {"epsilon": epsilon, "delta": delta, "rounds": rounds, "embedder": embedder}, make, round_,
             math.isfinite(epsilon) and not config.vote_share, max_windows)
     except ValueError as exc:
         raise SynapseError(str(exc)) from None
@@ -354,6 +351,14 @@ def _release_once(cache: Path, events: list, keys: list[str], catalog, org: str,
     )
 
     state = load_release_state(cache, release_settings(org, {"command": "build", **settings}), pinned=True)
+    cached = state.artifact.privacy if state.artifact is not None else None
+    # windows with and without a vote share in one cache: the combined artifact takes the block without it, so the
+    # records that paid for a vote could never cast it (read off the cached release: caches of any age)
+    if cached is not None and cached.mechanism != "none" and (cached.vote_share <= 0) != drop_votes:
+        kind = "without a vote share (build --no-votes)" if drop_votes is False else "with a vote share"
+        fix = "with --no-votes" if drop_votes is False else "without --no-votes"
+        raise SynapseError(f"release cache {cache} holds releases built {kind}; build this one {fix} too, or give "
+                           "it a cache of its own")
     due = state.windows < max_windows  # looks at the windows only, never at the records
     comp, new, released = release_round(list(zip(keys, events)), state, lambda window: make(window, state.windows),
                                         round_, catalog, due=due)
