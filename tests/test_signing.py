@@ -209,9 +209,17 @@ def _row(owner: str, signer) -> dict:
     return {"owner": owner, "key_id": signer.key_id, "public": signer.public.public_bytes_raw().hex()}
 
 
+def test_a_global_row_an_earlier_keygen_wrote_is_left_out_with_a_warning(tmp_path, caplog):
+    a, g = new_signer("org_a"), new_signer("global")
+    path = tmp_path / "keys.json"
+    path.write_text(json.dumps({"format": "synapse-keys/1", "keys": [_row("global", g), _row("org_a", a)]}))
+    with caplog.at_level(logging.WARNING):
+        assert load_registry(path).owners() == {"org_a"}
+    assert "a key of 'global' is left out" in caplog.text
+
+
 @pytest.mark.parametrize("second, match", [
     ("zz-mallory", "already registered to 'org_a': a key has one owner"),  # a later row took the key over
-    ("global", "reserved"),
     ("two words", "owner 'two words'"),
 ])
 def test_a_registry_giving_a_key_to_a_second_or_invalid_owner_is_refused(tmp_path, second, match):

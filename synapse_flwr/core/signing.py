@@ -21,6 +21,7 @@ import base64
 import binascii
 import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,9 +32,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
-from synapse_flwr.core.errors import SynapseError
+from synapse_flwr.core.errors import SynapseError, warn_once
 from synapse_flwr.core.files import write_atomic
-from synapse_flwr.core.schema import org_id_problem
+from synapse_flwr.core.schema import RESERVED_ORGS, org_id_problem
+
+log = logging.getLogger(__name__)
 
 SERVER = "server"
 REGISTRY_FORMAT = "synapse-keys/1"
@@ -242,6 +245,9 @@ def load_registry(path: str | Path) -> Registry:
             owner = str(row["owner"])
         except (KeyError, TypeError, ValueError):
             raise KeyFileError(f"keys file {path}: keys.{i} needs 'owner' and a 32-byte hex 'public'") from None
+        if owner in RESERVED_ORGS and owner != SERVER:  # an earlier keygen wrote it; no key can sign as the global
+            warn_once(log, f"keys file {path}: keys.{i}: a key of {owner!r} is left out (no party signs as it)")
+            continue
         if problem := _row_problem(keys, owner, public, row.get("key_id")):
             raise KeyFileError(f"keys file {path}: keys.{i}: {problem}")
         keys[key_id(public)] = (owner, public)
