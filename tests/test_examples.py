@@ -69,8 +69,14 @@ def test_cleaning_keeps_only_new_plain_requests():
     # a chat model's refusals and preambles are no requests (they were kept, the same refusal for every tool)
     chat = ["I'm sorry, but I can't help with that request.", "Sure! Here are some example requests users might send:",
             "As an AI language model, I cannot browse the internet.", "Here are 6 example requests:",
-            "is it going to snow in Munich on Monday"]
+            "I\u2019m sorry, but I can\u2019t help with that request.", "I can\u2019t assist with generating that.",
+            "Here\u2019s a request a user might send:", "is it going to snow in Munich on Monday"]
     assert clean_examples(chat, WEATHER) == ["is it going to snow in Munich on Monday"]
+    # a user's own words are requests (review: the first filter dropped them)
+    users = ["I can't log in to my account, please reset my password", "Sorry, I locked myself out again - help?",
+             "Okay, reset the password for user jdoe", "Here is my username: jdoe. Please reset my password",
+             "Can you show me an example request for the weather API?"]
+    assert clean_examples(users, WEATHER) == users
 
 
 def test_a_request_written_for_two_tools_is_left_out_of_both(caplog):

@@ -60,11 +60,15 @@ def example_messages(tool: ToolDoc) -> list[dict[str, str]]:
             {"role": "assistant", "content": text}]
 
 
-# what a chat model writes around or instead of a request: a refusal, a preamble, a word on itself
-# ("I'm sorry, but I can't help with that", "Sure! Here are some example requests:", "As an AI language model")
-_NOT_A_REQUEST = re.compile(r"^\W*(?:(?:i'?m |i am )?sorry\b|i (?:cannot|can'?t|am unable|'m unable|won'?t)\b"
-                            r"|as an ai\b|as a (?:large )?language model\b|(?:sure|certainly|of course|okay)\b\W"
-                            r"|here (?:are|is)\b|here'?s\b)|\bexample (?:user )?requests?\b", re.IGNORECASE)
+# what a chat model writes around or instead of a request, in full: a refusal ("I'm sorry, but I can't help with
+# that", "I can't assist with ..."), a word on itself ("As an AI language model"), a preamble ("Sure! Here are some
+# example requests:", any line ending in a colon); a user's "I can't log in" or "Sorry, I locked myself out" is a
+# request. Typographic apostrophes read as ASCII ones (chat models write "I’m sorry").
+_NOT_A_REQUEST = re.compile(
+    r"^\W*(?:i'?m |i am )?sorry,? but\b|^\W*i (?:can'?t|cannot|am unable to|'m unable to|won'?t) (?:help|assist|"
+    r"provide|generate|create|write|comply|fulfil)|\bas an ai\b|\bas a (?:large )?language model\b"
+    r"|^\W*(?:sure|certainly|of course)\b\W|[:\uff1a]\W*$", re.IGNORECASE)
+_APOSTROPHES = str.maketrans(dict.fromkeys("\u2018\u2019\u02bc", "'"))
 
 
 def clean_examples(texts: list[str], tool: ToolDoc, limit: int = MAX_EXAMPLES) -> list[str]:
@@ -81,7 +85,8 @@ def clean_examples(texts: list[str], tool: ToolDoc, limit: int = MAX_EXAMPLES) -
     for text in texts:
         line = " ".join(text.strip().split("\n", 1)[0].split())[:MAX_TEXT]
         key = normalize_text(line)
-        if len(line) < MIN_CHARS or key in seen or instruction_like(line) or _NOT_A_REQUEST.search(line):
+        if (len(line) < MIN_CHARS or key in seen or instruction_like(line)
+                or _NOT_A_REQUEST.search(line.translate(_APOSTROPHES))):
             continue
         seen.add(key)
         out.append(line)
