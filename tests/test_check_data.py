@@ -65,6 +65,9 @@ def test_a_record_holding_a_unicode_line_separator_is_one_record(folder, sep):
                                         encoding="utf-8")
     assert require_valid(folder).orgs == {"a": 6, "b": 6}
     assert load_experience(folder / "org_a.jsonl")[0].query == f"weather in Oslo{sep}this weekend"
+    for end in ("\r\n", "\r"):  # Windows' and old Mac's line ends are still line ends
+        (folder / "org_a.jsonl").write_bytes(end.join(json.dumps(e) for e in EVENTS[:6]).encode())
+        assert require_valid(folder).orgs == {"a": 6, "b": 6} and len(load_experience(folder / "org_a.jsonl")) == 6
 
 
 @pytest.mark.parametrize("tools", [[], ["get_weather", "book_hotel"], [{"query": "other", "gold": "book_hotel"}]])
@@ -76,6 +79,13 @@ def test_one_record_with_a_tools_field_is_a_record_not_a_catalog(folder, tools):
     assert require_valid(folder).orgs == {"a": 1, "b": 6}
     assert [e.query for e in load_experience(folder / "org_a.jsonl")] == [EVENTS[0]["query"]]
     assert [(t.query, t.gold) for t in load_testset(folder / "test.jsonl")] == [(TEST[0]["query"], ("get_weather",))]
+
+
+def test_a_catalog_saved_as_the_test_set_is_named_as_one(folder):
+    # a one-line {"tools": [...]} is a record now (records may carry candidate tools): the hint is kept
+    _jsonl(folder / "test.jsonl", [{"tools": CATALOG}])
+    (problem,) = _problems(folder)
+    assert 'this looks like a catalog ({"tools": [...]}); tools go in catalog.json' in problem
 
 
 def test_demo_folder_is_valid():
@@ -525,6 +535,8 @@ def test_logs_with_another_extension_or_in_a_subfolder_are_named_as_not_read(fol
     # each was left out without a word, and an experiment re-partitioned the orgs that remained
     for name in ("org_c.ndjson", "org_d.JSONL", "test.jsonl.gz"):
         shutil.copy(folder / "org_a.jsonl", folder / name)
+    for name in ("org_chart.png", "testing_notes.md"):  # not record files: nothing to say
+        (folder / name).write_text("x")
     (folder / "orgs").mkdir()
     shutil.copy(folder / "org_a.jsonl", folder / "orgs" / "org_e.jsonl")
     with caplog.at_level("WARNING"):
@@ -533,6 +545,7 @@ def test_logs_with_another_extension_or_in_a_subfolder_are_named_as_not_read(fol
     for name in ("org_c.ndjson: not read", "org_d.JSONL: not read", "test.jsonl.gz: not read",
                  "orgs: holds org_e.jsonl, not read"):
         assert name in caplog.text, caplog.text
+    assert "org_chart.png" not in caplog.text and "testing_notes.md" not in caplog.text
 
 
 def test_logs_named_outside_the_pattern_are_named_as_not_read(folder, caplog):

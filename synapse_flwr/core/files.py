@@ -235,13 +235,15 @@ def document_items(path: str | Path, text: str, catalog: bool = False) -> list[t
 
 
 def jsonl_lines(text: str) -> list[str]:
-    """The lines of a JSONL text: split at line feeds only (a CR before one is dropped).
+    """The lines of a JSONL text: split at line feeds and carriage returns (CRLF, or a CR alone as old Mac files
+    end lines), never elsewhere.
 
     JSON strings may hold U+2028, U+2029 and U+0085 unescaped (``json.dumps``
     with ``ensure_ascii=False`` writes them so), which ``str.splitlines``
-    splits at: a valid record became two invalid lines.
+    splits at: a valid record became two invalid lines. A raw CR is no part of
+    a valid JSON string, so splitting at it splits no record.
     """
-    return [line.removesuffix("\r") for line in text.split("\n")]
+    return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
 
 
 def read_text(path: Path) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import logging
+import re
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -205,8 +206,17 @@ def _other_kind(record: Mapping, kind: str) -> str | None:
     if kind == "a test item" and "tool" in record and not {"gold", "success"} & record.keys():
         # a converted benchmark's test row naming its answer `tool`, not an event without its outcome
         return "a test item names its acceptable tools in 'gold': rename 'tool' to 'gold'"
+    tools = record.get("tools")
+    if (kind != "a catalog entry" and "query" not in record and isinstance(tools, list) and tools
+            and all(isinstance(t, Mapping) and _OTHER_KIND["a catalog entry"][0] & t.keys() for t in tools)):
+        # a catalog's {"tools": [...]} saved as a log or test set (one line): a record there since records may
+        # carry a `tools` field of their own
+        return 'this looks like a catalog ({"tools": [...]}); tools go in catalog.json'
     return next((f"this looks like {other}; {where}" for other, (marks, unlike, where) in _OTHER_KIND.items()
                  if other != kind and marks & record.keys() and not unlike & record.keys()), None)
+
+
+_RECORD_SUFFIX = re.compile(r"\.(?:nd)?jsonl?(?:\.gz)?$|\.txt$")
 
 
 def _warn_misnamed(folder: Path) -> None:
@@ -215,8 +225,8 @@ def _warn_misnamed(folder: Path) -> None:
     read = {TEST_FILE, *CATALOG_FILES, *(p.name for p in folder.glob(ORG_GLOB))}
     for path in sorted(p for p in folder.iterdir() if p.is_file() and p.name not in read):
         name = path.name.lower()
-        if name.startswith("org_") and name.endswith(".jsonl.gz"):
-            continue  # a problem of its own (check_folder)
+        if (name.startswith("org_") and name.endswith(".jsonl.gz")) or not _RECORD_SUFFIX.search(name):
+            continue  # a problem of its own (check_folder); not a record file (org_chart.png, testing_notes.md)
         if name.endswith(".json") and (name.startswith("org_") or name == "test.json"):
             warn_once(log, f"{path}: not read; a dataset folder's logs are JSONL, named {path.stem}.jsonl")
         elif path.suffix == ".jsonl":
