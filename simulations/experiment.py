@@ -571,9 +571,11 @@ class Experiment:
             llm = self.evaluate(comp, seed, reranker="llm", sample=n, label=f"llm-{arm}")
             order = self.evaluate(comp, seed, reranker="none", sample=n, label=f"llm-{arm}")
             arms[arm] = {split: {**m, "retrieval_acc": order[split]["acc"]} for split, m in llm.items()}
-        checked = globals_[next(arm for arm in ORDER_CHECK_ARMS if arm in globals_)]
+        order_arm = next(arm for arm in ORDER_CHECK_ARMS if arm in globals_)
+        checked = globals_[order_arm]
         key = f"llm-order/{content_hash(checked)[:16] if checked else 'docs'}/n{n}/seed{seed}/code{self.code}"
-        return {"arms": arms, "order_check": self.unit(key, lambda: self._order_check(checked, seed))}
+        return {"arms": arms, "order_check": self.unit(key, lambda: self._order_check(checked, seed)),
+                "order_arm": order_arm}
 
     def _order_check(self, compendium: Compendium | None, seed: int) -> dict:
         ds = self.dataset(seed)
@@ -594,7 +596,8 @@ class Experiment:
         cfg = self.cfg
         sweep = len(cfg.rates) * (len(cfg.merges) * 2 + 3) if cfg.sweeps else 0
         per_seed = len(cfg.arms) + cfg.orgs + sweep + 2 * cfg.rounds + 4
-        return per_seed * len(cfg.seeds) + (9 if cfg.llm_sample else 0)
+        llm_arms = len(set(LLM_ARMS) & set(cfg.arms)) if cfg.llm_sample else 0
+        return per_seed * len(cfg.seeds) + (3 * llm_arms + 1 if llm_arms else 0)
 
     def federations(self) -> list[tuple[int, str, float, float, bool]]:
         """Every Flower run the config needs: ``(seed, policy, epsilon, rate, replay)``."""

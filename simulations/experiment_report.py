@@ -338,7 +338,8 @@ def tables(results: dict) -> str:
 def _llm_lines(llm: dict, seed: int, splits: Sequence[str]) -> list[str]:
     """The LLM sample's table: its top-1 beside retrieval order on the same queries, and the order check."""
     lines = ["", f"## LLM reranker (sample, seed {seed})", "",
-             "| arm | split | LLM top-1 | retrieval order top-1 | LLM - retrieval | recall@k | n | LLM calls failed |",
+             "| arm | split | LLM top-1 | retrieval order top-1 | LLM - retrieval | recall@k | n | fell back (no LLM "
+             "answer) |",
              "|---|---|---|---|---|---|---|---|"]
     for arm, m in llm["arms"].items():
         for split in (s for s in splits if s in m):
@@ -349,8 +350,8 @@ def _llm_lines(llm: dict, seed: int, splits: Sequence[str]) -> list[str]:
     by_split = llm["order_check"]
     checks = [f"{s} {by_split[s]['reversed']} and {by_split[s]['shuffled']} of {by_split[s]['checked']}"
               for s in SPLITS if s in by_split]
-    note = ("Order check (federated arm, at the router's LLM weight): picks changed with the candidates "
-            "reversed and shuffled: ")
+    note = (f"Order check ({llm.get('order_arm', 'federated')} arm, at the router's LLM weight): picks changed with "
+            "the candidates reversed and shuffled: ")
     lines += ["", note + "; ".join(checks) + "."]
     return lines
 

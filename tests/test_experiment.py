@@ -717,6 +717,7 @@ def test_the_llm_sample_reranks_only_the_arms_the_config_runs(tmp_path, monkeypa
                            arms=["docs_only"], cache=str(tmp_path))
     found = Experiment(cfg).llm_sample(7)
     assert set(found["arms"]) == {"docs_only"} and {c["n"] for c in found["order_check"].values()} == {3}
+    assert found["order_arm"] == "docs_only"
 
 
 def test_a_results_stamp_is_dirty_for_changed_code_not_for_rewritten_results(tmp_path):
