@@ -338,8 +338,8 @@ def tables(results: dict) -> str:
 def _llm_lines(llm: dict, seed: int, splits: Sequence[str]) -> list[str]:
     """The LLM sample's table: its top-1 beside retrieval order on the same queries, and the order check."""
     lines = ["", f"## LLM reranker (sample, seed {seed})", "",
-             "| arm | split | LLM top-1 | retrieval order top-1 | LLM - retrieval | recall@k | n | fell back (no LLM "
-             "answer) |",
+             ("| arm | split | LLM top-1 | retrieval order top-1 | LLM - retrieval | recall@k | n | fell back (no LLM "
+              "answer) |"),
              "|---|---|---|---|---|---|---|---|"]
     for arm, m in llm["arms"].items():
         for split in (s for s in splits if s in m):
