@@ -1041,7 +1041,7 @@ def route(
         log.warning("%d of %d queries fell back to retrieval order: the LLM gave no usable answer (see the "
                     "warnings above); their routes are retrieval's, not the LLM's", fell_back, len(results))
     if asked["parse_failures"]:  # a query falls back only when all its calls fail: these are the rest
-        log.warning("%d of %d LLM replies named no single candidate and counted as no preference",
+        log.warning("%d of %d LLM calls got a reply that named no single candidate (counted as no preference)",
                     asked["parse_failures"], asked["hosted_calls"])
     if items:
         scores = evaluate_routes(results, [item.gold for item in items], k)

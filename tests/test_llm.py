@@ -362,7 +362,7 @@ def test_route_counts_the_replies_that_named_no_candidate(caplog: pytest.LogCapt
     finally:
         litellm.custom_provider_map.remove(item)
     assert res.exit_code == 0, res.output
-    assert "1 of 1 queries fell back" in caplog.text and "3 of 3 LLM replies named no single candidate" in caplog.text
+    assert "1 of 1 queries fell back" in caplog.text and "3 of 3 LLM calls got a reply that named no single candidate" in caplog.text
 
 
 def test_list_reranker_reversal_gives_the_same_choice(pick_providers: dict[str, PickProvider]) -> None:
