@@ -243,6 +243,21 @@ def test_node_org_ids_follow_the_artifacts_rule(org_data):
             check_nodes([NodeSpec(org, org_data["good"], org_data["catalog"])], {})
 
 
+def test_two_organisations_reading_one_log_are_refused(tmp_path, org_data):
+    """Regression (deployment rehearsal): each released the same records, so every record was released twice
+    while the summary printed one budget."""
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(org_data["good"].read_bytes())
+    for other in (org_data["good"], copy):  # the same file, or a copy of it
+        with pytest.raises(SynapseError, match="organisations 'a' and 'b' read the same experience"):
+            check_nodes([NodeSpec("a", org_data["good"], org_data["catalog"]),
+                         NodeSpec("b", other, org_data["catalog"])], {})
+    empty_a, empty_b = tmp_path / "ea.jsonl", tmp_path / "eb.jsonl"
+    empty_a.touch()
+    empty_b.touch()  # two empty logs release nothing twice
+    check_nodes([NodeSpec("a", empty_a, org_data["catalog"]), NodeSpec("b", empty_b, org_data["catalog"])], {})
+
+
 def test_a_nodes_catalog_and_log_must_load(tmp_path, org_data):
     with pytest.raises(InputError, match=r"nope\.json: file not found \(org 'a'"):
         check_nodes([NodeSpec("a", org_data["good"], tmp_path / "nope.json")], {})

@@ -10,6 +10,7 @@ and teardown it shares with the simulation are :class:`~synapse_flwr.flower.laun
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -376,9 +377,26 @@ def check_nodes(nodes: int | Sequence[NodeSpec], run_config: Mapping[str, Any],
             raise SynapseError(f"experience file of org {spec.org!r} not found: {spec.data_path}")
     if len({s.org for s in specs}) != len(specs):
         raise SynapseError(f"organisation names must be distinct: {[s.org for s in specs]}")
+    if shared := _shared_log(specs):
+        raise SynapseError(f"organisations {shared[0]!r} and {shared[1]!r} read the same experience ({shared[2]}): "
+                           "each would release its records, so every record would be released twice while the run "
+                           "reports one budget; give each organisation its own log")
     if check_data:
         _check_node_data(specs, run_config)
     return specs
+
+
+def _shared_log(specs: Sequence[NodeSpec]) -> tuple[str, str, str] | None:
+    """Two organisations whose logs are one file, or files of the same bytes: ``(org, org, what)``, or None."""
+    seen: dict[object, str] = {}
+    for spec in specs:
+        path = Path(spec.data_path).resolve()
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        for key, what in ((path, f"the file {path}"), (digest, "files of the same bytes")):
+            if key in seen and path.stat().st_size:  # two empty logs release nothing twice
+                return seen[key], spec.org, what
+            seen[key] = spec.org
+    return None
 
 
 def _check_node_data(specs: Sequence[NodeSpec], run_config: Mapping[str, Any]) -> None:
