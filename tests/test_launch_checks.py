@@ -243,6 +243,27 @@ def test_node_org_ids_follow_the_artifacts_rule(org_data):
             check_nodes([NodeSpec(org, org_data["good"], org_data["catalog"])], {})
 
 
+def test_a_node_that_could_not_sign_is_refused_before_anything_starts(tmp_path, org_data):
+    """Regression (deployment rehearsal): a node without its key, or with a key the registry does not list, was
+    rejected in every round while the run reported success."""
+    from synapse_flwr.core.signing import add_to_registry, new_signer, save_private_key
+    from synapse_flwr.flower.deploy import check_node_keys
+
+    keys = tmp_path / "keys"
+    for owner in ("a", "server"):
+        signer = new_signer(owner)
+        save_private_key(keys / f"{owner}.key", signer)
+        add_to_registry(keys / "keys.json", signer)
+    config = {"sign": True, "keys-file": str(keys / "keys.json")}
+    check_node_keys([NodeSpec("a", org_data["good"], org_data["catalog"])], config)
+    with pytest.raises(SynapseError, match="node 'b' cannot sign: .*b.key.*synapse keygen b"):
+        check_node_keys([NodeSpec("b", org_data["good"], org_data["catalog"])], config)
+    save_private_key(keys / "a.key", new_signer("a"))  # another keygen's key: not the registered one
+    with pytest.raises(SynapseError, match="node 'a' cannot sign: its key .* is not in the registry"):
+        check_node_keys([NodeSpec("a", org_data["good"], org_data["catalog"])], config)
+    check_node_keys([NodeSpec("b", org_data["good"], org_data["catalog"])], {**config, "sign": False})
+
+
 def test_two_organisations_reading_one_log_are_refused(tmp_path, org_data):
     """Regression (deployment rehearsal): each released the same records, so every record was released twice
     while the summary printed one budget."""

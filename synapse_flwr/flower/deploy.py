@@ -386,6 +386,36 @@ def check_nodes(nodes: int | Sequence[NodeSpec], run_config: Mapping[str, Any],
     return specs
 
 
+def check_node_keys(specs: Sequence[NodeSpec], run_config: Mapping[str, Any]) -> None:
+    """Refuse, before anything starts, an organisation that could not sign: its private key missing or unreadable
+    beside the keys file, or not the key the registry lists for it (every reply of it would be rejected, every
+    round, while the run reported success). Nothing to check without signing or with the demo key set.
+
+    Raises
+    ------
+    SynapseError
+        Naming the organisation, the key file and what is wrong.
+    """
+    from synapse_flwr.core.signing import KeyFileError
+    from synapse_flwr.flower.keys import registry_for, signer_for
+
+    cfg = RunConfig.from_mapping(run_config)
+    if not cfg.sign or not cfg.keys_file:
+        return
+    registry = registry_for(cfg)
+    for spec in specs:
+        try:
+            signer = signer_for(cfg, spec.org)
+        except KeyFileError as exc:
+            raise SynapseError(f"node {spec.org!r} cannot sign: {exc} (make it with `synapse keygen {spec.org} "
+                               f"--dir {Path(cfg.keys_file).parent}`)") from None
+        owner = registry.keys.get(signer.key_id, (None,))[0]
+        if owner != spec.org:
+            listed = f"is registered to {owner!r}" if owner else "is not in the registry"
+            raise SynapseError(f"node {spec.org!r} cannot sign: its key {signer.key_id!r} {listed} "
+                               f"({cfg.keys_file}); every reply of it would be rejected")
+
+
 def _shared_log(specs: Sequence[NodeSpec]) -> tuple[str, str, str] | None:
     """Two organisations whose logs are one file, or files of the same bytes: ``(org, org, what)``, or None."""
     seen: dict[object, str] = {}
@@ -571,6 +601,7 @@ def run_local_deployment(cfg: DeploymentConfig) -> DeploymentResult:
     if problem := deployment_refusal(launch.effective_config):
         raise SynapseError(problem)
     explicit = check_nodes(cfg.nodes, launch.run_config, cfg.check_data)
+    check_node_keys(explicit or [], launch.effective_config)
     check_nodes_wanted(launch.effective_config, launch.nodes)
     link_port, node_ports = _deployment_ports(cfg, explicit)
     with launch.opened():  # every check passed
