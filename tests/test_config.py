@@ -52,6 +52,11 @@ def test_a_run_resumes_only_rounds_of_its_own_settings():
     assert "output-dir" in reason
     # a key an older metrics.json did not record is not compared
     assert resume_conflict("out", {k: v for k, v in recorded.items() if k != "seed"}, {**recorded, "seed": 1}) is None
+    # the default release caches' folder named outright is the same folder (refused, and told to remove it)
+    assert recorded["release-cache"] == ""
+    assert resume_conflict("out", recorded, {**recorded, "release-cache": "out/release-cache"}) is None
+    moved = resume_conflict("out", recorded, {**recorded, "release-cache": "elsewhere"})
+    assert "release-cache" in moved and "keeping the release caches" in moved and "remove" not in moved
 
 
 @pytest.mark.parametrize(

@@ -223,6 +223,10 @@ def test_a_corrupt_metrics_file_in_the_output_dir_is_refused_before_starting_any
     check_resume(out, {"epsilon": 4.0}, 1)
     with pytest.raises(SynapseError, match="holds 1 rounds of a federation of 1 organisations; this run has 3"):
         check_resume(out, {"epsilon": 4.0}, 3)
+    # regression (deployment rehearsal): every process started to resume a run with no round left to do
+    check_resume(out, {"epsilon": 4.0, "num-rounds": 2}, 1)
+    with pytest.raises(SynapseError, match="holds all 1 rounds this run asks for .*nothing to do; --set num-rounds=2"):
+        check_resume(out, {"epsilon": 4.0, "num-rounds": 1}, 1)
     (out / "metrics.json").write_text('{"rounds": [')  # a torn write, a hand edit
     with pytest.raises(SynapseError, match=rf"^{out / 'metrics.json'} cannot be read .*JSONDecodeError"):
         check_resume(out, {}, 3)

@@ -222,13 +222,22 @@ def resume_conflict(output_dir: str | Path, recorded: Mapping[str, Any], current
     current : mapping
         The new run's whole run config (TOML keys); keys missing from either side are not compared.
     """
+    def effective(config: Mapping[str, Any], key: str) -> Any:
+        # the release caches' folder: '' is <output-dir>/release-cache, where the ClientApps keep them
+        if key == "release-cache":
+            return str(Path(str(config[key]) or Path(output_dir) / "release-cache").resolve())
+        return config[key]
+
     changed = [f"{key} {recorded[key]!r} -> {current[key]!r}"
-               for key in sorted((set(recorded) & set(current)) - RESUMABLE) if recorded[key] != current[key]]
+               for key in sorted((set(recorded) & set(current)) - RESUMABLE)
+               if effective(recorded, key) != effective(current, key)]
     if not changed:
         return None
+    # (moving it aside keeps the organisations' release caches: removed, a later run would release every record again)
     return (f"{output_dir} holds rounds of a run with other settings ({'; '.join(changed)}); resuming would "
             "mix the two: set another output-dir (flwr run: --run-config \"output-dir='PATH'\"; synapse "
-            "simulate / deploy-local: --set output-dir=PATH) or remove that folder")
+            "simulate / deploy-local: --set output-dir=PATH), or move that folder aside, keeping the release "
+            "caches it may hold")
 
 
 class RecordedRunError(SynapseError):
