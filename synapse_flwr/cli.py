@@ -1142,6 +1142,8 @@ def _log_run_table(output_dir: Path) -> None:
     rounds = read_metrics(output_dir)
     if rounds:
         log.info("per round:\n%s", summary_table(rounds))
+        if not rounds[-1].get("merged", True):
+            log.warning("the last round merged nothing (global 'kept'): the final global is an earlier round's")
 
 
 @app.command()

@@ -55,6 +55,7 @@ from synapse_flwr.core.schema import (
     FusionSetting,
     FusionVotes,
     Issuer,
+    PrivacyBlock,
     Scenario,
     ToolEntry,
     ToolStats,
@@ -464,6 +465,29 @@ def org_art(org: str, tools=("t",), space: EmbeddingSpace | None = None, round_:
     proto = encode_prototype(np.array([1.0, 0.0, 0.0, 0.0]), 5, 0.0, 0.0) if space else None
     return Compendium(issuer=Issuer(org=org, round=round_), embedding=space, tools=[
         ToolEntry(tool_id=t, stats=ToolStats(calls=5, successes=5), prototype=proto) for t in tools])
+
+
+def test_a_round_that_merged_nothing_says_its_global_was_kept_with_that_global_s_epsilon():
+    """Regression (deployment rehearsal): such a round read 'epsilon -' (privacy off) beside the previous global."""
+    from synapse_flwr.flower.server_app import make_evaluate_fn
+
+    strategy = make_strategy("typed", min_nodes=1)
+    private = org_art("a").model_copy(update={"privacy": PrivacyBlock(
+        mechanism="gaussian", clip=1.0, sigma=1.0, noise_multiplier=1.0, epsilon=3.5, epsilon_target=4.0,
+        delta=1e-5)})
+    arrays, _ = strategy.aggregate_train(1, [reply(send(strategy, 1, [10])[0], private)])
+    strategy.aggregate_train(2, [])  # nobody answered: nothing merged, the round-1 global kept
+    summaries = {}
+
+    class Recorder:
+        def record(self, rnd, global_, summary, scores, latest):
+            summaries[rnd] = summary
+
+    evaluate = make_evaluate_fn(strategy, Recorder(), 0, None)
+    evaluate(1, arrays)
+    evaluate(2, arrays)
+    assert (summaries[1]["global"], summaries[2]["global"]) == ("new", "kept")
+    assert summaries[1]["epsilon"] == summaries[2]["epsilon"] == 3.5
 
 
 def in_order(msgs: list[Message], arts: list, order: int) -> list[Message]:

@@ -18,9 +18,11 @@ def test_summary_table_has_a_row_per_round_and_reads_lists_as_counts():
     ]
     lines = summary_table(rounds).splitlines()
     assert len(lines) == 3 and lines[0].split()[0] == "round"
-    assert lines[1].split() == ["1", "3", "0", "3.991", "48,213", "495", "100%", "25%", "8", "0", "0.610", "0.700",
-                                "0.500", "0.700"]
-    assert lines[2].split()[:4] == ["2", "1", "1", "-"] and lines[2].split().count("-") == len(SUMMARY_COLUMNS) - 3
+    rounds[0]["global"] = "new"
+    lines = summary_table(rounds).splitlines()
+    assert lines[1].split() == ["1", "3", "0", "new", "3.991", "48,213", "495", "100%", "25%", "8", "0", "0.610",
+                                "0.700", "0.500", "0.700"]
+    assert lines[2].split()[:5] == ["2", "1", "1", "-", "-"] and lines[2].split().count("-") == len(SUMMARY_COLUMNS) - 3
 
 
 def test_a_global_that_routes_alike_is_not_scored_again(monkeypatch):

@@ -244,7 +244,7 @@ def make_evaluator(cfg: RunConfig, catalog: Catalog) -> Callable[[Artifact], dic
 
 SUMMARY_COLUMNS = (
     ("round", "round", "{}"), ("accepted", "accepted", "{}"), ("rejected", "rejected", "{}"),
-    ("epsilon", "epsilon", "{:.3f}"), ("bytes/client", "bytes_per_client", "{:,}"),
+    ("global", "global", "{}"), ("epsilon", "epsilon", "{:.3f}"), ("bytes/client", "bytes_per_client", "{:,}"),
     ("vote bytes", "vote_bytes_per_client", "{:,}"),
     ("prototypes", "prototype_share", "{:.0%}"), ("above noise", "prototype_used_share", "{:.0%}"),
     ("fusion w", "fusion_prototype", "{:g}"), ("prior", "fusion_prior", "{:g}"),
@@ -289,6 +289,11 @@ def make_evaluate_fn(
         summary["vote_bytes_per_client"] = summary["votes_bytes_in"] // voters if voters else None
         summary["wall_s"] = round(time.perf_counter() - t0, 3)
         global_ = decode(from_record(strategy.global_record(arrays)))  # after the round's vote phase
+        # a round that merged nothing ends with the previous global: said as such, with that global's epsilon
+        # (its dash read as "privacy off")
+        summary["global"] = "new" if summary["merged"] else "kept"
+        if not summary["merged"]:
+            summary["epsilon"] = global_.privacy.epsilon
         scores = evaluator(global_) if evaluator else {}
         recorder.record(rnd, global_, summary, scores, {org: art for org, (_, art) in strategy.latest.items()})
         return MetricRecord({"accepted": len(summary["accepted"]), "rejected": len(summary["rejected"]),
