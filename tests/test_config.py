@@ -119,3 +119,18 @@ def test_every_entry_point_defaults_to_the_documented_budget():
     experiments = (ROOT / "docs" / "experiments.md").read_text(encoding="utf-8")
     assert re.search(r"^\| `federated_private` \| .*\((\S+) by default", experiments, re.MULTILINE).group(1) == \
         f"{DEFAULT_EPSILON:g}"
+
+
+def test_a_clientapp_process_logs_its_info_lines_to_the_node_s_log():
+    """Regression (deployment rehearsal): a flwr-clientapp process set up Flower's logger only, so the per-round
+    counts ('... released now ...') never reached the SuperNode's log; a process with logging set up is left alone."""
+    import subprocess
+    import sys
+
+    code = ("import logging; from synapse_flwr.flower.client_app import log_to_node; {setup}log_to_node(); "
+            "logging.getLogger('synapse_flwr.flower.client_app').info('acme round 1: 3 released now')")
+    bare = subprocess.run([sys.executable, "-c", code.format(setup="")], capture_output=True, text=True, check=True)
+    assert "INFO synapse_flwr.flower.client_app: acme round 1: 3 released now" in bare.stderr
+    configured = subprocess.run([sys.executable, "-c", code.format(setup="logging.basicConfig(level=logging.ERROR); ")],
+                                capture_output=True, text=True, check=True)
+    assert "released now" not in configured.stderr

@@ -664,8 +664,27 @@ def replay_round(cfg: RunConfig, data: OrgData, state: ReleaseState, incoming: A
     return replay_events([e for k, e in zip(data.keys, data.events) if k in done], router)
 
 
+def log_to_node() -> None:
+    """Send this package's INFO records to stderr, the SuperNode's log, when nothing else handles them.
+
+    A ``flwr-clientapp`` process configures Flower's own logger only: Python
+    then printed this package's warnings and errors alone, and the per-round
+    counts (released, replayed, voted) never reached the organisation's log.
+    A process whose logging is set up (a test, an embedding program) is left
+    as it is.
+    """
+    package = logging.getLogger("synapse_flwr")
+    if logging.getLogger().handlers or package.handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    package.addHandler(handler)
+    package.setLevel(logging.INFO)
+
+
 def respond(msg: Message, context: Context, vote_phase: bool) -> Message:
     """Validate the global; reply with this org's compendium (or a delta): released (train) or voted (vote phase)."""
+    log_to_node()
     cfg = RunConfig.from_mapping(context.run_config)
     if refusal := node_refusal(cfg, context.node_config):
         log.error("refusing the run: %s", refusal)
