@@ -28,6 +28,7 @@ from synapse_flwr.flower.client_app import (
     cache_path,
     cache_settings,
     load_state,
+    lost_cache_refusal,
     node_refusal,
     org_release,
     replay_refusal,
@@ -391,3 +392,19 @@ def test_the_release_cache_is_readable_by_its_owner_only(tmp_path):
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert ReleaseState.model_validate_json(path.read_text()).fingerprint == "g"
 
+
+
+def test_an_organisation_whose_cache_was_lost_does_not_release_again(tmp_path):
+    """Regression (deployment rehearsal): a release cache deleted before a resume released every record again,
+    and the run still printed the one budget."""
+    from synapse_flwr.core.merge import merge_typed
+
+    art = build_compendium(_events(5), CATALOG, "acme", epsilon=math.inf, embedder=None, seed=0)
+    merged = merge_typed([art])
+    assert merged.orgs == ["acme"]
+    empty = ReleaseState(fingerprint="f")
+    reason = lost_cache_refusal(empty, merged, "acme", tmp_path / "acme.json")
+    assert "already holds a release of organisation 'acme'" in reason and "restore the cache" in reason
+    assert lost_cache_refusal(empty, merged, "globex", tmp_path / "globex.json") is None  # a new organisation
+    assert lost_cache_refusal(empty, merged.model_copy(update={"orgs": []}), "acme", tmp_path) is None  # older global
+    assert lost_cache_refusal(empty.model_copy(update={"artifact": art}), merged, "acme", tmp_path) is None

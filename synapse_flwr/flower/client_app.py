@@ -682,6 +682,21 @@ def log_to_node() -> None:
     package.setLevel(logging.INFO)
 
 
+def lost_cache_refusal(state: ReleaseState, incoming: Artifact, org: str, path: Path) -> str | None:
+    """Why this organisation may not release: the global already holds a release of it, and its cache none.
+
+    A cache lost or deleted before a resume released every record again,
+    and the run still reported the one budget. None when the cache holds a
+    release, or the global none of this organisation's (a global from before
+    globals named their organisations holds none).
+    """
+    if state.artifact is not None or org not in getattr(incoming, "orgs", ()):
+        return None
+    return (f"the global already holds a release of organisation {org!r}, but its release cache {path} holds none: "
+            "releasing again would spend its records' budget a second time; restore the cache (or start a new "
+            "federation in another output-dir)")
+
+
 def respond(msg: Message, context: Context, vote_phase: bool) -> Message:
     """Validate the global; reply with this org's compendium (or a delta): released (train) or voted (vote phase)."""
     log_to_node()
@@ -704,7 +719,8 @@ def respond(msg: Message, context: Context, vote_phase: bool) -> Message:
     nc = context.node_config
     state = load_state(path, cache_settings(cfg, data.org, own_data="data-path" in nc),
                        pinned=bool(nc.get("release-cache")))
-    if refusal := replay_refusal(cfg, state, server_round, context.run_id) or windows_refusal(cfg, state):
+    if refusal := (replay_refusal(cfg, state, server_round, context.run_id) or windows_refusal(cfg, state)
+                   or lost_cache_refusal(state, incoming, data.org, path)):
         log.error("refusing the run: %s", refusal)
         raise ReasonForServer(refusal)
     if vote_phase:
