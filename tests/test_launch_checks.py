@@ -353,7 +353,10 @@ def stop_at_first_start(*args, **kwargs):
 def test_a_deployment_removes_its_temporary_home_and_keeps_its_logs(tmp_path, tmp_root, org_data, monkeypatch):
     monkeypatch.setattr(deploy, "_start_federation", stop_at_first_start)
     out = tmp_path / "out"
-    nodes = [NodeSpec(o, org_data["good"], org_data["catalog"]) for o in ("a", "b")]
+    copy = tmp_path / "org_b.jsonl"
+    copy.write_text(org_data["good"].read_text() + json.dumps({"query": "rain in oslo", "tool": "city_weather_v2",
+                                                               "success": True}) + "\n")
+    nodes = [NodeSpec("a", org_data["good"], org_data["catalog"]), NodeSpec("b", copy, org_data["catalog"])]
     with pytest.raises(SynapseError, match="stop here"):  # every check passed: it got as far as starting
         run_local_deployment(DeploymentConfig(APP_DIR, nodes, {"output-dir": str(out)}))
     assert list(tmp_root.iterdir()) == []

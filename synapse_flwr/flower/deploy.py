@@ -110,11 +110,12 @@ class DeploymentConfig:
     online_timeout : float
         Seconds for the SuperLink to start and every SuperNode to come online.
     check_data : bool
-        Load every explicit node's catalog and experience log before anything
-        starts and refuse the run if one fails (:func:`check_nodes`). False
-        hands the files over unchecked, as to separate hosts: a node whose log
-        does not load is then rejected by the server in every round (how the
-        federation treats a broken organisation).
+        Load every explicit node's catalog, experience log and signing key
+        before anything starts and refuse the run if one fails
+        (:func:`check_nodes`, :func:`check_node_keys`). False hands the files
+        over unchecked, as to separate hosts: a node whose log does not load,
+        or that cannot sign, is then rejected by the server in every round (how
+        the federation treats a broken organisation).
     """
 
     app_dir: Path
@@ -601,7 +602,8 @@ def run_local_deployment(cfg: DeploymentConfig) -> DeploymentResult:
     if problem := deployment_refusal(launch.effective_config):
         raise SynapseError(problem)
     explicit = check_nodes(cfg.nodes, launch.run_config, cfg.check_data)
-    check_node_keys(explicit or [], launch.effective_config)
+    if cfg.check_data:  # (as on separate hosts, where each organisation holds its own key)
+        check_node_keys(explicit or [], launch.effective_config)
     check_nodes_wanted(launch.effective_config, launch.nodes)
     link_port, node_ports = _deployment_ports(cfg, explicit)
     with launch.opened():  # every check passed
