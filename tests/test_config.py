@@ -55,6 +55,9 @@ def test_a_run_resumes_only_rounds_of_its_own_settings():
     # the default release caches' folder named outright is the same folder (refused, and told to remove it)
     assert recorded["release-cache"] == ""
     assert resume_conflict("out", recorded, {**recorded, "release-cache": "out/release-cache"}) is None
+    # under replay every window is calibrated for num-rounds releases: another count is another run
+    replay = {**recorded, "replay": True}
+    assert "num-rounds 2 -> 3" in resume_conflict("out", replay, {**replay, "num-rounds": 3})
     moved = resume_conflict("out", recorded, {**recorded, "release-cache": "elsewhere"})
     assert "release-cache" in moved and "keeping the release caches" in moved and "remove" not in moved
 

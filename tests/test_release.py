@@ -405,6 +405,9 @@ def test_an_organisation_whose_cache_was_lost_does_not_release_again(tmp_path):
     empty = ReleaseState(fingerprint="f")
     reason = lost_cache_refusal(empty, merged, "acme", tmp_path / "acme.json")
     assert "already holds a release of organisation 'acme'" in reason and "restore the cache" in reason
+    assert "holds none" in reason and str(tmp_path) not in reason  # the server is told no local path
+    (tmp_path / "acme.json").write_text("{}")  # a cache of other settings, started afresh: the same double release
+    assert "was made under other settings" in lost_cache_refusal(empty, merged, "acme", tmp_path / "acme.json")
     assert lost_cache_refusal(empty, merged, "globex", tmp_path / "globex.json") is None  # a new organisation
     assert lost_cache_refusal(empty, merged.model_copy(update={"orgs": []}), "acme", tmp_path) is None  # older global
     assert lost_cache_refusal(empty.model_copy(update={"artifact": art}), merged, "acme", tmp_path) is None

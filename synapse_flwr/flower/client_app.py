@@ -21,6 +21,7 @@ import functools
 import logging
 import math
 import secrets
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -671,10 +672,11 @@ def log_to_node() -> None:
     then printed this package's warnings and errors alone, and the per-round
     counts (released, replayed, voted) never reached the organisation's log.
     A process whose logging is set up (a test, an embedding program) is left
-    as it is.
+    as it is, and so is a simulation's Ray worker, whose stderr is the
+    operator's console, not an organisation's log.
     """
     package = logging.getLogger("synapse_flwr")
-    if logging.getLogger().handlers or package.handlers:
+    if logging.getLogger().handlers or package.handlers or "ray" in sys.modules:
         return
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
@@ -686,15 +688,21 @@ def lost_cache_refusal(state: ReleaseState, incoming: Artifact, org: str, path: 
     """Why this organisation may not release: the global already holds a release of it, and its cache none.
 
     A cache lost or deleted before a resume released every record again,
-    and the run still reported the one budget. None when the cache holds a
-    release, or the global none of this organisation's (a global from before
-    globals named their organisations holds none).
+    and the run still reported the one budget; so did one made under other
+    settings (a replay run resumed with more rounds), which a node starts
+    afresh. None when the cache holds a release, or the global none of this
+    organisation's (a flat-majority global, or one from before globals named
+    their organisations, holds none). The reason goes to the server: it names
+    no local path (the path is in this organisation's log).
     """
     if state.artifact is not None or org not in getattr(incoming, "orgs", ()):
         return None
-    return (f"the global already holds a release of organisation {org!r}, but its release cache {path} holds none: "
-            "releasing again would spend its records' budget a second time; restore the cache (or start a new "
-            "federation in another output-dir)")
+    stale = path.exists()
+    log.error("release cache %s: %s", path, "made under other settings (above)" if stale else "missing")
+    what = "was made under other settings" if stale else "holds none"
+    return (f"the global already holds a release of organisation {org!r}, but its release cache {what} (see its "
+            "log): releasing again would spend its records' budget a second time; restore the cache, or start a "
+            "new federation in another output-dir")
 
 
 def respond(msg: Message, context: Context, vote_phase: bool) -> Message:

@@ -15,6 +15,7 @@ import json
 import logging
 import re
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -408,8 +409,10 @@ def check_node_keys(specs: Sequence[NodeSpec], run_config: Mapping[str, Any]) ->
         try:
             signer = signer_for(cfg, spec.org)
         except KeyFileError as exc:
-            raise SynapseError(f"node {spec.org!r} cannot sign: {exc} (make it with `synapse keygen {spec.org} "
-                               f"--dir {Path(cfg.keys_file).parent}`)") from None
+            key = Path(cfg.keys_file).parent / f"{spec.org}.key"
+            how = (f"`synapse keygen {spec.org} --dir {key.parent} --registry {cfg.keys_file}" + (" --replace`"
+                   if key.exists() else "`"))
+            raise SynapseError(f"node {spec.org!r} cannot sign: {exc} (make its key with {how})") from None
         owner = registry.keys.get(signer.key_id, (None,))[0]
         if owner != spec.org:
             listed = f"is registered to {owner!r}" if owner else "is not in the registry"
@@ -418,15 +421,25 @@ def check_node_keys(specs: Sequence[NodeSpec], run_config: Mapping[str, Any]) ->
 
 
 def _shared_log(specs: Sequence[NodeSpec]) -> tuple[str, str, str] | None:
-    """Two organisations whose logs are one file, or files of the same bytes: ``(org, org, what)``, or None."""
+    """Two organisations whose logs are one file, or files of the same bytes: ``(org, org, what)``, or None.
+
+    Byte for byte: a copy re-saved with other line ends or its lines in another order is not caught. Files are
+    hashed (streamed) only when another has their size.
+    """
+    paths = {spec.org: Path(spec.data_path).resolve() for spec in specs}
     seen: dict[object, str] = {}
-    for spec in specs:
-        path = Path(spec.data_path).resolve()
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    sizes = Counter(p.stat().st_size for p in paths.values())
+    for org, path in paths.items():
+        size = path.stat().st_size
+        digest = None
+        if size and sizes[size] > 1:  # (two empty logs release nothing twice)
+            with path.open("rb") as handle:
+                digest = hashlib.file_digest(handle, "sha256").hexdigest()
         for key, what in ((path, f"the file {path}"), (digest, "files of the same bytes")):
-            if key in seen and path.stat().st_size:  # two empty logs release nothing twice
-                return seen[key], spec.org, what
-            seen[key] = spec.org
+            if key is not None and size and key in seen:
+                return seen[key], org, what
+            if key is not None:
+                seen[key] = org
     return None
 
 
@@ -602,12 +615,12 @@ def run_local_deployment(cfg: DeploymentConfig) -> DeploymentResult:
     if problem := deployment_refusal(launch.effective_config):
         raise SynapseError(problem)
     explicit = check_nodes(cfg.nodes, launch.run_config, cfg.check_data)
-    if cfg.check_data:  # (as on separate hosts, where each organisation holds its own key)
-        check_node_keys(explicit or [], launch.effective_config)
     check_nodes_wanted(launch.effective_config, launch.nodes)
     link_port, node_ports = _deployment_ports(cfg, explicit)
     with launch.opened():  # every check passed
         specs = explicit or _dataset_nodes(int(cfg.nodes), launch.run_config, launch.home / "data")
+        if cfg.check_data:  # every node, the dataset's too (unchecked, as on separate hosts: each holds its own key)
+            check_node_keys(specs, launch.effective_config)
         if launch.run_config.get("noise") == "seeded":
             # one person runs every node here, and asks for reproducible noise: each node consents
             log.info("deployment: seeded noise (run config); every local SuperNode allows it (node config noise)")

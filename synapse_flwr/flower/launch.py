@@ -332,9 +332,10 @@ def check_resume(output_dir: Path, run_config: Mapping[str, Any], nodes: int) ->
         raise SynapseError(reason)
     done = max((int(r.get("round", 0)) for r in recorded[0]), default=0)
     if done >= int(run_config.get("num-rounds", 0)) > 0:  # a SuperLink and every node started to do nothing
+        more = "" if run_config.get("replay") else f"--set num-rounds={done + 1} or more continues it, "
         raise SynapseError(f"{output_dir} holds all {done} rounds this run asks for (num-rounds "
-                           f"{run_config['num-rounds']}): nothing to do; --set num-rounds={done + 1} or more "
-                           "continues it")
+                           f"{run_config['num-rounds']}): nothing to do; {more}--set output-dir=PATH starts another "
+                           "run")
     try:
         before = json.loads((output_dir / FEDERATION_FILE).read_text(encoding="utf-8"))["nodes"]
     except (OSError, ValueError, KeyError, TypeError):
