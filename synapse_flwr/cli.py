@@ -822,17 +822,20 @@ def _warn_merge_inputs(files: list[Path], artifacts: list, hashes: list[str]) ->
 
 @app.command()
 def schema(
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to a file instead of stdout.")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to a file instead of stdout "
+                                                "('.gz' compresses, as every -o does).")] = None,
 ) -> None:
     """Print the JSON Schema of the compendium (generated from the pydantic models)."""
+    import gzip
+
     from synapse_flwr.core.files import write_atomic
     from synapse_flwr.core.schema import json_schema
 
     if output:
         check_output(output, [])
     text = json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
-    if output:
-        write_atomic(output, text)
+    if output:  # (it wrote plain JSON under a '.gz' name)
+        write_atomic(output, gzip.compress(text.encode(), mtime=0) if output.suffix == ".gz" else text)
     else:
         typer.echo(text, nl=False)
 

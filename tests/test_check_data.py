@@ -88,6 +88,13 @@ def test_a_catalog_saved_as_the_test_set_is_named_as_one(folder):
     assert 'this looks like a catalog ({"tools": [...]}); tools go in catalog.json' in problem
 
 
+def test_an_empty_organisation_log_is_said(folder, caplog):
+    (folder / "org_a.jsonl").write_text("")
+    with caplog.at_level("WARNING"):
+        assert require_valid(folder).orgs == {"a": 0, "b": 6}
+    assert "org_a.jsonl: holds no record; organisation 'a' joins with no experience" in caplog.text
+
+
 def test_demo_folder_is_valid():
     assert require_valid(demo_dir()).ok
 

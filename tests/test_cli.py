@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import math
@@ -370,6 +371,8 @@ def test_schema_command(tmp_path):
     assert schema["required"] == ["issuer"] and "Conflict" in schema["$defs"]
     ok(invoke("schema", "-o", tmp_path / "s.json"))
     assert json.loads((tmp_path / "s.json").read_text()) == schema
+    ok(invoke("schema", "-o", tmp_path / "s.json.gz"))  # compressed, as every -o's '.gz' (it wrote plain JSON)
+    assert json.loads(gzip.decompress((tmp_path / "s.json.gz").read_bytes())) == schema
 
 
 # --------------------------------------------------------------------------- help

@@ -435,6 +435,8 @@ def check_folder(folder: str | Path, orgs: Sequence[str] | None = None, max_per_
         if orgs is None or org in orgs:
             counts[org], found, skipped[log_path.name] = _check_records(log_path, catalog, False, max_per_file)
             problems += found
+            if not counts[org] and not found:  # valid, and nothing to teach: under privacy its artifact is noise alone
+                warn_once(log, f"{log_path}: holds no record; organisation {org!r} joins with no experience")
     if orgs is None and counts and not any(counts.values()) and not problems:  # a node checks its own log alone
         problems.append(Problem(str(folder), "no organisation log holds a record", hint="nothing to federate"))
     test = 0
