@@ -355,8 +355,8 @@ def _release_once(cache: Path, events: list, keys: list[str], catalog, org: str,
     # windows with and without a vote share in one cache: the combined artifact takes the block without it, so the
     # records that paid for a vote could never cast it (read off the cached release: caches of any age)
     if cached is not None and cached.mechanism != "none" and (cached.vote_share <= 0) != drop_votes:
-        kind = "without a vote share (build --no-votes)" if drop_votes is False else "with a vote share"
-        fix = "with --no-votes" if drop_votes is False else "without --no-votes"
+        kind = "with a vote share" if drop_votes else "without a vote share (build --no-votes)"
+        fix = "without --no-votes" if drop_votes else "with --no-votes"
         raise SynapseError(f"release cache {cache} holds releases built {kind}; build this one {fix} too, or give "
                            "it a cache of its own")
     due = state.windows < max_windows  # looks at the windows only, never at the records
@@ -789,12 +789,15 @@ def _check_one_per_org(files: list[Path], artifacts: list, hashes: list[str]) ->
     a global names its organisations (``orgs``; one written before it did is
     not checked). ``hashes``: each artifact's content hash.
     """
+    from synapse_flwr.core.merge import input_orgs
+    from synapse_flwr.core.schema import Compendium
+
     contained = {h for a in artifacts if a.kind == "global" for h in getattr(a, "inputs", ())}
     first: dict[str, tuple[str, Path]] = {}
     for path, art, digest in zip(files, artifacts, hashes):
-        if digest in contained:
+        if digest in contained or not isinstance(art, Compendium):  # a flat global names no orgs
             continue
-        for org in (art.orgs if art.kind == "global" else [art.issuer.org]) if hasattr(art, "orgs") else []:
+        for org in input_orgs([art]):
             other_digest, other = first.setdefault(org, (digest, path))
             if other_digest != digest:
                 raise SynapseError(f"{other} and {path} both hold records of organisation {org!r}: merged together "
@@ -1029,10 +1032,9 @@ def route(
     if bad := [(i, problem) for i, q in enumerate(queries, start=1) if (problem := query_problem(q))]:
         raise SynapseError(f"query {bad[0][0]} of {len(queries)} {bad[0][1]}: nothing to route")
     router = _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_weight, count_prior)
-    stats = _llm_stats() if reranker == "llm" else Counter()
-    before = Counter(stats)
+    before = _llm_counts(reranker)
     results = router.route_many(queries, remember=test is not None)  # a test set is scored again, a request not
-    asked = Counter(stats) - before
+    asked = _llm_counts(reranker) - before
     for i, result in enumerate(results):
         if explain:
             typer.echo(explain_route(result, router.names) + (f"\ngold: {', '.join(items[i].gold)}" if items else ""))
@@ -1051,11 +1053,14 @@ def route(
         log.info("%s: top-1 %.3f, recall@%d %.3f over %d queries", test, scores["acc"], k, scores["r5"], len(items))
 
 
-def _llm_stats() -> Counter:
-    """The hosted LLM calls' counters (``llm.SCORE_STATS``: calls, replies that named no candidate)."""
+def _llm_counts(reranker: str) -> Counter:
+    """A copy of the hosted LLM calls' counters (``llm.SCORE_STATS``: calls, replies that named no candidate);
+    empty without the LLM reranker (litellm is then not imported)."""
+    if reranker != "llm":
+        return Counter()
     from synapse_flwr.core.llm import SCORE_STATS
 
-    return SCORE_STATS
+    return Counter(SCORE_STATS)
 
 
 TRANSPORTS = ("stdio", "sse", "streamable-http")

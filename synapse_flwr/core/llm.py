@@ -204,6 +204,8 @@ def _attempts(model: str, messages: list[dict[str, Any]], timeout: float, **kw: 
                 raise
             time.sleep(wait)
     return call()
+
+
 Reduction = Literal["mean", "sum"]
 
 
