@@ -7,6 +7,7 @@ starting one, the first start is replaced by an error ("stop here").
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -471,3 +472,24 @@ def test_a_release_cache_no_client_could_write_is_refused_before_anything_starts
     assert isinstance(res.exception, SynapseError), res.exception
     assert "run config 'release-cache'" in str(res.exception)
     started_nothing(tmp_root, tmp_path / "out" / "logs")
+
+
+def test_a_second_launcher_in_a_held_output_folder_is_refused(tmp_path):
+    """Regression: two launchers in one output folder both saw no rounds and both released every record."""
+    out = tmp_path / "out"
+    first = launch.Launch("simulation", APP_DIR, {"output-dir": str(out)}, tmp_path / "h1", "synapse-flwr-sim-", 1)
+    second = launch.Launch("simulation", APP_DIR, {"output-dir": str(out)}, tmp_path / "h2", "synapse-flwr-sim-", 1)
+    with first.opened():
+        assert (out / launch.LOCK_FILE).read_text().strip() == str(os.getpid())
+        with pytest.raises(SynapseError, match=rf"{out} is the output folder of a run still going \(launcher pid "
+                                               rf"{os.getpid()}\).*--set output-dir=PATH"), second.opened():
+            pass
+        assert not (tmp_path / "h2").exists()  # refused before its home was made
+        # the first run ends having written every round this config asks for
+        rounds = [{"round": r} for r in range(1, first.num_rounds + 1)]
+        (out / "metrics.json").write_text(json.dumps({"rounds": rounds, "run_config": {}}))
+    # released with the run; the second launcher checked before those rounds existed and now finds them
+    with pytest.raises(SynapseError, match="nothing to do"), second.opened():
+        pass
+    with launch.output_lock(tmp_path / "other"):
+        pass

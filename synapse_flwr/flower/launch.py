@@ -22,6 +22,8 @@ run`` (which is 0 even when the ServerApp fails).
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import fnmatch
 import json
 import logging
@@ -67,6 +69,7 @@ log = logging.getLogger(__name__)
 FLOWER_BINARIES = ("flwr", "flower-superlink", "flower-supernode", "flower-superexec")
 FINISHED_OK = "finished:completed"
 FEDERATION_FILE = "federation.json"  # in output-dir: how many organisations its rounds are from
+LOCK_FILE = ".synapse.lock"  # in output-dir: held by the launcher whose run writes there
 #: Seconds without a finished round after which the launcher says the run is still going (a first round over
 #: thousands of tools embeds for minutes with nothing else to show).
 STILL_RUNNING_S = 120.0
@@ -660,6 +663,52 @@ def check_outputs(output_dir: Path, num_rounds: int) -> str | None:
     return None
 
 
+@contextmanager
+def output_lock(output_dir: Path) -> Iterator[None]:
+    """Hold ``<output_dir>/.synapse.lock`` while a run writes there; refuse a folder another launcher holds.
+
+    Two launchers in one output folder would both release every
+    organisation's records (each sees no rounds yet) and interleave their
+    globals. The lock is the kernel's (``flock``): it ends with its process,
+    so a killed run leaves nothing to clean up, and the file is kept
+    (removing it would let a third launcher lock a new file beside a held one).
+
+    Parameters
+    ----------
+    output_dir : Path
+        The run's ``output-dir`` (created if needed).
+
+    Raises
+    ------
+    SynapseError
+        If another process holds the lock (naming its pid), or the lock file
+        cannot be created.
+    """
+    path = output_dir / LOCK_FILE
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        handle = path.open("a+", encoding="utf-8")
+    except OSError as e:
+        raise SynapseError(f"run config 'output-dir' {str(output_dir)!r}: cannot create its lock file "
+                           f"({e.strerror or e}); set another (--set output-dir=PATH)") from e
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise SynapseError(f"{output_dir} is the output folder of a run still going (launcher pid {holder}): "
+                               "two runs there would both release every organisation's records; wait for it to "
+                               "end, or give another output-dir (--set output-dir=PATH)") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
+
+
 # ------------------------------------------------------------------ one launch
 
 
@@ -763,7 +812,9 @@ class Launch:
     def opened(self) -> Iterator[Path]:
         """Context of the private ``FLWR_HOME``: created on entry, removed on exit when temporary.
 
-        Enter it only once every check passed, so that a refused run leaves
+        The output folder is locked for the context (:func:`output_lock`: a
+        second launcher there is refused) and its rounds checked again under
+        the lock. Enter it only once every check passed, so that a refused run leaves
         nothing behind; a temporary home (app copies, SuperLink state, tens of
         MB) is removed once the run ended, whichever way. A home given as
         ``flwr_home`` is kept.
@@ -773,13 +824,16 @@ class Launch:
         Path
             The home.
         """
-        self._home = _home(self.flwr_home, self.home_prefix)
-        try:
-            yield self._home
-        finally:
-            if self.flwr_home is None:
-                shutil.rmtree(self._home, ignore_errors=True)
-                log.debug("removed the temporary FLWR_HOME %s", self._home)
+        with output_lock(self.output_dir):
+            # a run that ended while this one was checked may have left rounds the first check did not see
+            check_resume(self.output_dir, self.effective_config, self.nodes)
+            self._home = _home(self.flwr_home, self.home_prefix)
+            try:
+                yield self._home
+            finally:
+                if self.flwr_home is None:
+                    shutil.rmtree(self._home, ignore_errors=True)
+                    log.debug("removed the temporary FLWR_HOME %s", self._home)
 
     def stage(self, superlink: str, address: str, insecure: bool = False,
               extra_env: Mapping[str, str] | None = None) -> ProcessGroup:
