@@ -618,9 +618,12 @@ def check_data(folder: Annotated[Path, typer.Argument(help="Dataset folder: cata
     """Check a dataset folder: every file, field and tool id; exit 0 if valid, 2 otherwise.
 
     Prints one line per problem, naming the file, line and field, with the fix
-    where one is known.
+    where one is known. With a test set it also says what an experiment will
+    score: test queries on tools with and without experience, and the training
+    events the leak filter leaves out (an organisation it empties is named).
     """
     from synapse_flwr.data.check import TEST_FILE, DataError, require_valid
+    from synapse_flwr.data.federation import load_folder, split_summary
 
     if folder.is_file():
         raise SynapseError(f"{folder} is a file; check-data reads a dataset folder (e.g. {folder.parent})")
@@ -630,7 +633,9 @@ def check_data(folder: Annotated[Path, typer.Argument(help="Dataset folder: cata
         typer.echo(exc.listing)
         raise typer.Exit(2) from None
     typer.echo(f"valid: {report.summary()}")
-    if not (folder / TEST_FILE).is_file():  # valid for simulate and build, but an experiment scores a test set
+    if (folder / TEST_FILE).is_file():  # what an experiment will score, after the leak filter it applies
+        typer.echo(split_summary(load_folder(folder)))
+    else:  # valid for simulate and build, but an experiment scores a test set
         typer.echo(f"note: no {TEST_FILE}: `synapse experiment` needs one (JSONL of query and gold, "
                    "docs/formats.md); `synapse simulate` and `build` do not")
 

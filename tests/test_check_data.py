@@ -399,6 +399,17 @@ def test_cli_check_data(folder):
     runner = CliRunner()
     ok = runner.invoke(cli.app, ["check-data", str(folder)])
     assert ok.exit_code == 0 and "valid:" in ok.output and "note:" not in ok.output
+    assert ("test: 2 queries on tools with experience (seen), 0 on tools without (held-out); 2 of 3 tools have "
+            "experience; leak filter: 0 of 12 training events left out") in ok.output
+    # regression: an organisation whose records are the test queries was called valid; the experiment emptied it
+    _jsonl(folder / "test.jsonl", TEST + [{"query": e["query"], "gold": e["tool"]} for e in EVENTS[6:]]
+           + [{"query": "convert 10 euros to dollars", "gold": "convert_currency"}])
+    leaky = runner.invoke(cli.app, ["check-data", str(folder)])
+    # (book_hotel is then taught by no record: its queries are held-out)
+    assert leaky.exit_code == 0 and ("test: 1 queries on tools with experience (seen), 8 on tools without "
+                                     "(held-out); 1 of 3 tools have experience; leak filter: 6 of 12 training events "
+                                     "left out (6 equal to a test query, 0 near duplicates)") in leaky.output
+    _jsonl(folder / "test.jsonl", TEST)
     test = (folder / "test.jsonl").read_bytes()
     (folder / "test.jsonl").unlink()  # valid without a test set, which only an experiment needs: said so
     untested = runner.invoke(cli.app, ["check-data", str(folder)])

@@ -126,6 +126,27 @@ def load_folder(path: Path, name: str | None = None, org: str | None = None) -> 
     return FederatedDataset(name or path.name, catalog, orgs, seen, heldout, info)
 
 
+def split_summary(ds: FederatedDataset) -> str:
+    """What an experiment on a loaded folder will score: the test splits and what the leak filter left out.
+
+    ``synapse check-data`` prints it, so that a test set on tools no log
+    teaches (an empty seen split), or an organisation the leak filter
+    empties, is known before an experiment runs.
+
+    Parameters
+    ----------
+    ds : FederatedDataset
+        A folder as :func:`load_folder` returns it.
+    """
+    leak = ds.info["leak_filter"]
+    taught = len({label for e in ds.all_events if (label := event_label(e)) is not None})
+    dropped = leak["exact"] + leak["near"]
+    return (f"test: {len(ds.seen_test):,} queries on tools with experience (seen), {len(ds.heldout_test):,} on "
+            f"tools without (held-out); {taught:,} of {len(ds.catalog):,} tools have experience; leak filter: "
+            f"{dropped:,} of {leak['total']:,} training events left out ({leak['exact']:,} equal to a test query, "
+            f"{leak['near']:,} near duplicates)")
+
+
 def repartition(ds: FederatedDataset, num_orgs: int, alpha: float, seed: int) -> FederatedDataset:
     """Pool the experience and split it over ``num_orgs`` orgs, non-IID (Dirichlet over tools)."""
     from synapse_flwr.data.protocol import partition_noniid
