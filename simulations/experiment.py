@@ -96,11 +96,12 @@ ROUTER_MODULES = ("core.router", "core.votes", "core.catalog", "core.documentati
                   "core.fusion", "core.llm", "core.phrase_profile", "core.phrases", "core.privacy",
                   "core.prototypes", "core.render", "core.rerank_llm", "core.sanitize", "core.scenarios",
                   "core.schema")
-# Evaluations and baselines are cached under a hash of the code that scores the arms, so a
-# router change re-scores every arm (and reruns the Flower runs that vote) while the other
-# Flower runs stay cached; a change to the builder or the merge needs ``--fresh``.
-ROUTING_MODULES = (*ROUTER_MODULES, "core.experience", "core.metrics", "eval.baselines", "eval.order_check",
-                   "flower.fedavg_dp")
+# Evaluations and baselines are cached under a hash of the code that scores the arms and of the code
+# that splits the test sets, so a router or split change re-scores every arm (and reruns the Flower
+# runs that vote) while the other Flower runs stay cached; a change to the builder or the merge needs ``--fresh``.
+ROUTING_MODULES = (*ROUTER_MODULES, "core.experience", "core.metrics", "core.sequences", "eval.baselines",
+                   "eval.order_check", "flower.fedavg_dp", "data.check", "data.federation", "data.inject",
+                   "data.metatool", "data.pins", "data.protocol", "data.taubench")
 
 
 def llm_subsample(items: list, n: int) -> list:

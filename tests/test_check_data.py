@@ -662,3 +662,18 @@ def test_fields_a_documented_catalog_does_not_read_are_only_noted(folder, caplog
     assert [r.levelname for r in noted] == ["INFO"]
     assert noted[0].getMessage().endswith(f"fields of the catalog's entries not read (docs/formats.md): "
                                           f"'title' ({len(CATALOG)} entries)")
+
+
+def test_test_items_repeating_a_query_are_merged_into_one_item(folder, caplog):
+    """Regression: one line per (query, tool) pair scored the query twice, once in each split, right at most once."""
+    _jsonl(folder / "test.jsonl", TEST + [{"query": "Convert 15 SEK to INR", "gold": "convert_currency"},
+                                          {"query": "convert  15 sek to inr", "gold": ["book_hotel"]},
+                                          {"query": "will it rain tomorrow", "gold": "get_weather"},
+                                          {"query": "will it rain tomorrow?", "gold": "book_hotel"}])
+    ds = load_folder(folder)
+    assert [(i.query, i.gold) for i in ds.seen_test] == [
+        ("will it rain tomorrow", ("get_weather",)), ("a hotel for two nights", ("book_hotel",)),
+        ("Convert 15 SEK to INR", ("convert_currency", "book_hotel")),
+        ("will it rain tomorrow?", ("book_hotel",))]  # other punctuation: another request
+    assert ds.heldout_test == []
+    assert "test.jsonl: 2 items repeat an earlier item's query; each is merged into it" in caplog.text

@@ -610,7 +610,12 @@ def test_the_bench_order_check_catches_a_position_biased_llm_even_at_weight_zero
                         weights=[0.0, 1000.0])
     # at weight 0 the fused pick is retrieval's and cannot move; the LLM's own pick does
     assert out["by_weight"]["0.0"]["reversed"] == 0 and out["by_weight"]["1000.0"]["reversed"] == 2
-    assert out["n"] == 2
+    assert out["n"] == 2 and out["checked"] == {"reversed": 2, "shuffled": 2}
+    # regression: scores alike (no answer: the router routes by retrieval) counted as checked, none moved,
+    # and a model that never answered passed the order check
+    monkeypatch.setattr("synapse_flwr.core.llm.channel_scores", lambda model, pairs: [0.0] * len(pairs))
+    silent = order_changes(router, ["will it snow in Oslo tomorrow?"], seed=0, weights=[1000.0])
+    assert silent["checked"] == {"reversed": 0, "shuffled": 0}
 
 
 def test_bench_runs_side_by_side_keep_each_others_arms_and_results() -> None:

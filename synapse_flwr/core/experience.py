@@ -20,6 +20,7 @@ is skipped (each named once per file in the log).
 from __future__ import annotations
 
 import logging
+import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -309,6 +310,11 @@ def load_testset(path: str | Path, catalog: Catalog | None = None, warn: bool = 
     -------
     list of TestItem
         The items, in file order, less those whose query holds no letter or digit.
+        Items repeating an earlier item's query (compared Unicode-composed,
+        case-folded, whitespace collapsed) are merged into it, every gold of
+        the query acceptable: a converter writing one line per (query, tool)
+        pair would otherwise score the query twice, right at most once (a
+        warning counts them).
 
     Raises
     ------
@@ -316,11 +322,21 @@ def load_testset(path: str | Path, catalog: Catalog | None = None, warn: bool = 
         Naming file, line and field of the first bad item.
     """
     path = Path(path)
-    items = []
+    items: dict[str, TestItem] = {}
+    repeats = 0
     for line, item in _read_models(path, TestItem, warn):
         resolve = _resolver(catalog, path, line)
-        items.append(item.model_copy(update={"gold": tuple(dict.fromkeys(resolve(g, "gold") for g in item.gold))}))
-    return items
+        golds = tuple(resolve(g, "gold") for g in item.gold)
+        key = " ".join(unicodedata.normalize("NFC", item.query).casefold().split())
+        if key in items:
+            repeats += 1
+            golds = items[key].gold + golds
+            item = items[key]
+        items[key] = item.model_copy(update={"gold": tuple(dict.fromkeys(golds))})
+    if repeats:
+        warn_once(log, f"{path}: {repeats} items repeat an earlier item's query; each is merged into it (the "
+                       "query is scored once, every gold given for it acceptable)")
+    return list(items.values())
 
 
 def write_jsonl(records: Iterable[BaseModel]) -> str:

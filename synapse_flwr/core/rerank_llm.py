@@ -150,6 +150,22 @@ def llm_weight_for(model: str) -> float:
     return LLM_WEIGHTS.get(model, LLM_WEIGHT)
 
 
+def llm_answered(scores: np.ndarray | None) -> bool:
+    """Whether an LLM's candidate scores say anything: a call that failed (None) or scores alike are no answer.
+
+    Scores alike for every candidate (each cyclic order's reply named the
+    same position, so every candidate was picked once), read as an answer,
+    were reported as the LLM's choice, and the documentation's standing
+    could still reorder the candidates. One candidate is always answered.
+
+    Parameters
+    ----------
+    scores : ndarray or None
+        One query's LLM score per candidate.
+    """
+    return scores is not None and (len(scores) < 2 or bool(np.ptp(scores) > 0))
+
+
 def fuse_llm(retrieval: np.ndarray, docs: np.ndarray, llm: np.ndarray, weight: float) -> np.ndarray:
     """Final candidate scores: each candidate's standing plus ``weight`` times the LLM's.
 

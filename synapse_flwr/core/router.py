@@ -75,6 +75,7 @@ from synapse_flwr.core.rerank_llm import (
     CHANNEL_CUE,
     balanced_list_scores,
     fuse_llm,
+    llm_answered,
     llm_weight_for,
 )
 from synapse_flwr.core.sanitize import neutralise
@@ -759,10 +760,7 @@ class Router:
     def _rerank_llm(
         self, cand: list[int], fused: np.ndarray, docs: np.ndarray, llm: np.ndarray | None
     ) -> tuple[list[Candidate], list[str], bool]:
-        # scores alike for every candidate are no answer either (each cyclic order's reply named the same
-        # position, so every candidate was picked once): read as one, they were reported as the LLM's choice
-        # and the documentation's standing could still reorder the candidates
-        if llm is None or (len(cand) > 1 and np.ptp(llm) == 0):
+        if not llm_answered(llm):
             self.fallbacks += 1
             return self._retrieval_order(cand, fused), ["retrieval"], True
         retrieval = fused[cand]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from synapse_flwr.core.rerank_llm import fuse_llm
+from synapse_flwr.core.rerank_llm import fuse_llm, llm_answered
 from synapse_flwr.core.router import Router, candidate_set
 
 
@@ -35,7 +35,7 @@ def order_changes(router: Router, queries: list[str], seed: int, weights: list[f
     -------
     dict
         ``n`` (queries), ``checked``: per order the queries compared (a
-        query whose LLM call failed in either order is not), and
+        query the LLM did not answer in either order, :func:`llm_answered`, is not), and
         ``by_weight``: ``str(weight) -> {"reversed": changes, "shuffled": changes}``.
     """
     rng = np.random.default_rng(seed)
@@ -49,9 +49,10 @@ def order_changes(router: Router, queries: list[str], seed: int, weights: list[f
     out: dict = {"n": len(queries), "checked": {}, "by_weight": {str(w): {} for w in weights}}
     for name, perm in orders.items():
         other = router.llm_scores(queries, perm, reads)
-        # each permuted row's scores back in the candidates' order; failed calls are skipped
-        aligned = {row: np.array([dict(zip(p, other[row]))[t] for t in c])
-                   for row, (c, p) in enumerate(zip(cands, perm)) if base[row] is not None and other[row] is not None}
+        # each permuted row's scores back in the candidates' order; no answer in either order (a failed call,
+        # scores alike: the router routes those by retrieval) is not a pick the order could move
+        aligned = {row: np.array([dict(zip(p, other[row]))[t] for t in c]) for row, (c, p) in enumerate(zip(cands, perm))
+                   if llm_answered(base[row]) and llm_answered(other[row])}
         out["checked"][name] = len(aligned)
         for w in weights:
             out["by_weight"][str(w)][name] = sum(
