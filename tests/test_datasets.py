@@ -360,9 +360,30 @@ def test_leak_filter_reads_the_request_inside_a_prompt_template(caplog):
     with caplog.at_level(logging.INFO, logger="synapse_flwr"):
         kept, report = leak_filter(train, test, jaccard=0.8, catalog=catalog)
     assert [e.query for e in kept] == [e.query for e in train[:3]] and report.near == 1
-    assert "4 of the 4 near duplicates of a test query open or close with a wrapper" in caplog.text
+    assert "the test set: 7 of 7 texts open or close with a wrapper of 32 words or more" in caplog.text
     # without the template the same requests are compared as before
     assert leak_filter([_event(a) for a in asks[3:]], asks[:3], jaccard=0.8, catalog=catalog)[1].near == 0
+
+
+def test_leak_filter_reads_the_request_inside_an_agent_prompt_of_hundreds_of_words():
+    """Regression (dress rehearsal, ToolBench-like folder): a template was recognised by its first 64 words only,
+    so with a longer one every request in it was a near duplicate of every test query (201 of 204 records
+    dropped); and a test query written into a template was not near its own request in training."""
+    catalog = make_catalog([parse_tool({"name": "weather"}), parse_tool({"name": "news"})])
+    vocabulary = ["tool", "agent", "call", "answer", "format", "json", "step", "think", "user", "api", "result"]
+    template = " ".join(f"{vocabulary[i % len(vocabulary)]}{i % 7}" for i in range(200))
+    asks = ["msft share price today", "who was napoleon bonaparte", "lisbon weather this weekend",
+            "spain football results", "porto to faro train times", "ten euros in japanese yen",
+            "news about the election", "best pizza in naples", "translate hello to german",
+            "rain in oslo tomorrow", "nasdaq index now", "flights from rome"]
+    for wrap in (f"{template} User query: {{}}. Begin!", f"{{}}. {template}"):
+        test = [wrap.format(a) for a in asks[:6]]
+        kept, report = leak_filter([_event(wrap.format(a)) for a in asks[6:]], test, jaccard=0.8, catalog=catalog)
+        assert len(kept) == 6 and report.near == 0  # other requests in one template: kept
+    # the test queries in a template, their requests alone in training: the same requests, dropped
+    kept, report = leak_filter([_event(a) for a in asks[:6]], [f"{template} User query: {a}" for a in asks],
+                               jaccard=0.8, catalog=catalog)
+    assert kept == [] and report.near == 6
 
 
 def test_leak_filter_reads_queries_in_every_script():

@@ -17,11 +17,14 @@ import unicodedata
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 import scipy.sparse as sp
+from numpy.lib.stride_tricks import sliding_window_view
 
 from synapse_flwr.core.catalog import Catalog
+from synapse_flwr.core.errors import warn_once
 from synapse_flwr.core.experience import Event, TestItem, event_label
 from synapse_flwr.core.phrases import normalize_text
 
@@ -196,33 +199,50 @@ def near_duplicates(keys: Sequence[str], reference: Sequence[str], threshold: fl
 
 # A word prefix (or suffix) that at least this share of all texts, and at least _WRAPPER_TEXTS of them, open
 # (or close) with, over _WRAPPER_CHARS characters or more, is a template's wrapper: prompts written as "Hi
-# there. I have a situation... {request}. Please keep in mind..." share it whatever the request.
+# there. I have a situation... {request}. Please keep in mind..." share it whatever the request, and an agent
+# prompt of a few hundred words around each request is one too.
 _WRAPPER_SHARE = 0.01
 _WRAPPER_TEXTS = 5
 _WRAPPER_CHARS = 30
-_WRAPPER_WORDS = 64
+#: A wrapper of this many words is a template a converter should strip, said in a warning: it weighs on every
+#: text's embedding (a short shared opening, "can you please provide me with", is phrasing, said at INFO)
+TEMPLATE_WORDS = 32
+
+
+def _common_words(a: list[str], b: list[str]) -> int:
+    """How many first words ``a`` and ``b`` share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _wrapper_words(texts: Sequence[list[str]]) -> list[int]:
     """Per text (as words), how many of its first words are a wrapper prefix many texts share (0: none).
 
-    At least one word is left to the request.
+    The texts that share a prefix with a text lie next to it in sorted order,
+    so the longest prefix it shares with ``need`` texts (itself among them) is
+    the best, over the runs of ``need`` sorted neighbours holding it, of the
+    shortest common prefix of adjacent texts in the run. Exact at any length:
+    a word-by-word trie walked only a prompt's first 64 words, and the rest of
+    a longer template made every pair of its requests near duplicates. At
+    least one word is left to the request.
     """
-    ids: dict[tuple[int, str], int] = {}
-    counts: defaultdict[int, int] = defaultdict(int)
-    paths = []
-    for words in texts:
-        node, path = 0, []
-        for word in words[:_WRAPPER_WORDS]:
-            node = ids.setdefault((node, word), len(ids) + 1)
-            counts[node] += 1
-            path.append(node)
-        paths.append(path)
     need = max(_WRAPPER_TEXTS, int(np.ceil(_WRAPPER_SHARE * len(texts))))
-    out = []
-    for words, path in zip(texts, paths):
-        n = max((k + 1 for k, node in enumerate(path[: len(words) - 1]) if counts[node] >= need), default=0)
-        out.append(n if len(" ".join(words[:n])) >= _WRAPPER_CHARS else 0)
+    if len(texts) < need:
+        return [0] * len(texts)
+    # joined text sorts like the word lists do here: texts sharing a word prefix are contiguous either way
+    order = sorted(range(len(texts)), key=lambda i: " ".join(texts[i]))
+    adjacent = np.array([_common_words(texts[a], texts[b]) for a, b in pairwise(order)], np.int64)
+    run = sliding_window_view(adjacent, need - 1).min(axis=1)  # words shared by sorted texts s .. s + need - 1
+    pad = np.zeros(need - 1, np.int64)
+    shared = sliding_window_view(np.concatenate([pad, run, pad]), need).max(axis=1)  # per sorted position
+    out = [0] * len(texts)
+    for k, i in enumerate(order):
+        n = min(int(shared[k]), len(texts[i]) - 1)
+        out[i] = n if len(" ".join(texts[i][:n])) >= _WRAPPER_CHARS else 0
     return out
 
 
@@ -297,17 +317,23 @@ def leak_filter(
             exact += 1
         else:
             candidates.append((event, key))
-    near_flags = near_duplicates([k for _, k in candidates], test_keys, jaccard)
-    # a text near a test query only through a wrapper both share is another request: compared again without it
-    cores = without_wrappers([*(k for _, k in candidates), *test_keys]) if near_flags.any() else []
-    wrapped = [i for i in np.flatnonzero(near_flags) if cores[i] != candidates[i][1]]
-    if wrapped:
-        before = int(near_flags.sum())
-        again = near_duplicates([cores[i] for i in wrapped], cores[len(candidates):], jaccard)
-        near_flags[wrapped] = again
-        log.info("leak filter: %d of the %d near duplicates of a test query open or close with a wrapper many "
-                 "texts share (a prompt template around the request); compared without it, %d are other requests "
-                 "and kept", len(wrapped), before, int((~again).sum()))
+    # texts are compared without a wrapper many share (a prompt template around the request): with it two
+    # requests in one template are near duplicates, and a request is not near its own copy in a template
+    keys = [k for _, k in candidates]
+    cores = without_wrappers([*keys, *test_keys])
+    near_flags = near_duplicates(cores[: len(keys)], cores[len(keys):], jaccard)
+    words = [len(k.split()) - len(c.split()) for c, k in zip(cores, [*keys, *test_keys], strict=True)]
+    if long := sum(w >= TEMPLATE_WORDS for w in words):
+        # not stripped where queries are embedded: the wrapper's words are a private record's, and what counts
+        # as one depends on the other records, which would tie each record's prototype to the others
+        warn_once(log, f"{source} and the test set: {long} of {len(words)} texts open or close with a wrapper of "
+                       f"{TEMPLATE_WORDS} words or more that many share (a prompt template, {max(words)} words at "
+                       "most); every arm embeds it with the request, and MiniLM reads a text's first 256 "
+                       "tokens only, so a request after a long one is not read: write the requests alone")
+    elif wrapped := sum(w > 0 for w in words):
+        log.info("leak filter, %s: %d of %d texts (training records and test queries) open or close with a wrapper "
+                 "many share (a prompt template around the request); they are compared without it", source,
+                 wrapped, len(words))
     kept = [event for (event, _), near in zip(candidates, near_flags, strict=True) if not near]
     report = LeakReport(
         total=len(train), exact=exact, near=int(near_flags.sum()), garbage=garbage, kept=len(kept)
