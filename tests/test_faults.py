@@ -243,6 +243,20 @@ def test_membership_attack_runs_on_real_releases():
     # 10 held-out trials per arm: far from the bound, near the Gaussian optimum (about 0.3)
     assert -0.5 < res["mi_advantage"] < res["mi_bound"]
     assert 0.2 < res["gaussian_optimal_advantage"] < 0.4
+    assert res["noise_as_claimed"] and res["advantage_within_gaussian"]
+
+
+@pytest.mark.slow
+def test_membership_audit_fails_a_release_with_a_third_of_its_noise_missing(monkeypatch):
+    """Regression (privacy review): with a quarter of the noise the audit passed, its only check the (epsilon,
+    delta) bound on the advantage, which a true epsilon near 22 meets at a reported 4."""
+    from synapse_flwr.core import builder
+
+    counts, prototypes = builder.noise_counts, builder.noise_prototypes
+    monkeypatch.setattr(builder, "noise_counts", lambda c, sigma, rng: counts(c, sigma / 1.5, rng))
+    monkeypatch.setattr(builder, "noise_prototypes", lambda s, c, w, sigma, rng: prototypes(s, c, w, sigma / 1.5, rng))
+    res = audit_membership(trials=20)
+    assert res["privacy"]["epsilon"] <= 4.0 and not res["noise_as_claimed"]
 
 
 @pytest.mark.slow
@@ -778,3 +792,30 @@ def test_a_failing_merge_keeps_the_previous_global_and_the_server_up():
     report = strategy.reports[3]
     assert report.merged and report.votes_accepted == [] and report.merge_error.endswith("boom")
     assert strategy.current is third and strategy.latest["a"][1].tools[0].tool_id == "v"
+
+
+def test_the_audit_canaries_are_stopped_by_masking_and_by_selection_where_phrases_are_released(tmp_path, monkeypatch):
+    """The Flower audits' builds release no query text (private, with prototypes: no phrases), so their canary
+    scan cannot see masking or partition selection fail (privacy review); here both are seen doing their part."""
+    import shutil
+
+    from synapse_flwr.core import builder
+
+    folder = tmp_path / "demo"
+    shutil.copytree(demo_dir(), folder)
+    canaries = plant_canaries(folder)
+    catalog = load_catalog(folder / "catalog.json")
+    events = load_experience(folder / "org_a.jsonl", catalog)
+
+    def released() -> set[str]:
+        art = build_compendium(events, catalog, "a", round_=1, epsilon=4.0, delta=1e-5, seed=0,
+                               config=builder.BuildConfig(phrases=True), embedder=get_embedder("static"))
+        assert any(e.when for e in art.tools)  # phrases were released: text a canary could ride on
+        return find_canaries(art.model_dump_json().encode(), canaries)
+
+    assert released() == set()
+    monkeypatch.setattr(builder, "mask_pii", lambda text: text)
+    unmasked = released()
+    # repeated PII clears partition selection once unmasked; a phrase in one query never does
+    assert unmasked & {"email-1", "email-2", "card-1", "card-2", "phone-1", "phone-2"}
+    assert not unmasked & {"phrase-1", "phrase-2"}
