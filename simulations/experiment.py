@@ -191,13 +191,17 @@ def fedavg_key(epsilon: float, seed: int, code: str) -> str:
 def summarise(runs: Sequence[dict]) -> dict:
     """Mean and SD over seeds of ``acc`` and ``r5`` (SD 0 for one seed), and of ``docs_gated`` where each seed has it.
 
-    ``docs_gated``: :meth:`~synapse_flwr.core.router.Router.docs_gated_share`.
+    ``docs_gated``: :meth:`~synapse_flwr.core.router.Router.docs_gated_share`;
+    ``experience_off_seeds``: the seeds whose test set turned experience off
+    (:meth:`~synapse_flwr.core.router.Router.shifted`), where any did.
     """
     acc, r5 = [r["acc"] for r in runs], [r["r5"] for r in runs]
     out = {"acc_mean": statistics.mean(acc), "acc_sd": statistics.stdev(acc) if len(acc) > 1 else 0.0,
            "r5_mean": statistics.mean(r5), "n": [r["n"] for r in runs], "seeds": len(runs)}
     if all("docs_gated" in r for r in runs):
         out["docs_gated_mean"] = statistics.mean(r["docs_gated"] for r in runs)
+    if any(r.get("experience_off") for r in runs):
+        out["experience_off_seeds"] = sum(bool(r.get("experience_off")) for r in runs)
     return out
 
 
@@ -432,6 +436,8 @@ class Experiment:
             ds = self.dataset(seed)
             router = Router(compendium, ds.catalog, embedder=self.embedder, reranker=reranker,
                             k=self.cfg.k, render=render, model=self.cfg.llm_model)
+            # every split on one query-shift decision, over the whole test set, as a deployment's mixed traffic
+            router.observe([i.query for items in self.splits(ds).values() for i in items])
             return {split: self._score(router, llm_subsample(items, sample), oracle)
                     for split, items in self.splits(ds).items()}
 
@@ -440,10 +446,13 @@ class Experiment:
     def _score(self, router: Router, items: list, oracle: bool) -> dict:
         golds = [i.gold for i in items]
         queries = [i.query for i in items]
-        results = router.route_many(queries, force=golds) if oracle else router.route_many(queries)
+        results = router.route_many(queries, force=golds if oracle else None, observe=False)
         metrics = evaluate_routes(results, golds, self.cfg.k)
         if router.prototypes is not None and not oracle:  # how much of the split reads no prototype
             metrics["docs_gated"] = router.docs_gated_share(queries)
+        if router.shift is not None:  # the test set's query shift, and whether it turned experience off
+            metrics["shift"] = router.shift.state()[1]
+            metrics["experience_off"] = router.shifted()
         if router.reranker == "llm":  # a failed LLM call routes in retrieval order: say how often
             metrics["fallbacks"] = sum(r.fallback for r in results)
         return metrics
@@ -582,6 +591,8 @@ class Experiment:
         ds = self.dataset(seed)
         router = Router(compendium, ds.catalog, embedder=self.embedder, reranker="llm", k=self.cfg.k,
                         model=self.cfg.llm_model)
+        if router.observe([i.query for items in self.splits(ds).values() for i in items]):
+            router = router.docs_router()  # the candidates the arm's LLM read (evaluate: the query-shift test)
         out = {}
         for split, items in self.splits(ds).items():
             queries = [i.query for i in llm_subsample(items, self.cfg.llm_sample)[:ORDER_CHECK]]

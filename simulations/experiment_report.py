@@ -169,6 +169,18 @@ def _wire(results: dict) -> str:
             f"{results.get('bytes_per_client_round_max') or 0:,}.")
 
 
+def _shift_line(results: dict) -> str | None:
+    """The compendium arms whose test set turned experience off (the query-shift test), or None when none did."""
+    arms = results["arms"]
+    off = [f"{arm} ({m['experience_off_seeds']} of {m['seeds']} seeds)" for arm in ARMS
+           for m in [next(iter(arms.get(arm, {}).values()), {})] if m.get("experience_off_seeds")]
+    if not off:
+        return None
+    return ("Experience turned off by the query-shift test (the test queries sit far from the organisations' "
+            "queries, where experience routed below the documentation; those arms route as docs_only does; "
+            "docs/experiments.md, \"Query shift\"): " + "; ".join(off) + ".")
+
+
 def _gate_line(results: dict) -> str | None:
     """Per compendium arm and split, the share of queries whose route reads no prototype, or None when none says.
 
@@ -262,6 +274,8 @@ def summary_lines(results: dict) -> list[str]:
         lines.append(f"  {votes[0].lower()}{votes[1:]}")
     if gated := _gate_line(results):
         lines.append(f"  {gated[0].lower()}{gated[1:]}")
+    if shifted := _shift_line(results):
+        lines.append(f"  {shifted[0].lower()}{shifted[1:]}")
     if found := _globals_line(results):
         lines.append(f"  {found[0].lower()}{found[1:]}")
     for t in results["targets"]:
@@ -296,6 +310,8 @@ def tables(results: dict) -> str:
         lines += ["", votes]
     if gated := _gate_line(results):
         lines += ["", gated]
+    if shifted := _shift_line(results):
+        lines += ["", shifted]
     if results["ablation_2x2"]:
         lines += ["", "## Merge x render (2x2, clean)", "", "| merge / render " + head,
                   "|---" * (len(splits) + 1) + "|"]

@@ -44,6 +44,7 @@ import copy
 import itertools
 import logging
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ import numpy as np
 from synapse_flwr.core.catalog import Catalog
 from synapse_flwr.core.documentation import catalog_arguments, doc_entry, doc_text
 from synapse_flwr.core.embed import Embedder, get_embedder, l2_normalize, uncached
+from synapse_flwr.core.errors import log_once
 from synapse_flwr.core.explain import decided_by
 from synapse_flwr.core.fusion import Fusion, gate_open, voted_fusion
 from synapse_flwr.core.phrase_profile import PhraseProfile
@@ -81,6 +83,7 @@ from synapse_flwr.core.rerank_llm import (
 from synapse_flwr.core.sanitize import neutralise
 from synapse_flwr.core.scenarios import split_when
 from synapse_flwr.core.schema import Compendium, FlatCompendium, ToolEntry, ToolStats
+from synapse_flwr.core.shift import SHIFT_Z, ShiftMonitor
 
 log = logging.getLogger(__name__)
 
@@ -364,7 +367,11 @@ class Router:
         self.phrase_tools = np.array([bool(e.when) for e in indexed.values()])
         self.compendium = compendium
         self.prototypes = self._load_prototypes(compendium)
+        self.shift = self._shift_monitor()
         self.weights = weights or (SCENARIO_WEIGHTS if self.prototypes is None else PROTOTYPE_WEIGHTS)
+        self._weights_given = weights
+        self._docs_twin: Router | None = None
+        self._twin_lock = threading.Lock()
 
     def _index(self, indexed: dict[str, ToolEntry], names: dict[str, str]) -> None:
         """Embed every tool's documentation and scenarios into the flat indexes retrieval searches."""
@@ -434,6 +441,7 @@ class Router:
         """Route with other fusion constants from now on (no re-indexing: for tuning)."""
         self.fusion = fusion
         self.prototypes = self._load_prototypes(self.compendium)
+        self.shift = self._shift_monitor()
 
     def _load_prototypes(
         self, compendium: Compendium | FlatCompendium | None
@@ -510,6 +518,63 @@ class Router:
             return np.zeros(len(self.tool_ids), bool)
         return self.prototypes[1] > 0
 
+    # ------------------------------------------------------------- query shift
+    def _shift_monitor(self) -> ShiftMonitor | None:
+        """The query-shift window over the prototypes this router reads (None: it reads none)."""
+        read = self.prototypes_read()
+        if not read.any():
+            return None
+        sums, sds, counts = stacked_prototypes([e.prototype for e in self.entries.values()],
+                                               self.compendium.embedding.dim)
+        return ShiftMonitor(sums, sds, counts, read)
+
+    def observe(self, queries: Sequence[str], remember: bool = True, batch_size: int = 256) -> bool:
+        """Add ``queries`` to the query-shift window (:mod:`~synapse_flwr.core.shift`); whether it has shifted.
+
+        While it has, :meth:`route_many` routes as docs_only does: the queries
+        sit far from where the experience was gathered, where it routed below
+        the documentation. Always False when the router reads no prototype or
+        the votes chose the documentation only (there is nothing to turn off).
+        An experiment observes its whole test set first, so that every split
+        is routed on one decision, as a deployment's mixed traffic would be.
+
+        Parameters
+        ----------
+        queries : sequence of str
+            Queries to add (their embeddings are kept in the cache only with ``remember``).
+        remember : bool
+            As in :meth:`route_many`.
+        batch_size : int
+            Queries embedded at once.
+        """
+        if self.shift is None or self.fusion.docs_only:
+            return False
+        read, embedder = self.prototypes_read(), None if remember else uncached(self.embedder)
+        for start in range(0, len(queries), batch_size):
+            chunk = list(queries[start : start + batch_size])
+            q = self._embed(chunk, embedder)
+            self.shift.observe(q, gate_open(self._description(chunk, q)[0], read))
+        n, mean, shifted = self.shift.state()
+        if shifted:  # (said again when the statistic moves)
+            log_once(log, f"the queries routed sit far from the federation's experience (mean shift {mean:.3f} "
+                          f"over {n} queries, below {SHIFT_Z}): routing on the documentation alone, as docs_only "
+                          "does, while they do (docs/experiments.md, \"Query shift\")", logging.WARNING)
+        return shifted
+
+    def shifted(self) -> bool:
+        """Whether the query-shift window has shifted (:meth:`observe`): queries route as docs_only does."""
+        return self.shift is not None and not self.fusion.docs_only and self.shift.state()[2]
+
+    def docs_router(self) -> Router:
+        """A router of this one's catalog, embedder and reranker without the compendium: docs_only (made once)."""
+        with self._twin_lock:
+            if self._docs_twin is None:
+                self._docs_twin = Router(None, self.catalog, embedder=self.embedder, reranker=self.reranker,
+                                         k=self.k, render=self.render, model=self.model, weights=self._weights_given,
+                                         llm_mode=self.llm_mode, llm_weight=self.llm_weight,
+                                         docs_candidates=self.docs_candidates)
+            return self._docs_twin
+
     def docs_gated_share(self, queries: Sequence[str], batch: int = 1024) -> float:
         """Share of ``queries`` whose route reads no prototype.
 
@@ -536,7 +601,7 @@ class Router:
         """
         if not queries:
             return 0.0
-        if self.fusion.docs_only:
+        if self.fusion.docs_only or self.shifted():
             return 1.0
         read, closed = self.prototypes_read(), 0
         for start in range(0, len(queries), batch):
@@ -551,13 +616,9 @@ class Router:
         other fields are non-negative and zero for tools without experience.
         """
         q = self._embed(queries) if q is None else q
-        w_doc, w_lex, w_scen = self.weights
-        q_docs = q if self.doc_embedder is self.embedder else self._embed(queries, self.doc_embedder)
-        doc = self.doc_index.search(q_docs, len(self.tool_ids))
-        dense_doc = np.empty((len(q), len(self.tool_ids)), dtype=np.float32)
-        np.put_along_axis(dense_doc, doc[1], doc[0], axis=1)
-        docs_lex = self.docs_profile.score(queries)
-        out = {"description": w_doc * dense_doc + w_lex * docs_lex}
+        w_scen = self.weights[2]
+        description, dense_doc, docs_lex = self._description(queries, q)
+        out = {"description": description}
         zero = np.zeros_like(dense_doc)
         out["phrases"] = (self.fusion.phrases * np.maximum(self.profile.score(queries) - docs_lex, 0.0)
                           * self.phrase_tools[None, :]) if self.fusion.phrases and self.phrase_tools.any() else zero
@@ -570,6 +631,16 @@ class Router:
                                * gate_open(out["description"], self.scenario_tools)[:, None])
         out["prototype"] = self.prototype_scores(q, out["description"])
         return out
+
+    def _description(self, queries: Sequence[str], q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The documentation score (what docs_only ranks by), and its dense and lexical parts unweighted."""
+        w_doc, w_lex, _ = self.weights
+        q_docs = q if self.doc_embedder is self.embedder else self._embed(queries, self.doc_embedder)
+        doc = self.doc_index.search(q_docs, len(self.tool_ids))
+        dense_doc = np.empty((len(q), len(self.tool_ids)), dtype=np.float32)
+        np.put_along_axis(dense_doc, doc[1], doc[0], axis=1)
+        docs_lex = self.docs_profile.score(queries)
+        return w_doc * dense_doc + w_lex * docs_lex, dense_doc, docs_lex
 
     def retrieve(self, queries: Sequence[str], q: np.ndarray | None = None) -> np.ndarray:
         """Retrieval scores ``(len(queries), n_tools)``: the sum of :meth:`evidence`."""
@@ -776,7 +847,7 @@ class Router:
     # ------------------------------------------------------------- public
     def route_many(
         self, queries: Sequence[str], batch_size: int = 256, force: Sequence[Sequence[str]] | None = None,
-        remember: bool = True,
+        remember: bool = True, observe: bool = True,
     ) -> list[RouteResult]:
         """Route a batch of queries (embedding and retrieval are batched).
 
@@ -796,9 +867,15 @@ class Router:
             experiment routes one test set many times). False: embedded and
             forgotten, as a served request is (a server's cache would grow by
             a file per request, and keep its users' requests on disk).
+        observe : bool
+            Add the queries to the query-shift window first (:meth:`observe`);
+            False where they were observed already. Either way, while the
+            window has shifted the queries are routed by :meth:`docs_router`.
         """
         if force is not None and len(force) != len(queries):
             raise ValueError("force needs one sequence of gold tool ids per query")
+        if self.observe(queries, remember, batch_size) if observe else self.shifted():
+            return self.docs_router().route_many(queries, batch_size, force, remember)
         out: list[RouteResult] = []
         for start in range(0, len(queries), batch_size):
             chunk = list(queries[start : start + batch_size])

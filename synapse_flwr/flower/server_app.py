@@ -209,7 +209,9 @@ def make_evaluator(cfg: RunConfig, catalog: Catalog) -> Callable[[Artifact], dic
     embedder = get_embedder("static" if cfg.embedder == "none" else cfg.embedder)
 
     def score(router: Router) -> dict[str, dict]:
-        return {split: evaluate_routes(router.route_many([i.query for i in items]), [i.gold for i in items])
+        router.observe([i.query for items in splits.values() for i in items])  # one query-shift decision
+        return {split: evaluate_routes(router.route_many([i.query for i in items], observe=False),
+                                       [i.gold for i in items])
                 for split, items in splits.items()}
 
     # the documentation-only line every round is read against
@@ -235,6 +237,8 @@ def make_evaluator(cfg: RunConfig, catalog: Catalog) -> Callable[[Artifact], dic
         out["prototype_used_share"] = used / max(len(ds.catalog), 1)
         # what the router made of the federation's fusion votes (the defaults before any)
         out["fusion_prototype"], out["fusion_prior"] = router.fusion.prototype, router.fusion.prior
+        # the test queries far from the experience: routed as docs_only (docs/experiments.md, "Query shift")
+        out["experience"] = "off" if router.shifted() else "read"
         scored.clear()
         scored[key] = out
         return dict(out)
@@ -247,7 +251,7 @@ SUMMARY_COLUMNS = (
     ("global", "global", "{}"), ("epsilon", "epsilon", "{:.3f}"), ("bytes/client", "bytes_per_client", "{:,}"),
     ("vote bytes", "vote_bytes_per_client", "{:,}"),
     ("prototypes", "prototype_share", "{:.0%}"), ("above noise", "prototype_used_share", "{:.0%}"),
-    ("fusion w", "fusion_prototype", "{:g}"), ("prior", "fusion_prior", "{:g}"),
+    ("fusion w", "fusion_prototype", "{:g}"), ("prior", "fusion_prior", "{:g}"), ("experience", "experience", "{}"),
     ("seen", "seen_acc", "{:.3f}"),
     ("held-out", "heldout_acc", "{:.3f}"), ("docs seen", "docs_seen_acc", "{:.3f}"),
     ("docs held-out", "docs_heldout_acc", "{:.3f}"),

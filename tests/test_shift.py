@@ -1,0 +1,91 @@
+"""The query-shift test: queries far from the federation's experience route on the documentation alone."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from synapse_flwr.core.builder import build_compendium
+from synapse_flwr.core.embed import get_embedder
+from synapse_flwr.core.router import Router
+from synapse_flwr.core.shift import MIN_QUERIES, SHIFT_Z, ShiftMonitor, own_cosines
+from synapse_flwr.data.federation import load_dataset
+
+
+def _cluster(rng: np.random.Generator, mu: np.ndarray, spread: float, n: int) -> np.ndarray:
+    x = mu + spread * rng.standard_normal((n, len(mu)))
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+# a router reads a prototype only where its sum stands above its noise (prototypes.gate_reads)
+@pytest.mark.parametrize(("n", "sd"), [(3, 0.0), (10, 0.5), (200, 2.0)])
+def test_own_cosine_is_the_mean_cosine_of_a_tool_s_queries_with_its_noised_direction(n, sd):
+    """A few queries' sum is longer than their mean direction warrants, and noise lengthens it more: both
+    corrected, the estimate is what the tool's own queries score on average (the z of the logs is near 0)."""
+    rng = np.random.default_rng(0)
+    dim = 64
+    mu = rng.standard_normal(dim)
+    mu /= np.linalg.norm(mu)
+    estimates, truths = [], []
+    for _ in range(400):
+        x = _cluster(rng, mu, 0.15, n)
+        noised = x.sum(axis=0) + sd * rng.standard_normal(dim)
+        estimates.append(own_cosines(noised[None], np.array([sd]), np.array([float(n)]))[0])
+        fresh = _cluster(rng, mu, 0.15, 200)  # new queries of the same tool, against the released direction
+        truths.append(float((fresh @ (noised / np.linalg.norm(noised))).mean()))
+    assert np.mean(estimates) == pytest.approx(np.mean(truths), abs=0.02)
+    assert math.isnan(own_cosines(np.ones((1, dim)), np.zeros(1), np.ones(1))[0])  # one query: no estimate
+
+
+def test_the_window_decides_only_with_enough_open_gate_queries():
+    dirs = np.eye(4)[:2] * 10.0  # two tools of 10 identical queries: own cosine 1
+    monitor = ShiftMonitor(dirs, np.zeros(2), np.full(2, 10.0), np.array([True, True]))
+    far = np.array([[0.0, 0.0, 1.0, 0.0]], np.float32)  # cosine 0 with both: z = -1
+    monitor.observe(np.repeat(far, MIN_QUERIES - 1, axis=0), np.ones(MIN_QUERIES - 1, bool))
+    assert monitor.state()[2] is False  # too few to decide
+    monitor.observe(far, np.array([False]))  # a closed gate is not counted
+    assert monitor.state()[0] == MIN_QUERIES - 1
+    monitor.observe(far, np.array([True]))
+    n, mean, shifted = monitor.state()
+    assert (n, mean, shifted) == (MIN_QUERIES, pytest.approx(-1.0), True) and mean < SHIFT_Z
+    near = np.array([[1.0, 0.0, 0.0, 0.0]], np.float32)
+    monitor.observe(np.repeat(near, 10 * MIN_QUERIES, axis=0), np.ones(10 * MIN_QUERIES, bool))
+    assert monitor.state()[2] is False  # the queries came back
+
+
+@pytest.fixture(scope="module")
+def demo_routers():
+    ds = load_dataset("demo", 7)
+    emb = get_embedder("minilm")
+    pooled = build_compendium(ds.all_events, ds.catalog, "pooled", epsilon=math.inf, embedder=emb, seed=0)
+    return ds, emb, pooled
+
+
+def test_shifted_test_queries_route_exactly_as_docs_only(demo_routers):
+    """Regression (issue 10, no harm): the demo's test queries are phrased unlike its logs, and the
+    noiseless compendium routed their seen tools below the documentation (0.727 against 0.764)."""
+    ds, emb, pooled = demo_routers
+    test = [i.query for i in ds.seen_test + ds.heldout_test]
+    router = Router(pooled, ds.catalog, embedder=emb)
+    docs = Router(None, ds.catalog, embedder=emb)
+    routes = router.route_many(test)
+    assert router.shifted() and router.shift.state()[1] < SHIFT_Z
+    assert [r.tool for r in routes] == [r.tool for r in docs.route_many(test)]
+    assert router.docs_gated_share(test) == 1.0
+    # the logs' own queries sit where the experience is: read as before (the prototypes decide some)
+    train = [e.query for e in ds.all_events if e.success][:300]
+    fresh = Router(pooled, ds.catalog, embedder=emb)
+    routes = fresh.route_many(train)
+    assert not fresh.shifted() and any("prototype" in r.decided_by for r in routes)
+    assert fresh.shift.state()[1] > SHIFT_Z
+
+
+def test_a_router_without_read_prototypes_or_with_documentation_voted_has_no_shift_test(demo_routers):
+    ds, emb, pooled = demo_routers
+    assert Router(None, ds.catalog, embedder=emb).shift is None
+    from synapse_flwr.core.fusion import Fusion
+
+    docs_voted = Router(pooled, ds.catalog, embedder=emb, fusion=Fusion(prototype=0.0, prior=0.0))
+    assert docs_voted.observe([i.query for i in ds.seen_test]) is False
