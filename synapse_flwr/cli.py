@@ -1021,7 +1021,14 @@ def route(
         help="A test set to route and score instead of QUERY (a query and its gold tool a line, as a dataset "
              "folder's test.jsonl): one JSON line per query with its gold, then top-1 and recall@k.")] = None,
 ) -> None:
-    """Route queries to tools and print one JSON result per query (or score a test set: --test)."""
+    """Route queries to tools and print one JSON result per query (or score a test set: --test).
+
+    When the queries given sit far from the federation's own (20 or more
+    whose documentation-best tool has experience, on average far from its
+    prototypes), they are routed on the documentation alone, as docs_only
+    routes them, and each result says so (`experience_off`; docs/experiments.md,
+    "Query shift").
+    """
     from synapse_flwr.core.catalog import load_catalog
     from synapse_flwr.core.experience import load_testset
     from synapse_flwr.core.explain import explain_route
@@ -1100,8 +1107,15 @@ def serve(
     llm_weight: LLMWeightOption = None,
     count_prior: CountPriorOption = None,
 ) -> None:
-    """Serve routing to agents as an MCP server with one tool, `route`."""
+    """Serve routing to agents as an MCP server with one tool, `route`.
+
+    While the last 1,000 requests whose documentation-best tool has
+    experience sit far from the federation's queries, requests are routed on
+    the documentation alone, as docs_only routes them (each result says so:
+    `experience_off`; docs/experiments.md, "Query shift").
+    """
     from synapse_flwr.core.embed import uncached
+    from synapse_flwr.core.shift import SERVE_WINDOW
     from synapse_flwr.serve import build_server, check_listen
 
     if transport not in TRANSPORTS:
@@ -1116,7 +1130,8 @@ def serve(
                         "use it", listen["host"])
     elif host is not None or port is not None:
         raise SynapseError("--host and --port apply to --transport sse or streamable-http, not stdio")
-    router = _load_router(catalog, compendium, reranker, model, embedder, "typed", 5, llm_weight, count_prior)
+    router = _load_router(catalog, compendium, reranker, model, embedder, "typed", 5, llm_weight, count_prior,
+                          SERVE_WINDOW)
     # the models load now, not in the first request (an index read from the cache never loaded the embedder; an
     # embedded LLM whose wheel is missing would fail every request of a server that started)
     uncached(router.embedder).encode(["warm up"])
@@ -1303,7 +1318,8 @@ def _router_embedder(comp, embedder: str | None):
     return emb
 
 
-def _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_weight, count_prior):
+def _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_weight, count_prior,
+                 shift_window: int | None = None):
     from dataclasses import replace
 
     from synapse_flwr.core.catalog import load_catalog
@@ -1345,7 +1361,7 @@ def _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_
     try:
         fusion = None if count_prior is None else replace(voted_fusion(comp, emb.name), prior=count_prior)
         return Router(comp, cat, embedder=emb, reranker=reranker, k=k, render=render, model=model,
-                      llm_weight=llm_weight, fusion=fusion)
+                      llm_weight=llm_weight, fusion=fusion, **({"shift_window": shift_window} if shift_window else {}))
     except ValueError as exc:
         raise SynapseError(str(exc)) from None
 

@@ -269,6 +269,18 @@ def test_explain_reports_the_count_prior_apart_from_the_query_match():
     assert decided_by(ranked, "visa_rules") == ["prior"]
 
 
+def test_explain_names_only_the_fields_without_which_another_tool_wins():
+    """Regression (inference review): the prior, above zero for every tool whose prototype is read, was named
+    beside the prototype on 18 of the demo's 21 experience-decided routes it did not decide."""
+    docs_pick = Candidate("visa_rules", 1.0, 1.0, {"description": 1.0})
+    match = [Candidate("get_weather", 1.6, 1.6, {"description": 0.8, "prototype": 0.7, "prior": 0.1}), docs_pick]
+    assert decided_by(match, "visa_rules") == ["prototype"]  # without the prior get_weather still wins
+    count = [Candidate("get_weather", 1.3, 1.3, {"description": 0.9, "prototype": 0.05, "prior": 0.35}), docs_pick]
+    assert decided_by(count, "visa_rules") == ["prior"]
+    together = [Candidate("get_weather", 1.2, 1.2, {"description": 0.9, "prototype": 0.15, "prior": 0.15}), docs_pick]
+    assert decided_by(together, "visa_rules") == ["prototype", "prior"]  # neither alone: both decided
+
+
 def test_experience_is_silent_when_the_docs_choice_has_none():
     comp = build_compendium(EVENTS, CATALOG, "acme", embedder=BagEmbedder(), epsilon=math.inf, seed=0)
     fed, docs = _router(comp), _router(None)

@@ -13,14 +13,14 @@ def test_summary_table_has_a_row_per_round_and_reads_lists_as_counts():
         {"round": 1, "accepted": [1, 2, 3], "rejected": [], "epsilon": 3.991, "bytes_per_client": 48213,
          "vote_bytes_per_client": 495,
          "prototype_share": 1.0, "prototype_used_share": 0.25, "fusion_prototype": 8.0,
-         "fusion_prior": 0.0, "experience": "read", "seen_acc": 0.61, "heldout_acc": 0.7, "docs_seen_acc": 0.5, "docs_heldout_acc": 0.7},
+         "fusion_prior": 0.0, "experience_off": 0.0, "seen_acc": 0.61, "heldout_acc": 0.7, "docs_seen_acc": 0.5, "docs_heldout_acc": 0.7},
         {"round": 2, "accepted": [1], "rejected": [{"node_id": 3, "reason": "x"}], "epsilon": None},
     ]
     lines = summary_table(rounds).splitlines()
     assert len(lines) == 3 and lines[0].split()[0] == "round"
     rounds[0]["global"] = "new"
     lines = summary_table(rounds).splitlines()
-    assert lines[1].split() == ["1", "3", "0", "new", "3.991", "48,213", "495", "100%", "25%", "8", "0", "read", "0.610",
+    assert lines[1].split() == ["1", "3", "0", "new", "3.991", "48,213", "495", "100%", "25%", "8", "0", "0", "0.610",
                                 "0.700", "0.500", "0.700"]
     assert lines[2].split()[:5] == ["2", "1", "1", "-", "-"] and lines[2].split().count("-") == len(SUMMARY_COLUMNS) - 3
 
@@ -43,6 +43,8 @@ def test_a_global_that_routes_alike_is_not_scored_again(monkeypatch):
 
     first = evaluate(global_(1, ["a" * 64]))
     assert first["seen_n"] > 0 and len(routers) == 2
+    # every score goes into the round's MetricRecord: numbers only (a string flag crashed every round 1)
+    assert all(isinstance(v, (int, float)) for v in first.values()) and first["experience_off"] == 0.0
     first["seen_acc"] = -1.0  # a caller's change to its copy does not reach the next round's
     again = evaluate(global_(2, ["b" * 64]))
     assert len(routers) == 2 and again["seen_acc"] == again["docs_seen_acc"] >= 0.0

@@ -9,6 +9,7 @@ import pytest
 
 from synapse_flwr.core.builder import build_compendium
 from synapse_flwr.core.embed import get_embedder
+from synapse_flwr.core.explain import explain_route
 from synapse_flwr.core.router import Router
 from synapse_flwr.core.shift import MIN_QUERIES, SHIFT_Z, ShiftMonitor, own_cosines
 from synapse_flwr.data.federation import load_dataset
@@ -52,6 +53,9 @@ def test_the_window_decides_only_with_enough_open_gate_queries():
     assert (n, mean, shifted) == (MIN_QUERIES, pytest.approx(-1.0), True) and mean < SHIFT_Z
     near = np.array([[1.0, 0.0, 0.0, 0.0]], np.float32)
     monitor.observe(np.repeat(near, 10 * MIN_QUERIES, axis=0), np.ones(10 * MIN_QUERIES, bool))
+    n, mean, shifted = monitor.state()
+    assert SHIFT_Z < mean < SHIFT_Z / 2 and shifted  # above the threshold, not yet back above half of it
+    monitor.observe(np.repeat(near, 10 * MIN_QUERIES, axis=0), np.ones(10 * MIN_QUERIES, bool))
     assert monitor.state()[2] is False  # the queries came back
 
 
@@ -73,13 +77,32 @@ def test_shifted_test_queries_route_exactly_as_docs_only(demo_routers):
     routes = router.route_many(test)
     assert router.shifted() and router.shift.state()[1] < SHIFT_Z
     assert [r.tool for r in routes] == [r.tool for r in docs.route_many(test)]
+    assert all(r.experience_off and r.to_dict()["experience_off"] for r in routes)
+    assert "experience off" in explain_route(routes[0])
     assert router.docs_gated_share(test) == 1.0
     # the logs' own queries sit where the experience is: read as before (the prototypes decide some)
     train = [e.query for e in ds.all_events if e.success][:300]
     fresh = Router(pooled, ds.catalog, embedder=emb)
     routes = fresh.route_many(train)
     assert not fresh.shifted() and any("prototype" in r.decided_by for r in routes)
-    assert fresh.shift.state()[1] > SHIFT_Z
+    assert fresh.shift.state()[1] > SHIFT_Z and not any(r.experience_off for r in routes)
+
+
+def test_a_served_router_says_when_experience_goes_off_and_comes_back_once_each(demo_routers, caplog):
+    """Regression (inference review): the warning's text held the running mean, so a server logged it on
+    almost every request once the test had fired."""
+    import logging
+
+    ds, emb, pooled = demo_routers
+    router = Router(pooled, ds.catalog, embedder=emb, shift_window=60)
+    test = [i.query for i in ds.seen_test]
+    train = [e.query for e in ds.all_events if e.success]
+    with caplog.at_level(logging.INFO, logger="synapse_flwr.core.router"):
+        shifted = [router.route(q).experience_off for q in test[:80]]
+        back = [router.route(q).experience_off for q in train[:200]]
+    assert any(shifted) and not back[-1]
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("sit far from" in m for m in said) == 1 and sum("back near" in m for m in said) == 1
 
 
 def test_a_router_without_read_prototypes_or_with_documentation_voted_has_no_shift_test(demo_routers):

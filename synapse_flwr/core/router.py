@@ -47,14 +47,13 @@ import math
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from synapse_flwr.core.catalog import Catalog
 from synapse_flwr.core.documentation import catalog_arguments, doc_entry, doc_text
 from synapse_flwr.core.embed import Embedder, get_embedder, l2_normalize, uncached
-from synapse_flwr.core.errors import log_once
 from synapse_flwr.core.explain import decided_by
 from synapse_flwr.core.fusion import Fusion, gate_open, voted_fusion
 from synapse_flwr.core.phrase_profile import PhraseProfile
@@ -83,7 +82,7 @@ from synapse_flwr.core.rerank_llm import (
 from synapse_flwr.core.sanitize import neutralise
 from synapse_flwr.core.scenarios import split_when
 from synapse_flwr.core.schema import Compendium, FlatCompendium, ToolEntry, ToolStats
-from synapse_flwr.core.shift import SHIFT_Z, ShiftMonitor
+from synapse_flwr.core.shift import SHIFT_Z, WINDOW, ShiftMonitor
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +180,9 @@ class RouteResult:
         The fields (or reranker) that decided.
     fallback : bool
         True when the reranker failed and retrieval order was used.
+    experience_off : bool
+        True when the query-shift test had turned experience off: routed as
+        docs_only routes it (:meth:`Router.observe`).
     """
 
     query: str
@@ -188,6 +190,7 @@ class RouteResult:
     candidates: list[Candidate]
     decided_by: list[str]
     fallback: bool = False
+    experience_off: bool = False
 
     def to_dict(self, names: Mapping[str, str] | None = None) -> dict:
         """JSON-ready form.
@@ -205,6 +208,7 @@ class RouteResult:
             "tool_id": self.tool,
             "decided_by": self.decided_by,
             "fallback": self.fallback,
+            "experience_off": self.experience_off,
             "candidates": [
                 {"tool": names.get(c.tool_id, c.tool_id), "tool_id": c.tool_id, "score": round(c.score, 4),
                  "retrieval": round(c.retrieval, 4), "signals": {k: round(v, 4) for k, v in c.signals.items()}}
@@ -302,6 +306,8 @@ class Router:
     docs_candidates : int
         The documentation's best tools that every candidate set keeps
         (:func:`candidate_set`; ``>= 0``, at most ``k - 1`` are kept).
+    shift_window : int
+        Open-gate queries the query-shift test keeps (:meth:`observe`).
     weights : tuple of float or None
         Weights of (dense documentation, lexical profile, extra scenario
         similarity) in the retrieval score; None: :data:`PROTOTYPE_WEIGHTS`
@@ -327,6 +333,7 @@ class Router:
         llm_mode: str = "auto",
         llm_weight: float | None = None,
         docs_candidates: int = DOCS_CANDIDATES,
+        shift_window: int = WINDOW,
     ) -> None:
         check_router_inputs(compendium, catalog)
         check_router_args(reranker, k, render, model, llm_mode, llm_weight, docs_candidates)
@@ -367,6 +374,8 @@ class Router:
         self.phrase_tools = np.array([bool(e.when) for e in indexed.values()])
         self.compendium = compendium
         self.prototypes = self._load_prototypes(compendium)
+        self.shift_window = shift_window
+        self._shift_said = False  # whether the last word logged was that experience is off
         self.shift = self._shift_monitor()
         self.weights = weights or (SCENARIO_WEIGHTS if self.prototypes is None else PROTOTYPE_WEIGHTS)
         self._weights_given = weights
@@ -526,7 +535,7 @@ class Router:
             return None
         sums, sds, counts = stacked_prototypes([e.prototype for e in self.entries.values()],
                                                self.compendium.embedding.dim)
-        return ShiftMonitor(sums, sds, counts, read)
+        return ShiftMonitor(sums, sds, counts, read, self.shift_window)
 
     def observe(self, queries: Sequence[str], remember: bool = True, batch_size: int = 256) -> bool:
         """Add ``queries`` to the query-shift window (:mod:`~synapse_flwr.core.shift`); whether it has shifted.
@@ -537,6 +546,7 @@ class Router:
         the votes chose the documentation only (there is nothing to turn off).
         An experiment observes its whole test set first, so that every split
         is routed on one decision, as a deployment's mixed traffic would be.
+        A change of the decision is logged (a warning when experience goes off).
 
         Parameters
         ----------
@@ -547,18 +557,27 @@ class Router:
         batch_size : int
             Queries embedded at once.
         """
+        embedder = None if remember else uncached(self.embedder)
+        chunks = [list(queries[s : s + batch_size]) for s in range(0, len(queries), batch_size)]
+        return self._observe(chunks, [self._embed(c, embedder) for c in chunks])
+
+    def _observe(self, chunks: Sequence[list[str]], vectors: Sequence[np.ndarray]) -> bool:
+        """:meth:`observe` of embedded chunks of queries."""
         if self.shift is None or self.fusion.docs_only:
             return False
-        read, embedder = self.prototypes_read(), None if remember else uncached(self.embedder)
-        for start in range(0, len(queries), batch_size):
-            chunk = list(queries[start : start + batch_size])
-            q = self._embed(chunk, embedder)
+        read = self.prototypes_read()
+        for chunk, q in zip(chunks, vectors, strict=True):
             self.shift.observe(q, gate_open(self._description(chunk, q)[0], read))
         n, mean, shifted = self.shift.state()
-        if shifted:  # (said again when the statistic moves)
-            log_once(log, f"the queries routed sit far from the federation's experience (mean shift {mean:.3f} "
-                          f"over {n} queries, below {SHIFT_Z}): routing on the documentation alone, as docs_only "
-                          "does, while they do (docs/experiments.md, \"Query shift\")", logging.WARNING)
+        if shifted != self._shift_said:
+            self._shift_said = shifted
+            if shifted:
+                log.warning("the queries routed sit far from the federation's experience (mean shift %.3f over the "
+                            "last %d queries, below %s): routing on the documentation alone, as docs_only does, "
+                            "while they do (docs/experiments.md, \"Query shift\")", mean, n, SHIFT_Z)
+            else:
+                log.info("the queries routed are back near the federation's experience (mean shift %.3f over the "
+                         "last %d queries): reading it again", mean, n)
         return shifted
 
     def shifted(self) -> bool:
@@ -572,7 +591,7 @@ class Router:
                 self._docs_twin = Router(None, self.catalog, embedder=self.embedder, reranker=self.reranker,
                                          k=self.k, render=self.render, model=self.model, weights=self._weights_given,
                                          llm_mode=self.llm_mode, llm_weight=self.llm_weight,
-                                         docs_candidates=self.docs_candidates)
+                                         docs_candidates=self.docs_candidates, shift_window=self.shift_window)
             return self._docs_twin
 
     def docs_gated_share(self, queries: Sequence[str], batch: int = 1024) -> float:
@@ -874,12 +893,19 @@ class Router:
         """
         if force is not None and len(force) != len(queries):
             raise ValueError("force needs one sequence of gold tool ids per query")
-        if self.observe(queries, remember, batch_size) if observe else self.shifted():
-            return self.docs_router().route_many(queries, batch_size, force, remember)
+        embedder = None if remember else uncached(self.embedder)
+        chunks = [list(queries[s : s + batch_size]) for s in range(0, len(queries), batch_size)]
+        vectors: list[np.ndarray | None] = [None] * len(chunks)
+        if observe and self.shift is not None and not self.fusion.docs_only:
+            vectors = [self._embed(c, embedder) for c in chunks]  # embedded once, for the test and the routes
+            self._observe(chunks, vectors)
+        if self.shifted():
+            docs = self.docs_router().route_many(queries, batch_size, force, remember, observe=False)
+            return [replace(r, experience_off=True) for r in docs]
         out: list[RouteResult] = []
-        for start in range(0, len(queries), batch_size):
-            chunk = list(queries[start : start + batch_size])
-            qv = self._embed(chunk, None if remember else uncached(self.embedder))
+        for i, chunk in enumerate(chunks):
+            start = i * batch_size
+            qv = vectors[i] if vectors[i] is not None else self._embed(chunk, embedder)
             parts = self.evidence(chunk, qv)
             fused = sum(parts.values())
             cands = []

@@ -39,6 +39,8 @@ SHIFT_Z = -0.15
 MIN_QUERIES = 20
 #: Open-gate queries the window keeps (an experiment observes its whole test set first)
 WINDOW = 20_000
+#: The window of a served router (``synapse serve``): its traffic moves, and a decision should follow it
+SERVE_WINDOW = 1_000
 
 
 def own_cosines(sums: np.ndarray, sds: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -74,15 +76,19 @@ class ShiftMonitor:
         The compendium's prototypes (:func:`~synapse_flwr.core.prototypes.stacked_prototypes`).
     read : numpy.ndarray
         ``(n_tools,)`` booleans: the prototypes the router reads.
+    window : int
+        Open-gate queries kept (the latest).
     """
 
-    def __init__(self, sums: np.ndarray, sds: np.ndarray, counts: np.ndarray, read: np.ndarray) -> None:
+    def __init__(self, sums: np.ndarray, sds: np.ndarray, counts: np.ndarray, read: np.ndarray,
+                 window: int = WINDOW) -> None:
         own = own_cosines(sums, sds, counts)
         self.tools = np.flatnonzero(read & np.isfinite(own))
         norms = np.linalg.norm(sums[self.tools], axis=1, keepdims=True)
         self.dirs = (sums[self.tools] / np.maximum(norms, 1e-12)).astype(np.float32)
         self.own = own[self.tools]
-        self._z: deque[float] = deque(maxlen=WINDOW)
+        self._z: deque[float] = deque(maxlen=window)
+        self._off = False
         self._lock = threading.Lock()
 
     def observe(self, q: np.ndarray, gate_open: np.ndarray) -> None:
@@ -96,9 +102,15 @@ class ShiftMonitor:
             self._z.extend(z.tolist())
 
     def state(self) -> tuple[int, float | None, bool]:
-        """``(queries in the window, their mean z or None, shifted)``: shifted when at least
-        :data:`MIN_QUERIES` are in and their mean is below :data:`SHIFT_Z`."""
+        """``(queries in the window, their mean z or None, shifted)``.
+
+        Shifted when at least :data:`MIN_QUERIES` are in and their mean is
+        below :data:`SHIFT_Z`; once shifted, until the mean is back above half
+        of it (a served router's mean wavering about the threshold turned
+        experience off and on with every few requests).
+        """
         with self._lock:
             n = len(self._z)
             mean = float(np.mean(self._z)) if n else None
-        return n, mean, mean is not None and n >= MIN_QUERIES and mean < SHIFT_Z
+            self._off = mean is not None and n >= MIN_QUERIES and mean < (SHIFT_Z / 2 if self._off else SHIFT_Z)
+            return n, mean, self._off

@@ -238,7 +238,7 @@ def make_evaluator(cfg: RunConfig, catalog: Catalog) -> Callable[[Artifact], dic
         # what the router made of the federation's fusion votes (the defaults before any)
         out["fusion_prototype"], out["fusion_prior"] = router.fusion.prototype, router.fusion.prior
         # the test queries far from the experience: routed as docs_only (docs/experiments.md, "Query shift")
-        out["experience"] = "off" if router.shifted() else "read"
+        out["experience_off"] = float(router.shifted())  # a MetricRecord holds numbers only
         scored.clear()
         scored[key] = out
         return dict(out)
@@ -251,7 +251,7 @@ SUMMARY_COLUMNS = (
     ("global", "global", "{}"), ("epsilon", "epsilon", "{:.3f}"), ("bytes/client", "bytes_per_client", "{:,}"),
     ("vote bytes", "vote_bytes_per_client", "{:,}"),
     ("prototypes", "prototype_share", "{:.0%}"), ("above noise", "prototype_used_share", "{:.0%}"),
-    ("fusion w", "fusion_prototype", "{:g}"), ("prior", "fusion_prior", "{:g}"), ("experience", "experience", "{}"),
+    ("fusion w", "fusion_prototype", "{:g}"), ("prior", "fusion_prior", "{:g}"), ("exp. off", "experience_off", "{:g}"),
     ("seen", "seen_acc", "{:.3f}"),
     ("held-out", "heldout_acc", "{:.3f}"), ("docs seen", "docs_seen_acc", "{:.3f}"),
     ("docs held-out", "docs_heldout_acc", "{:.3f}"),
