@@ -95,7 +95,7 @@ ORDER_CHECK_ARMS = ("federated", "centralized", "docs_only")
 ROUTER_MODULES = ("core.router", "core.votes", "core.catalog", "core.documentation", "core.embed", "core.explain",
                   "core.fusion", "core.llm", "core.phrase_profile", "core.phrases", "core.privacy",
                   "core.prototypes", "core.render", "core.rerank_llm", "core.sanitize", "core.scenarios",
-                  "core.schema")
+                  "core.schema", "core.shift")
 # Evaluations and baselines are cached under a hash of the code that scores the arms and of the code
 # that splits the test sets, so a router or split change re-scores every arm (and reruns the Flower
 # runs that vote) while the other Flower runs stay cached; a change to the builder or the merge needs ``--fresh``.
