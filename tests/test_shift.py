@@ -112,3 +112,22 @@ def test_a_router_without_read_prototypes_or_with_documentation_voted_has_no_shi
 
     docs_voted = Router(pooled, ds.catalog, embedder=emb, fusion=Fusion(prototype=0.0, prior=0.0))
     assert docs_voted.observe([i.query for i in ds.seen_test]) is False
+
+
+def test_the_docs_twin_of_a_lexical_router_leaves_its_vocabulary_alone(demo_routers):
+    """Regression (diff review): the twin indexed the documentation with the router's own lexical embedder,
+    whose vocabulary it would refit."""
+    from synapse_flwr.core.embed import TfidfEmbedder
+
+    ds, _, _ = demo_routers
+    router = Router(None, ds.catalog, embedder=TfidfEmbedder())
+    before = router.embedder.encode(["will it rain in Oslo tomorrow"])
+    twin = router.docs_router()
+    assert twin is router.docs_router() and twin.embedder is not router.embedder
+    assert np.array_equal(router.embedder.encode(["will it rain in Oslo tomorrow"]), before)
+
+
+def test_a_router_without_a_window_has_no_shift_test(demo_routers):
+    ds, emb, pooled = demo_routers
+    router = Router(pooled, ds.catalog, embedder=emb, shift_window=0)
+    assert router.shift is None and not router.route_many([i.query for i in ds.seen_test])[0].experience_off

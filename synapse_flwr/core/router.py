@@ -307,7 +307,9 @@ class Router:
         The documentation's best tools that every candidate set keeps
         (:func:`candidate_set`; ``>= 0``, at most ``k - 1`` are kept).
     shift_window : int
-        Open-gate queries the query-shift test keeps (:meth:`observe`).
+        Open-gate queries the query-shift test keeps (:meth:`observe`); 0: no
+        such test (experience is read whatever the queries: the lab scripts
+        that tune the router's constants on a dataset's test queries).
     weights : tuple of float or None
         Weights of (dense documentation, lexical profile, extra scenario
         similarity) in the retrieval score; None: :data:`PROTOTYPE_WEIGHTS`
@@ -451,6 +453,7 @@ class Router:
         self.fusion = fusion
         self.prototypes = self._load_prototypes(self.compendium)
         self.shift = self._shift_monitor()
+        self._shift_said = False
 
     def _load_prototypes(
         self, compendium: Compendium | FlatCompendium | None
@@ -529,9 +532,9 @@ class Router:
 
     # ------------------------------------------------------------- query shift
     def _shift_monitor(self) -> ShiftMonitor | None:
-        """The query-shift window over the prototypes this router reads (None: it reads none)."""
+        """The query-shift window over the prototypes this router reads (None: it reads none, or no window)."""
         read = self.prototypes_read()
-        if not read.any():
+        if not read.any() or self.shift_window <= 0:
             return None
         sums, sds, counts = stacked_prototypes([e.prototype for e in self.entries.values()],
                                                self.compendium.embedding.dim)
@@ -588,7 +591,10 @@ class Router:
         """A router of this one's catalog, embedder and reranker without the compendium: docs_only (made once)."""
         with self._twin_lock:
             if self._docs_twin is None:
-                self._docs_twin = Router(None, self.catalog, embedder=self.embedder, reranker=self.reranker,
+                # a lexical embedder learns its vocabulary from the index: refitted by the twin's, it would move this
+                # router's own vectors
+                own = copy.deepcopy(self.embedder) if hasattr(self.embedder, "fit") else self.embedder
+                self._docs_twin = Router(None, self.catalog, embedder=own, reranker=self.reranker,
                                          k=self.k, render=self.render, model=self.model, weights=self._weights_given,
                                          llm_mode=self.llm_mode, llm_weight=self.llm_weight,
                                          docs_candidates=self.docs_candidates, shift_window=self.shift_window)
@@ -597,7 +603,8 @@ class Router:
     def docs_gated_share(self, queries: Sequence[str], batch: int = 1024) -> float:
         """Share of ``queries`` whose route reads no prototype.
 
-        The votes chose documentation only, or the query's documentation-best
+        The votes chose documentation only, the query-shift test turned
+        experience off (:meth:`shifted`), or the query's documentation-best
         tool has no prototype this router reads (the gate,
         :func:`~synapse_flwr.core.fusion.gate_open`).
 
@@ -899,13 +906,20 @@ class Router:
         if observe and self.shift is not None and not self.fusion.docs_only:
             vectors = [self._embed(c, embedder) for c in chunks]  # embedded once, for the test and the routes
             self._observe(chunks, vectors)
-        if self.shifted():
-            docs = self.docs_router().route_many(queries, batch_size, force, remember, observe=False)
-            return [replace(r, experience_off=True) for r in docs]
+        if not self.shifted():
+            return self._route_chunks(chunks, vectors, force, embedder)
+        twin = self.docs_router()
+        if twin.embedder is not self.embedder:  # a lexical embedder's own copy (docs_router): its own vectors
+            vectors, embedder = [None] * len(chunks), None if remember else uncached(twin.embedder)
+        return [replace(r, experience_off=True) for r in twin._route_chunks(chunks, vectors, force, embedder)]
+
+    def _route_chunks(self, chunks: Sequence[list[str]], vectors: Sequence[np.ndarray | None],
+                      force: Sequence[Sequence[str]] | None, embedder: Embedder | None) -> list[RouteResult]:
+        """:meth:`route_many` of chunked queries, each chunk's embeddings given or made with ``embedder``."""
         out: list[RouteResult] = []
-        for i, chunk in enumerate(chunks):
-            start = i * batch_size
-            qv = vectors[i] if vectors[i] is not None else self._embed(chunk, embedder)
+        start = 0
+        for chunk, given in zip(chunks, vectors, strict=True):
+            qv = given if given is not None else self._embed(chunk, embedder)
             parts = self.evidence(chunk, qv)
             fused = sum(parts.values())
             cands = []
@@ -931,6 +945,7 @@ class Router:
                     ranked, decided, fallback = self._rerank_llm(cand, fused[row], parts["description"][row],
                                                                  llm[row])
                 out.append(RouteResult(query, ranked[0].tool_id, ranked, decided, fallback))
+            start += len(chunk)
         return out
 
     def route(self, query: str) -> RouteResult:
