@@ -54,6 +54,7 @@ import numpy as np
 from synapse_flwr.core.catalog import Catalog
 from synapse_flwr.core.documentation import catalog_arguments, doc_entry, doc_text
 from synapse_flwr.core.embed import Embedder, get_embedder, l2_normalize, uncached
+from synapse_flwr.core.errors import log_once
 from synapse_flwr.core.explain import decided_by
 from synapse_flwr.core.fusion import Fusion, gate_open, voted_fusion
 from synapse_flwr.core.phrase_profile import PhraseProfile
@@ -574,13 +575,14 @@ class Router:
         n, mean, shifted = self.shift.state()
         if shifted != self._shift_said:
             self._shift_said = shifted
+            # once a process for one statistic: an experiment's arms each route the same test set
             if shifted:
-                log.warning("the queries routed sit far from the federation's experience (mean shift %.3f over the "
-                            "last %d queries, below %s): routing on the documentation alone, as docs_only does, "
-                            "while they do (docs/experiments.md, \"Query shift\")", mean, n, SHIFT_Z)
+                log_once(log, f"the queries routed sit far from the federation's experience (mean shift {mean:.3f} "
+                              f"over the last {n} queries, below {SHIFT_Z}): routing on the documentation alone, as "
+                              "docs_only does, while they do (docs/experiments.md, \"Query shift\")", logging.WARNING)
             else:
-                log.info("the queries routed are back near the federation's experience (mean shift %.3f over the "
-                         "last %d queries): reading it again", mean, n)
+                log_once(log, f"the queries routed are back near the federation's experience (mean shift {mean:.3f} "
+                              f"over the last {n} queries): reading it again")
         return shifted
 
     def shifted(self) -> bool:
