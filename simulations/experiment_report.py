@@ -195,9 +195,10 @@ def _gate_line(results: dict) -> str | None:
               for arm in ARMS if any("docs_gated_mean" in m for m in arms.get(arm, {}).values())]
     if not shares:
         return None
-    return ("Queries whose route reads no prototype (their documentation-best tool has none the router reads, or "
-            "the votes chose the documentation only: they route as docs_only does unless a when_not scenario "
-            "redirects them; docs/experiments.md, \"Limits measured\"): " + "; ".join(shares) + ".")
+    return ("Queries whose route reads no prototype (their documentation-best tool has none the router reads, "
+            "the votes chose the documentation only, or the query-shift test turned experience off: they route as "
+            "docs_only does unless a when_not scenario redirects them; docs/experiments.md, \"Limits measured\"): "
+            + "; ".join(shares) + ".")
 
 
 def _globals_line(results: dict) -> str | None:
