@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -493,3 +494,23 @@ def test_a_second_launcher_in_a_held_output_folder_is_refused(tmp_path):
         pass
     with launch.output_lock(tmp_path / "other"):
         pass
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_the_app_bundle_leaves_the_committed_results_out(tmp_path, staged):
+    """Regression (docs review): `flwr run .` bundled docs/results, 8 of Flower's 10 MB; the bundle is built from
+    the checkout (the Quickstart) and from the launchers' staged copy, and Flower refuses a fab-exclude pattern
+    that matches nothing in either."""
+    import subprocess
+    import zipfile
+
+    app = launch.stage_app(APP_DIR, tmp_path / "app") if staged else APP_DIR
+    out = tmp_path / "fab"
+    out.mkdir()
+    res = subprocess.run([str(Path(sys.executable).parent / "flwr"), "build", "--app", str(app)], cwd=out,
+                         capture_output=True, text=True, timeout=120, check=False)
+    fabs = list(out.glob("*.fab"))
+    assert res.returncode == 0 and len(fabs) == 1, res.stdout + res.stderr
+    names = zipfile.ZipFile(fabs[0]).namelist()
+    assert "synapse_flwr/flower/server_app.py" in names and not any(n.startswith("docs/results/") for n in names)
+    assert fabs[0].stat().st_size < 5 * 1024 * 1024

@@ -402,8 +402,9 @@ def stage_app(app_dir: Path, dest: Path) -> Path:
     ``flwr`` builds the app bundle by walking the whole folder before
     filtering it, which takes seconds per run inside a checkout holding a
     virtual environment. The copy leaves out what the bundle would leave out
-    anyway: hidden entries (``.venv``, ``.git``), caches, ``*.egg-info`` and
-    the top-level folders ignored by the app's ``.gitignore`` (``runs/``...).
+    anyway: hidden entries (``.venv``, ``.git``; not ``.gitignore``, which the
+    app's ``fab-exclude`` names), caches, ``*.egg-info`` and the top-level
+    folders ignored by the app's ``.gitignore`` (``runs/``...).
 
     Parameters
     ----------
@@ -418,6 +419,7 @@ def stage_app(app_dir: Path, dest: Path) -> Path:
         ``dest``.
     """
     ignored = {".*", "__pycache__", "*.egg-info", "*.pyc", "*.pyo"}
+    kept = {".gitignore"}  # named by the app's fab-exclude (pyproject.toml): Flower refuses a pattern matching nothing
     gitignore = app_dir / ".gitignore"
     if gitignore.is_file():
         for line in gitignore.read_text(encoding="utf-8", errors="replace").splitlines():
@@ -428,7 +430,7 @@ def stage_app(app_dir: Path, dest: Path) -> Path:
 
     def ignore(folder: str, names: list[str]) -> set[str]:
         """Names of ``folder`` left out of the copy."""
-        return {n for n in names if any(fnmatch.fnmatch(n, pat) for pat in patterns)}
+        return {n for n in names if n not in kept and any(fnmatch.fnmatch(n, pat) for pat in patterns)}
 
     if dest.exists():
         shutil.rmtree(dest)
