@@ -591,8 +591,7 @@ class Experiment:
         ds = self.dataset(seed)
         router = Router(compendium, ds.catalog, embedder=self.embedder, reranker="llm", k=self.cfg.k,
                         model=self.cfg.llm_model)
-        if router.observe([i.query for items in self.splits(ds).values() for i in items]):
-            router = router.docs_router()  # the candidates the arm's LLM read (evaluate: the query-shift test)
+        router.observe([i.query for items in self.splits(ds).values() for i in items])  # as evaluate decides
         out = {}
         for split, items in self.splits(ds).items():
             queries = [i.query for i in llm_subsample(items, self.cfg.llm_sample)[:ORDER_CHECK]]

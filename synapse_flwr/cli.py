@@ -634,7 +634,7 @@ def check_data(folder: Annotated[Path, typer.Argument(help="Dataset folder: cata
         raise typer.Exit(2) from None
     typer.echo(f"valid: {report.summary()}")
     if (folder / TEST_FILE).is_file():  # what an experiment will score, after the leak filter it applies
-        typer.echo(split_summary(load_folder(folder)))
+        typer.echo(split_summary(load_folder(folder, report=report)))
     else:  # valid for simulate and build, but an experiment scores a test set
         typer.echo(f"note: no {TEST_FILE}: `synapse experiment` needs one (JSONL of query and gold, "
                    "docs/formats.md); `synapse simulate` and `build` do not")
@@ -1330,6 +1330,7 @@ def _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_
         check_router_args,
     )
     from synapse_flwr.core.schema import FlatCompendium
+    from synapse_flwr.core.shift import WINDOW
     from synapse_flwr.core.votes import chosen_setting
 
     _check_router_options(reranker, model, llm_weight, count_prior)
@@ -1361,7 +1362,7 @@ def _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_
     try:
         fusion = None if count_prior is None else replace(voted_fusion(comp, emb.name), prior=count_prior)
         return Router(comp, cat, embedder=emb, reranker=reranker, k=k, render=render, model=model,
-                      llm_weight=llm_weight, fusion=fusion, **({"shift_window": shift_window} if shift_window else {}))
+                      llm_weight=llm_weight, fusion=fusion, shift_window=WINDOW if shift_window is None else shift_window)
     except ValueError as exc:
         raise SynapseError(str(exc)) from None
 

@@ -9,10 +9,6 @@ if TYPE_CHECKING:
     from synapse_flwr.core.router import Candidate, RouteResult
 
 
-# the experience fields whose evidence is a part of a candidate's score (what taking one away can test)
-ADDITIVE = ("phrases", "scenario", "prototype", "prior")
-
-
 def _winner_without(ranked: Sequence[Candidate], field: str) -> str:
     """The candidate that would win with ``field``'s part taken from every candidate's score."""
     return min(ranked, key=lambda c: (-(c.score - c.signals.get(field, 0.0)), c.tool_id)).tool_id

@@ -206,6 +206,11 @@ def stacked_prototypes(protos: Sequence[Prototype | None], dim: int) -> tuple[np
     return sums, sds, counts
 
 
+def signal_energies(sums: np.ndarray, sds: np.ndarray) -> np.ndarray:
+    """Per row of noised sums, :func:`signal_energy`'s estimate ``|S|^2 - dim * sd^2`` (may be negative)."""
+    return np.einsum("ij,ij->i", sums, sums) - sums.shape[1] * sds**2
+
+
 def shrunk_directions(sums: np.ndarray, sds: np.ndarray, shrink: float) -> tuple[np.ndarray, np.ndarray]:
     """Per row of noised sums: its direction and noise shrinkage, as a router reads a prototype.
 
@@ -222,7 +227,7 @@ def shrunk_directions(sums: np.ndarray, sds: np.ndarray, shrink: float) -> tuple
     shrink : float
         ``k`` of the shrinkage.
     """
-    signal = np.einsum("ij,ij->i", sums, sums) - sums.shape[1] * sds**2
+    signal = signal_energies(sums, sds)
     alive = signal > 0
     safe = np.where(alive, signal, 1.0)
     dirs = np.where(alive[:, None], sums / np.sqrt(safe)[:, None], 0.0)

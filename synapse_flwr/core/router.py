@@ -381,7 +381,6 @@ class Router:
         self._shift_said = False  # whether the last word logged was that experience is off
         self.shift = self._shift_monitor()
         self.weights = weights or (SCENARIO_WEIGHTS if self.prototypes is None else PROTOTYPE_WEIGHTS)
-        self._weights_given = weights
         self._docs_twin: Router | None = None
         self._twin_lock = threading.Lock()
 
@@ -593,13 +592,11 @@ class Router:
         """A router of this one's catalog, embedder and reranker without the compendium: docs_only (made once)."""
         with self._twin_lock:
             if self._docs_twin is None:
-                # a lexical embedder learns its vocabulary from the index: refitted by the twin's, it would move this
-                # router's own vectors
-                own = copy.deepcopy(self.embedder) if hasattr(self.embedder, "fit") else self.embedder
-                self._docs_twin = Router(None, self.catalog, embedder=own, reranker=self.reranker,
-                                         k=self.k, render=self.render, model=self.model, weights=self._weights_given,
+                # (a lexical embedder is fitted already: the twin's index does not fit it again)
+                self._docs_twin = Router(None, self.catalog, embedder=self.embedder, reranker=self.reranker,
+                                         k=self.k, render=self.render, model=self.model, weights=self.weights,
                                          llm_mode=self.llm_mode, llm_weight=self.llm_weight,
-                                         docs_candidates=self.docs_candidates, shift_window=self.shift_window)
+                                         docs_candidates=self.docs_candidates)
             return self._docs_twin
 
     def docs_gated_share(self, queries: Sequence[str], batch: int = 1024) -> float:
@@ -633,8 +630,8 @@ class Router:
             return 1.0
         read, closed = self.prototypes_read(), 0
         for start in range(0, len(queries), batch):
-            docs = self.evidence(queries[start:start + batch])["description"]
-            closed += int((~gate_open(docs, read)).sum())
+            chunk = list(queries[start:start + batch])
+            closed += int((~gate_open(self._description(chunk, self._embed(chunk))[0], read)).sum())
         return closed / len(queries)
 
     def evidence(self, queries: Sequence[str], q: np.ndarray | None = None) -> dict[str, np.ndarray]:
@@ -910,10 +907,8 @@ class Router:
             self._observe(chunks, vectors)
         if not self.shifted():
             return self._route_chunks(chunks, vectors, force, embedder)
-        twin = self.docs_router()
-        if twin.embedder is not self.embedder:  # a lexical embedder's own copy (docs_router): its own vectors
-            vectors, embedder = [None] * len(chunks), None if remember else uncached(twin.embedder)
-        return [replace(r, experience_off=True) for r in twin._route_chunks(chunks, vectors, force, embedder)]
+        docs = self.docs_router()._route_chunks(chunks, vectors, force, embedder)  # its embedder is this router's
+        return [replace(r, experience_off=True) for r in docs]
 
     def _route_chunks(self, chunks: Sequence[list[str]], vectors: Sequence[np.ndarray | None],
                       force: Sequence[Sequence[str]] | None, embedder: Embedder | None) -> list[RouteResult]:

@@ -32,6 +32,8 @@ from collections import deque
 
 import numpy as np
 
+from synapse_flwr.core.prototypes import signal_energies
+
 #: A mean ``z`` below this over the window routes on the documentation alone (between the gaining datasets'
 #: lowest, -0.098, and the losing ones' highest, -0.189; seed-7 splits, without noise and at epsilon 4)
 SHIFT_Z = -0.15
@@ -56,7 +58,7 @@ def own_cosines(sums: np.ndarray, sds: np.ndarray, counts: np.ndarray) -> np.nda
         ``(n_tools,)`` their noised counts (a tool of fewer than 2 queries has no estimate).
     """
     energy = np.einsum("ij,ij->i", sums, sums)
-    signal = np.maximum(energy - sums.shape[1] * sds**2, 0.0)
+    signal = np.maximum(signal_energies(sums, sds), 0.0)
     known = (counts > 1) & (energy > 0)
     n = np.where(known, counts, 2.0)
     squared_mean = np.maximum(signal - n, 0.0) / (n * (n - 1))  # |mu|^2, unbiased

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from synapse_flwr.core.catalog import Catalog, load_catalog, with_examples_file
 from synapse_flwr.core.errors import SynapseError, log_once, warn_once
@@ -29,6 +30,9 @@ from synapse_flwr.core.experience import (
     load_experience,
     load_testset,
 )
+
+if TYPE_CHECKING:  # imported where used, as the readers below import data.check
+    from synapse_flwr.data.check import FolderReport
 
 log = logging.getLogger(__name__)
 #: Example requests shipped for the built-in benchmarks (``<name>.json``).
@@ -73,7 +77,8 @@ def demo_dir() -> Path:
     return Path(str(resources.files("synapse_flwr.data") / "demo"))
 
 
-def load_folder(path: Path, name: str | None = None, org: str | None = None) -> FederatedDataset:
+def load_folder(path: Path, name: str | None = None, org: str | None = None,
+                report: FolderReport | None = None) -> FederatedDataset:
     """Load a dataset folder in the generic formats, checked first and leak-filtered.
 
     Every file is validated before anything is loaded
@@ -91,6 +96,8 @@ def load_folder(path: Path, name: str | None = None, org: str | None = None) -> 
         Dataset name (default: the folder's name).
     org : str or None
         Read only this organisation's log (a simulated client's own file).
+    report : FolderReport or None
+        The folder's valid check, when the caller has made it (``synapse check-data``); else it is made here.
 
     Raises
     ------
@@ -100,7 +107,7 @@ def load_folder(path: Path, name: str | None = None, org: str | None = None) -> 
     from synapse_flwr.data.check import catalog_file, org_files, require_valid
     from synapse_flwr.data.protocol import LeakReport, leak_filter
 
-    report = require_valid(path, None if org is None else [org])
+    report = report or require_valid(path, None if org is None else [org])
     catalog = load_catalog(catalog_file(path))
     logs = {o: p for o, p in org_files(path).items() if org is None or o == org}
     test = path / "test.jsonl"
@@ -139,7 +146,7 @@ def split_summary(ds: FederatedDataset) -> str:
         A folder as :func:`load_folder` returns it.
     """
     leak = ds.info["leak_filter"]
-    taught = len({label for e in ds.all_events if (label := event_label(e)) is not None})
+    taught = len(experienced_tools(ds.catalog, ds.all_events))
     dropped = leak["exact"] + leak["near"]
     return (f"test: {len(ds.seen_test):,} queries on tools with experience (seen), {len(ds.heldout_test):,} on "
             f"tools without (held-out); {taught:,} of {len(ds.catalog):,} tools have experience; leak filter: "

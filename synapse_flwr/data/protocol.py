@@ -13,6 +13,7 @@ tools.
 from __future__ import annotations
 
 import logging
+import os
 import unicodedata
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -209,16 +210,6 @@ _WRAPPER_CHARS = 30
 TEMPLATE_WORDS = 32
 
 
-def _common_words(a: list[str], b: list[str]) -> int:
-    """How many first words ``a`` and ``b`` share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def _wrapper_words(texts: Sequence[list[str]]) -> list[int]:
     """Per text (as words), how many of its first words are a wrapper prefix many texts share (0: none).
 
@@ -235,7 +226,7 @@ def _wrapper_words(texts: Sequence[list[str]]) -> list[int]:
         return [0] * len(texts)
     # joined text sorts like the word lists do here: texts sharing a word prefix are contiguous either way
     order = sorted(range(len(texts)), key=lambda i: " ".join(texts[i]))
-    adjacent = np.array([_common_words(texts[a], texts[b]) for a, b in pairwise(order)], np.int64)
+    adjacent = np.array([len(os.path.commonprefix([texts[a], texts[b]])) for a, b in pairwise(order)], np.int64)
     run = sliding_window_view(adjacent, need - 1).min(axis=1)  # words shared by sorted texts s .. s + need - 1
     pad = np.zeros(need - 1, np.int64)
     shared = sliding_window_view(np.concatenate([pad, run, pad]), need).max(axis=1)  # per sorted position

@@ -23,7 +23,8 @@ def order_changes(router: Router, queries: list[str], seed: int, weights: list[f
     Parameters
     ----------
     router : Router
-        An LLM-reranking router (its model and render are the ones checked).
+        An LLM-reranking router (its model and render are the ones checked; while its query-shift test has
+        turned experience off, its documentation-only twin, whose candidates its routes read).
     queries : list of str
         The queries to recheck (each costs two more LLM passes over its candidates).
     seed : int
@@ -39,6 +40,8 @@ def order_changes(router: Router, queries: list[str], seed: int, weights: list[f
         ``by_weight``: ``str(weight) -> {"reversed": changes, "shuffled": changes}``.
     """
     rng = np.random.default_rng(seed)
+    if router.shifted():  # the candidates its routes read (Router.route_many)
+        router = router.docs_router()
     parts = router.evidence(queries)
     fused = sum(parts.values())
     cands = [candidate_set(row, docs, router.k, router.docs_candidates) for row, docs in zip(fused, parts["description"])]

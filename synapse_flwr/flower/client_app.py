@@ -71,7 +71,7 @@ from synapse_flwr.data.check import DataError
 from synapse_flwr.data.federation import load_dataset, load_partition
 from synapse_flwr.flower.calibration import build_config, planned_releases
 from synapse_flwr.flower.capture import capture_mod
-from synapse_flwr.flower.config import RunConfig, RunConfigError
+from synapse_flwr.flower.config import RunConfig, RunConfigError, release_cache_dir
 from synapse_flwr.flower.keys import key_refusal, registry_for, signer_for
 from synapse_flwr.strategies.base import DELTA_BASE, DELTA_KEY
 from synapse_flwr.strategies.records import (
@@ -159,7 +159,7 @@ def cache_settings(cfg: RunConfig, org: str, own_data: bool = False) -> dict[str
 def cache_path(cfg: RunConfig, context: Context, org: str) -> Path:
     """Where this org keeps its release cache: node config, else run config, else under the output dir."""
     folder = str(context.node_config.get("release-cache", "")) or cfg.release_cache
-    return Path(folder or Path(cfg.output_dir) / "release-cache") / f"{org}.json"
+    return release_cache_dir(cfg.output_dir, folder) / f"{org}.json"
 
 
 def fails_now(cfg: RunConfig, org: str, server_round: int) -> bool:

@@ -210,6 +210,12 @@ RESUMABLE = frozenset({"num-rounds", "max-windows", "catalog", "output-dir", "ro
                        "evaluate", "fusion-votes", "noise", "fail-round", "fail-orgs", "fail-delay", "capture-dir"})
 
 
+def release_cache_dir(output_dir: str | Path, folder: str = "") -> Path:
+    """The folder of the ClientApps' release caches: ``folder`` (a node's or the run's ``release-cache``), or
+    ``<output-dir>/release-cache`` when it is empty."""
+    return Path(folder or Path(output_dir) / "release-cache")
+
+
 def resume_conflict(output_dir: str | Path, recorded: Mapping[str, Any], current: Mapping[str, Any]) -> str | None:
     """Why a run may not resume the rounds recorded in ``output_dir``; None when it may.
 
@@ -225,7 +231,7 @@ def resume_conflict(output_dir: str | Path, recorded: Mapping[str, Any], current
     def effective(config: Mapping[str, Any], key: str) -> Any:
         # the release caches' folder: '' is <output-dir>/release-cache, where the ClientApps keep them
         if key == "release-cache":
-            return str(Path(str(config[key]) or Path(output_dir) / "release-cache").resolve())
+            return str(release_cache_dir(output_dir, str(config[key])).resolve())
         return config[key]
 
     # under replay each window is calibrated for num-rounds releases (privacy.md): the caches of another count are

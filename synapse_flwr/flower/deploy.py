@@ -399,7 +399,7 @@ def check_node_keys(specs: Sequence[NodeSpec], run_config: Mapping[str, Any]) ->
         Naming the organisation, the key file and what is wrong.
     """
     from synapse_flwr.core.signing import KeyFileError
-    from synapse_flwr.flower.keys import registry_for, signer_for
+    from synapse_flwr.flower.keys import key_path, registry_for, signer_for
 
     cfg = RunConfig.from_mapping(run_config)
     if not cfg.sign or not cfg.keys_file:
@@ -409,7 +409,7 @@ def check_node_keys(specs: Sequence[NodeSpec], run_config: Mapping[str, Any]) ->
         try:
             signer = signer_for(cfg, spec.org)
         except KeyFileError as exc:
-            key = Path(cfg.keys_file).parent / f"{spec.org}.key"
+            key = key_path(cfg.keys_file, spec.org)
             how = (f"`synapse keygen {spec.org} --dir {key.parent} --registry {cfg.keys_file}" + (" --replace`"
                    if key.exists() else "`"))
             raise SynapseError(f"node {spec.org!r} cannot sign: {exc} (make its key with {how})") from None

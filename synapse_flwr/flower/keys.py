@@ -86,6 +86,11 @@ def _demo(seed: int) -> Registry:
     return demo_registry(seed)
 
 
+def key_path(keys_file: str | Path, owner: str) -> Path:
+    """Where ``owner``'s private key lies by default: beside the keys file, ``<owner>.key``."""
+    return Path(keys_file).parent / f"{owner}.key"
+
+
 def signer_for(cfg: RunConfig, owner: str, node_config: Mapping[str, Any] | None = None) -> Signer | None:
     """``owner``'s private key; None when signing is off."""
     if not cfg.sign:
@@ -93,5 +98,5 @@ def signer_for(cfg: RunConfig, owner: str, node_config: Mapping[str, Any] | None
     path = _keys_file(cfg, node_config)
     if not path:
         return demo_signer(owner, cfg.seed)
-    key = str((node_config or {}).get("signing-key", "")) or str(Path(path).parent / f"{owner}.key")
+    key = str((node_config or {}).get("signing-key", "")) or str(key_path(path, owner))
     return load_private_key(key, owner)
