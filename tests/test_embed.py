@@ -314,3 +314,18 @@ def test_an_unwritable_cache_is_named_once_and_the_run_goes_on(tmp_path: Path, c
         again = cached.encode(["y", "z"])
     np.testing.assert_array_equal(first[1], again[0])  # kept in memory
     assert caplog.text.count("cannot be written") == 1 and "kept in memory for this run only" in caplog.text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["static_embedder", "minilm_embedder"])
+def test_a_text_longer_than_the_embedder_reads_is_counted_for_a_warning(which, request, monkeypatch) -> None:
+    """Regression (inference review): a routed or served query past the model's token limit was cut at its end
+    without a word (only the leak filter warned, of prompt templates in a dataset)."""
+    from synapse_flwr.core import embed
+
+    emb: Embedder = request.getfixturevalue(which)
+    cuts: list[int] = []
+    monkeypatch.setattr(embed, "warn_cut", lambda name, max_length, cut: cuts.append(cut))
+    emb.encode([QUERY, "weather " * (emb.max_length // 2)])  # about max_length tokens: not cut
+    emb.encode([QUERY, "book a hotel in Oslo " * emb.max_length, FAR, "rain " * (emb.max_length + 10)])
+    assert sum(cuts[:-1]) == 0 and cuts[-1] == 2

@@ -98,6 +98,18 @@ def package_dir(module: str, pip_name: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def warn_cut(name: str, max_length: int, cut: int) -> None:
+    """Say once a process that ``cut`` texts were longer than the embedder reads: their ends are not read.
+
+    The leak filter warns of a long prompt template in a dataset; a routed or
+    served query cut here was not warned of at all.
+    """
+    if cut:
+        warn_once(logger, f"{name} reads the first {max_length} tokens of a text: longer ones (queries, requests, "
+                          "descriptions) are read up to there and their ends ignored; a long query should say its "
+                          "request first")
+
+
 def l2_normalize(x: np.ndarray) -> np.ndarray:
     """Scale rows to unit L2 norm, leaving all-zero rows at zero."""
     x = np.asarray(x, dtype=np.float32)
@@ -156,6 +168,11 @@ class MeanPoolEmbedder:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         # Sorting by length keeps padding, and so wasted compute, small per batch.
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        # a token spans a character at least: only texts longer than the limit in characters can be cut
+        long = [t for t in texts if len(t) > self.max_length - 2]
+        if long:
+            ids = self._tokenizer(long, truncation=False, verbose=False)["input_ids"]
+            warn_cut(self.name, self.max_length, sum(len(i) > self.max_length for i in ids))
         # A first build embeds every record on a CPU: minutes without a word otherwise.
         progress = Progress(f"{self.name} embedding", len(texts), unit="texts", logger=logger)
         with torch.inference_mode():
@@ -296,6 +313,7 @@ class StaticEmbedder:
             self._tokenizer = Tokenizer.from_file(str(self.model_dir / "tokenizer.json"))
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=False)
+        warn_cut(self.name, self.max_length, sum(len(e.ids) > self.max_length for e in encodings))
         for row, enc in enumerate(encodings):
             ids = np.asarray(enc.ids[: self.max_length], dtype=np.int64)
             if ids.size:

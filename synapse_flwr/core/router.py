@@ -138,6 +138,8 @@ WHEN_NOT_MARGIN = 0.2
 EXAMPLE_WEIGHT = 0.5
 # Retrieval evidence, in the order the explain output lists it.
 EVIDENCE = ("description", "phrases", "scenario", "prototype")
+# a batch's documentation score, and its dense and lexical parts unweighted (Router._description)
+Described = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 RENDERS = ("typed", "flat")
@@ -560,17 +562,18 @@ class Router:
         batch_size : int
             Queries embedded at once.
         """
-        embedder = None if remember else uncached(self.embedder)
-        chunks = [list(queries[s : s + batch_size]) for s in range(0, len(queries), batch_size)]
-        return self._observe(chunks, [self._embed(c, embedder) for c in chunks])
-
-    def _observe(self, chunks: Sequence[list[str]], vectors: Sequence[np.ndarray]) -> bool:
-        """:meth:`observe` of embedded chunks of queries."""
         if self.shift is None or self.fusion.docs_only:
             return False
+        embedder = None if remember else uncached(self.embedder)
+        chunks = [list(queries[s : s + batch_size]) for s in range(0, len(queries), batch_size)]
+        vectors = [self._embed(c, embedder) for c in chunks]
+        return self._observe(vectors, [self._description(c, q) for c, q in zip(chunks, vectors, strict=True)])
+
+    def _observe(self, vectors: Sequence[np.ndarray], described: Sequence[Described]) -> bool:
+        """:meth:`observe` of embedded chunks of queries, with their :meth:`_description`."""
         read = self.prototypes_read()
-        for chunk, q in zip(chunks, vectors, strict=True):
-            self.shift.observe(q, gate_open(self._description(chunk, q)[0], read))
+        for q, desc in zip(vectors, described, strict=True):
+            self.shift.observe(q, gate_open(desc[0], read))
         n, mean, shifted = self.shift.state()
         if shifted != self._shift_said:
             self._shift_said = shifted
@@ -634,15 +637,17 @@ class Router:
             closed += int((~gate_open(self._description(chunk, self._embed(chunk))[0], read)).sum())
         return closed / len(queries)
 
-    def evidence(self, queries: Sequence[str], q: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    def evidence(self, queries: Sequence[str], q: np.ndarray | None = None,
+                 described: Described | None = None) -> dict[str, np.ndarray]:
         """Weighted retrieval evidence per field (:data:`EVIDENCE`), each ``(len(queries), n_tools)``.
 
         ``description`` is exactly a documentation-only router's score; the
         other fields are non-negative and zero for tools without experience.
+        ``described``: the queries' :meth:`_description`, when computed already.
         """
         q = self._embed(queries) if q is None else q
         w_scen = self.weights[2]
-        description, dense_doc, docs_lex = self._description(queries, q)
+        description, dense_doc, docs_lex = self._description(queries, q) if described is None else described
         out = {"description": description}
         zero = np.zeros_like(dense_doc)
         out["phrases"] = (self.fusion.phrases * np.maximum(self.profile.score(queries) - docs_lex, 0.0)
@@ -657,7 +662,7 @@ class Router:
         out["prototype"] = self.prototype_scores(q, out["description"])
         return out
 
-    def _description(self, queries: Sequence[str], q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _description(self, queries: Sequence[str], q: np.ndarray) -> Described:
         """The documentation score (what docs_only ranks by), and its dense and lexical parts unweighted."""
         w_doc, w_lex, _ = self.weights
         q_docs = q if self.doc_embedder is self.embedder else self._embed(queries, self.doc_embedder)
@@ -902,22 +907,27 @@ class Router:
         embedder = None if remember else uncached(self.embedder)
         chunks = [list(queries[s : s + batch_size]) for s in range(0, len(queries), batch_size)]
         vectors: list[np.ndarray | None] = [None] * len(chunks)
+        described: list[Described | None] = [None] * len(chunks)
         if observe and self.shift is not None and not self.fusion.docs_only:
-            vectors = [self._embed(c, embedder) for c in chunks]  # embedded once, for the test and the routes
-            self._observe(chunks, vectors)
+            # embedded and scored on the documentation once, for the test and the routes
+            vectors = [self._embed(c, embedder) for c in chunks]
+            described = [self._description(c, q) for c, q in zip(chunks, vectors, strict=True)]
+            self._observe(vectors, described)
         if not self.shifted():
-            return self._route_chunks(chunks, vectors, force, embedder)
+            return self._route_chunks(chunks, vectors, force, embedder, described)
         docs = self.docs_router()._route_chunks(chunks, vectors, force, embedder)  # its embedder is this router's
         return [replace(r, experience_off=True) for r in docs]
 
     def _route_chunks(self, chunks: Sequence[list[str]], vectors: Sequence[np.ndarray | None],
-                      force: Sequence[Sequence[str]] | None, embedder: Embedder | None) -> list[RouteResult]:
-        """:meth:`route_many` of chunked queries, each chunk's embeddings given or made with ``embedder``."""
+                      force: Sequence[Sequence[str]] | None, embedder: Embedder | None,
+                      described: Sequence[Described | None] | None = None) -> list[RouteResult]:
+        """:meth:`route_many` of chunked queries, each chunk's embeddings (and :meth:`_description`) given
+        or made with ``embedder``."""
         out: list[RouteResult] = []
         start = 0
-        for chunk, given in zip(chunks, vectors, strict=True):
+        for i, (chunk, given) in enumerate(zip(chunks, vectors, strict=True)):
             qv = given if given is not None else self._embed(chunk, embedder)
-            parts = self.evidence(chunk, qv)
+            parts = self.evidence(chunk, qv, described[i] if described is not None else None)
             fused = sum(parts.values())
             cands = []
             for row in range(len(chunk)):
