@@ -361,13 +361,18 @@ def _llm_lines(llm: dict, seed: int, splits: Sequence[str]) -> list[str]:
     for arm, m in llm["arms"].items():
         for split in (s for s in splits if s in m):
             r = m[split]
-            lines.append(f"| {arm} | {split} | {r['acc']:.3f} | {r['retrieval_acc']:.3f} | "
+            # the query-shift test routed this arm as docs_only: the row is the documentation's
+            shown = f"{arm} (experience off)" if r.get("experience_off") else arm
+            lines.append(f"| {shown} | {split} | {r['acc']:.3f} | {r['retrieval_acc']:.3f} | "
                          f"{r['acc'] - r['retrieval_acc']:+.3f} | {r['r5']:.3f} | {r['n']} | "
                          f"{r['fallbacks']} |")
     by_split = llm["order_check"]
     checks = [f"{s} {by_split[s]['reversed']} and {by_split[s]['shuffled']} of {by_split[s]['checked']}"
               for s in SPLITS if s in by_split]
-    note = (f"Order check ({llm.get('order_arm', 'federated')} arm, at the router's LLM weight): picks changed with "
+    order_arm = llm.get("order_arm", "federated")
+    off = any(m.get("experience_off") for m in llm["arms"].get(order_arm, {}).values())
+    read = ", its experience off: the documentation's candidates" if off else ""
+    note = (f"Order check ({order_arm} arm{read}, at the router's LLM weight): picks changed with "
             "the candidates reversed and shuffled: ")
     lines += ["", note + "; ".join(checks) + "."]
     return lines

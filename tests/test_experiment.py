@@ -1252,3 +1252,19 @@ def test_the_order_check_share_counts_each_order_over_its_own_queries_and_splits
     for per_seed in ({1: {"seen": m}, 2: {"seen": m, "heldout": m}}, {1: {"seen": m, "heldout": m}, 2: {"seen": m}}):
         out = _split_summary(per_seed, lambda r: r)
         assert list(out) == ["seen", "heldout"] and out["heldout"]["n"] == [10]
+
+
+def test_the_llm_sample_table_marks_an_arm_whose_experience_the_query_shift_test_turned_off():
+    """Regression (last session's closing note): the LLM sample's rows and its order check named the federated arm
+    where the query-shift test had routed it as docs_only."""
+    from synapse_flwr.simulations.experiment_report import _llm_lines
+
+    row = {"acc": 0.5, "retrieval_acc": 0.5, "r5": 0.9, "n": 4, "fallbacks": 0}
+    check = {"seen": {"n": 4, "checked": 4, "reversed": 0, "shuffled": 0}}
+    for off in (True, False):
+        llm = {"arms": {"docs_only": {"seen": row}, "federated": {"seen": {**row, "experience_off": off}}},
+               "order_check": check, "order_arm": "federated"}
+        text = "\n".join(_llm_lines(llm, 7, ["seen"]))
+        assert ("| federated (experience off) | seen |" in text) == off
+        assert ("| docs_only (experience off)" in text) is False
+        assert ("federated arm, its experience off" in text) == off
