@@ -430,3 +430,14 @@ def test_a_query_that_is_not_utf8_text_is_refused_before_it_is_embedded():
     with pytest.raises(ValueError, match="is not UTF-8 text"):
         router(None).route("weather in Z\udcfcrich")
     assert query_problem("weather in Zürich") is None
+
+
+def test_a_served_query_of_megabytes_is_routed_on_its_first_characters_as_a_logged_one_is():
+    """Regression (inference review): ``route`` (``synapse serve``'s tool) embedded and scored a 4 MB request whole,
+    holding the router for seconds; logs and test sets cut a query at MAX_QUERY characters."""
+    from synapse_flwr.core.experience import MAX_QUERY
+
+    r = router(None)
+    head = "will it rain in Oslo tomorrow " * (MAX_QUERY // 30 + 1)
+    long = r.route(head + "book a hotel room " * 200_000)
+    assert long.query == head.strip()[:MAX_QUERY] and long.tool == r.route(head).tool == "get_weather"

@@ -55,6 +55,7 @@ from synapse_flwr.core.catalog import Catalog
 from synapse_flwr.core.documentation import catalog_arguments, doc_entry, doc_text
 from synapse_flwr.core.embed import Embedder, get_embedder, l2_normalize, uncached
 from synapse_flwr.core.errors import log_once
+from synapse_flwr.core.experience import MAX_QUERY
 from synapse_flwr.core.explain import decided_by
 from synapse_flwr.core.fusion import Fusion, gate_open, voted_fusion
 from synapse_flwr.core.phrase_profile import PhraseProfile
@@ -974,11 +975,22 @@ class Router:
             ``query`` is not a string.
         ValueError
             ``query`` is empty, or holds no letter or digit (:func:`query_problem`).
+
+        Notes
+        -----
+        A query longer than :data:`~synapse_flwr.core.experience.MAX_QUERY`
+        characters is cut there, as a logged or tested one is: a served
+        request of megabytes held the router for seconds, and the embedder
+        reads its first few hundred tokens only.
         """
         if not isinstance(query, str):
             raise TypeError(f"query must be a string, got {type(query).__name__}")
         if problem := query_problem(query):
             raise ValueError(f"query {problem}: nothing to route")
+        if len(query.strip()) > MAX_QUERY:
+            log_once(log, f"a query longer than {MAX_QUERY} characters is routed on its first {MAX_QUERY}, as a "
+                          "logged one is", logging.WARNING)
+            query = query.strip()[:MAX_QUERY]
         return self.route_many([query], remember=False)[0]
 
 
