@@ -137,7 +137,7 @@ def test_bad_field(folder):
     assert any("org_b.jsonl:1: field 'success': Field required: whether the call served the request, true or "
                'false; a labelled example is "success": true' in p for p in problems)
     # the value given is named, so a converter's wrong encoding shows at once
-    assert any("org_b.jsonl:2: field 'success': Input should be a valid boolean, got 'maybe'" in p for p in problems)
+    assert any("org_b.jsonl:2: field 'success': expected true or false, written without quotes, got 'maybe'" in p for p in problems)
 
 
 def test_fields_outside_the_format_are_ignored_and_named_once_per_file(folder, caplog):
@@ -677,3 +677,30 @@ def test_test_items_repeating_a_query_are_merged_into_one_item(folder, caplog):
         ("will it rain tomorrow?", ("book_hotel",))]  # other punctuation: another request
     assert ds.heldout_test == []
     assert "test.jsonl: 2 items repeat an earlier item's query; each is merged into it" in caplog.text
+
+
+def test_a_query_written_as_a_chat_transcript_is_read_as_its_last_user_message(folder, caplog):
+    """Regression (dress rehearsal): a converter that wrote each test query as a JSON-dumped chat transcript passed
+    check-data silently and docs_only fell 0.808 -> 0.667 (the system prompt and JSON syntax embedded first); the
+    same transcript as a JSON list was refused with pydantic's "Input should be a valid string"."""
+    import logging
+
+    system = {"role": "system", "content": "You are a helpful assistant with access to tools."}
+    said = [[system, {"role": "user", "content": q["query"]}] for q in TEST]
+    _jsonl(folder / "test.jsonl", [{"query": json.dumps(said[0]), "gold": "get_weather"},
+                                   {"query": said[1], "gold": "book_hotel"}])
+    _jsonl(folder / "org_a.jsonl", [{**e, "query": {"messages": [system, {"role": "assistant", "content": "Hi"},
+                                                                {"role": "user", "content": [{"type": "text",
+                                                                                              "text": e["query"]}]}]}}
+                                    for e in EVENTS[:6]])
+    with caplog.at_level(logging.WARNING, logger="synapse_flwr"):
+        assert _problems(folder) == []
+    assert "2 queries are chat transcripts" in caplog.text and "6 queries are chat transcripts" in caplog.text
+    assert [i.query for i in load_testset(folder / "test.jsonl")] == [q["query"] for q in TEST]
+    assert [e.query for e in load_experience(folder / "org_a.jsonl")] == [e["query"] for e in EVENTS[:6]]
+    # a list that is not a transcript is still a mistake, named in the format's words
+    _jsonl(folder / "test.jsonl", [{"query": ["will it rain", "tomorrow"], "gold": "get_weather"}])
+    assert "test.jsonl:1: field 'query': expected a string, got ['will it rain'" in _problems(folder)[0]
+    # and text that merely opens with a bracket is a query as it stands
+    _jsonl(folder / "test.jsonl", [{"query": "[urgent] will it rain tomorrow", "gold": "get_weather"}])
+    assert load_testset(folder / "test.jsonl")[0].query == "[urgent] will it rain tomorrow"

@@ -12,13 +12,15 @@ optional. A labelled dataset is just events with ``success: true``.
 A test set is JSONL with ``query`` and ``gold`` (one tool id or a list of
 acceptable ids).
 
-Fields outside these are ignored, a query longer than :data:`MAX_QUERY`
-characters is cut to it, and a record whose query holds no letter or digit
-is skipped (each named once per file in the log).
+Fields outside these are ignored, a query that is a chat transcript is read
+as its last user message, a query longer than :data:`MAX_QUERY` characters is
+cut to it, and a record whose query holds no letter or digit is skipped (each
+named once per file in the log).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import unicodedata
 from collections import Counter
@@ -138,6 +140,45 @@ class TestItem(BaseModel):
 QUERY_CUT = "query cut"
 #: The note :func:`known_fields` gives a record whose query holds no letter or digit; readers skip the record.
 NO_WORDS = "query without words"
+#: The note :func:`known_fields` gives a record whose query was a chat transcript (:func:`transcript_request`).
+TRANSCRIPT = "query a chat transcript"
+USER_ROLES = ("user", "human")
+
+
+def _message_text(content: object) -> str:
+    """A chat message's text: a string, or the text parts of a list of content parts (OpenAI, Anthropic)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def transcript_request(query: object) -> str | None:
+    """The last user message of a query that is a chat transcript, else None.
+
+    A converter of a chat benchmark may write the conversation where the
+    request belongs: a list of ``{"role", "content"}`` messages (or an object
+    holding it under ``messages``), as JSON or as its JSON text. Embedded as
+    it stands, the system prompt and the JSON syntax lead the text and the
+    request is read last or not at all (a folder's docs_only fell 0.808 ->
+    0.667 with its test queries written so); the last user message is what
+    the agent routes now.
+    """
+    if isinstance(query, str):
+        text = query.strip()
+        if not text.startswith(("[", "{")):
+            return None
+        try:
+            query = json.loads(text)
+        except ValueError:
+            return None
+    if isinstance(query, dict):
+        query = query.get("messages")
+    if not isinstance(query, list) or not query or not all(isinstance(m, dict) and "role" in m for m in query):
+        return None
+    said = [_message_text(m.get("content")).strip() for m in query if str(m["role"]).lower() in USER_ROLES]
+    return next((t for t in reversed(said) if t), None)
 
 
 def known_fields(obj: dict, model: type[BaseModel]) -> tuple[dict, list[str]]:
@@ -145,19 +186,24 @@ def known_fields(obj: dict, model: type[BaseModel]) -> tuple[dict, list[str]]:
 
     Logs and test sets converted from other benchmarks often carry fields of
     their own (an id, a category), and agent logs may hold requests longer
-    than :data:`MAX_QUERY` characters; the fields are ignored and a longer
-    query is cut (an embedder reads its first few hundred tokens only)
-    rather than the folder refused. A record whose query holds no letter or
+    than :data:`MAX_QUERY` characters; the fields are ignored, a chat
+    transcript is read as its last user message (:func:`transcript_request`)
+    and a longer query is cut (an embedder reads its first few hundred tokens
+    only) rather than the folder refused. A record whose query holds no letter or
     digit (``""``, ``"???"``, an emoji) has nothing to route on or learn from:
     it is noted :data:`NO_WORDS` and readers skip it rather than refuse a
     whole benchmark for one placeholder. A test item's single ``gold`` id
     becomes a list of one. The notes (``'<field>'`` per ignored field,
-    :data:`QUERY_CUT`, :data:`NO_WORDS`) let readers name them once per file
-    (:func:`warn_ignored`), so a misspelt field is still seen.
+    :data:`TRANSCRIPT`, :data:`QUERY_CUT`, :data:`NO_WORDS`) let readers
+    name them once per file (:func:`warn_ignored`), so a misspelt field is
+    still seen.
     """
     known = model.model_fields
     out = {k: v for k, v in obj.items() if k in known}
     notes = sorted(f"'{k}'" for k in obj if k not in known)
+    if (request := transcript_request(out.get("query"))) is not None:
+        out["query"] = request
+        notes.append(TRANSCRIPT)
     query = out.get("query")
     if isinstance(query, str) and len(query.strip()) > MAX_QUERY:
         out["query"] = query.strip()[:MAX_QUERY]
@@ -171,9 +217,12 @@ def known_fields(obj: dict, model: type[BaseModel]) -> tuple[dict, list[str]]:
 
 def warn_ignored(path: Path, notes: Counter[str]) -> None:
     """Log, once per file and process, what :func:`known_fields` left out of its records (with the records' counts)."""
-    fields = ", ".join(f"{k} ({n} records)" for k, n in sorted(notes.items()) if k not in (QUERY_CUT, NO_WORDS))
+    fields = ", ".join(f"{k} ({n} records)" for k, n in sorted(notes.items()) if k not in (TRANSCRIPT, QUERY_CUT, NO_WORDS))
     if fields:
         warn_once(log, f"{path}: ignored fields outside the format (docs/formats.md): {fields}")
+    if notes[TRANSCRIPT]:
+        warn_once(log, f"{path}: {notes[TRANSCRIPT]} queries are chat transcripts (a list of role/content messages): "
+                       "each is read as its last user message; a converter should write the request alone")
     if notes[QUERY_CUT]:
         warn_once(log, f"{path}: {notes[QUERY_CUT]} queries longer than {MAX_QUERY} characters cut to that length")
     if notes[NO_WORDS]:
@@ -197,6 +246,9 @@ UNION_MEMBERS = {"str": "a string", "float": "a number", "int": "a number"}  # p
 FORMAT_MESSAGES = {
     "tuple_type": "expected a tool id or a list of tool ids",
     "too_short": "expected at least one tool id",
+    # a converter that writes every value as text ("true", "1")
+    "bool_type": "expected true or false, written without quotes",
+    "string_type": "expected a string",
 }
 
 
