@@ -13,11 +13,11 @@ from synapse_flwr.core.catalog import (
     Catalog,
     ToolCollision,
     alias_key,
+    entry_notes,
     load_catalog,
     make_catalog,
     normalize_tool_id,
     parse_tool,
-    unread_fields,
 )
 from synapse_flwr.core.errors import InputError, SynapseError
 from synapse_flwr.core.experience import (
@@ -710,7 +710,7 @@ def test_an_anthropic_tool_is_read_with_its_arguments():
     anthropic = {"name": "get_weather", "description": "Current weather for a city.", "input_schema": PARAMS}
     doc = parse_tool(anthropic)
     assert doc == parse_tool(MCP) and doc.parameters == PARAMS
-    assert unread_fields(anthropic) == []
+    assert entry_notes(anthropic) == []
     with pytest.raises(ValueError, match="input_schema: not a JSON object"):
         parse_tool({"name": "x", "input_schema": [1]})
 
@@ -724,3 +724,24 @@ def test_a_saved_json_rpc_tools_list_response_is_told_to_keep_its_result(tmp_pat
     assert 'or {"tools": [...]}' in str(err) and 'save its "result"' in str(err)
     path.write_text(json.dumps({"result": {"tools": [MCP]}}["result"]))
     assert load_catalog(path).ids == ["get_weather"]
+
+
+def test_a_description_past_what_a_compendium_carries_is_cut_with_a_warning(tmp_path, caplog):
+    """Regression (dress rehearsal): 748 of a ToolRet-like catalog's 4,484 descriptions were cut to 2,000 characters
+    without a word, and two tools whose long boilerplate differed only in its last sentence read alike."""
+    import logging
+
+    from synapse_flwr.core.schema import MAX_DESCRIPTION
+
+    boiler = "This API belongs to a large public collection of web services. " * 40
+    tools = [{"name": "a", "description": boiler + "Returns weather."},
+             {"type": "function", "function": {"name": "b", "description": boiler + "Books hotels."}},
+             {"name": "c", "description": "Short."}]
+    assert [entry_notes(t) for t in tools] == [["description cut"], ["description cut"], []]
+    path = tmp_path / "catalog.json"
+    path.write_text(json.dumps(tools))
+    with caplog.at_level(logging.WARNING, logger="synapse_flwr"):
+        catalog = load_catalog(path)
+    assert f"2 descriptions are longer than {MAX_DESCRIPTION:,} characters" in caplog.text
+    assert "'description cut'" not in caplog.text  # a note, not an unread field
+    assert {len(d.description) for d in catalog.tools} == {MAX_DESCRIPTION, len("Short.")}

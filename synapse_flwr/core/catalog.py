@@ -178,6 +178,16 @@ def size_problem(catalog: Catalog) -> str | None:
             f"of at most {MAX_TOOLS:,} tools (one federation each)")
 
 
+def _body(obj: Mapping[str, Any]) -> tuple[Mapping[str, Any], str, str]:
+    """A catalog entry's tool object, the prefix its fields are named by, and its parameters' key.
+
+    An OpenAI function tool wraps the tool in ``function``; the other shapes are the tool itself.
+    """
+    if obj.get("type") == "function" and isinstance(obj.get("function"), Mapping):
+        return obj["function"], "function.", "parameters"
+    return obj, "", next((k for k in _SCHEMA_KEYS if k in obj), "parameters")
+
+
 def parse_tool(obj: Mapping[str, Any]) -> ToolDoc:
     """Parse one catalog entry in any accepted shape.
 
@@ -186,11 +196,7 @@ def parse_tool(obj: Mapping[str, Any]) -> ToolDoc:
     ValueError
         With the dotted name of the offending field.
     """
-    if obj.get("type") == "function" and isinstance(obj.get("function"), Mapping):
-        body, prefix, params_key = obj["function"], "function.", "parameters"
-    else:
-        body, prefix = obj, ""
-        params_key = next((k for k in _SCHEMA_KEYS if k in obj), "parameters")
+    body, prefix, params_key = _body(obj)
     name = body.get("name")
     if not _TOOL_KEYS & obj.keys():  # e.g. a {tool name: description} table where entries were expected
         keys = ", ".join(map(repr, list(obj)[:3])) + (", ..." if len(obj) > 3 else "")
@@ -245,12 +251,19 @@ def written_name(name: str) -> str:
     return unicodedata.normalize("NFC", name.strip())
 
 
-def unread_fields(obj: Mapping[str, Any]) -> list[str]:
-    """Keys of a catalog entry that :func:`parse_tool` does not read (an OpenAI tool's as ``function.<key>``)."""
-    if obj.get("type") == "function" and isinstance(obj.get("function"), Mapping):
-        return ([k for k in obj if k not in ("type", "function")]
-                + [f"function.{k}" for k in obj["function"] if k not in _READ_KEYS])
-    return [k for k in obj if k not in _READ_KEYS]
+#: The note :func:`entry_notes` gives an entry whose description :func:`parse_tool` cut to ``MAX_DESCRIPTION``.
+DESCRIPTION_CUT = "description cut"
+
+
+def entry_notes(obj: Mapping[str, Any]) -> list[str]:
+    """Keys of a catalog entry that :func:`parse_tool` does not read (an OpenAI tool's as ``function.<key>``), and
+    :data:`DESCRIPTION_CUT` for a description longer than a compendium carries (``MAX_DESCRIPTION`` characters)."""
+    body, prefix, _ = _body(obj)
+    unread = [k for k in obj if k not in ("type", "function")] if prefix else []
+    unread += [f"{prefix}{k}" for k in body if k not in _READ_KEYS]
+    description = body.get("description")
+    return unread + [DESCRIPTION_CUT] * (isinstance(description, str)
+                                         and len(fold_text(description)) > MAX_DESCRIPTION)
 
 
 def fold_text(text: str) -> str:
@@ -549,7 +562,7 @@ def load_catalog(path: str | Path, aliases: Mapping[str, str] | None = None, exa
             field_name, _, message = str(exc).partition(": ")
             raise InputError(path, message, line=line, field=field_name) from None
         lines[id(docs[-1])] = line
-        unread.update(unread_fields(obj))
+        unread.update(entry_notes(obj))
     if not docs:
         raise InputError(path, "catalog holds no tools")
     try:
@@ -579,10 +592,16 @@ def warn_undocumented(catalog: Catalog, source: str | Path, unread: Mapping[str,
     source : str or Path
         Where it was read from, for the message.
     unread : mapping of str to int or None
-        Keys of its entries that were not read, with the number of entries holding each (:func:`unread_fields`).
+        Keys of its entries that were not read, with the number of entries holding each, and the descriptions
+        cut (:func:`entry_notes`).
     """
+    unread = dict(unread or {})
+    if cut := unread.pop(DESCRIPTION_CUT, 0):
+        warn_once(log, f"{source}: {cut} descriptions are longer than {MAX_DESCRIPTION:,} characters, what a "
+                       "compendium carries, and are cut to that length (MiniLM reads about the first 1,000): a "
+                       "converter should put what tells a tool apart first")
     bare = [d.name for d in catalog.tools if not d.description and not d.examples]
-    fields = ", ".join(f"{k!r} ({n} {'entry' if n == 1 else 'entries'})" for k, n in sorted((unread or {}).items()))
+    fields = ", ".join(f"{k!r} ({n} {'entry' if n == 1 else 'entries'})" for k, n in sorted(unread.items()))
     if bare:
         shown = ", ".join(repr(n) for n in bare[:3]) + (", ..." if len(bare) > 3 else "")
         not_read = f"; fields of the entries not read: {fields} (docs/formats.md)" if fields else ""

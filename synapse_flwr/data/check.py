@@ -29,12 +29,12 @@ from synapse_flwr.core.catalog import (
     AliasError,
     Catalog,
     ToolCollision,
+    entry_notes,
     make_catalog,
     parse_tool,
     read_aliases,
     read_examples,
     size_problem,
-    unread_fields,
     warn_undocumented,
     with_examples,
     without_repeats,
@@ -284,7 +284,7 @@ def _scan(path: Path, catalog: bool = False) -> Iterator[tuple[int | None, dict 
 
 def _check_catalog(path: Path, aliases: Mapping[str, str]) -> tuple[Catalog | None, list[Problem], Counter[str]]:
     """The catalog at ``path`` with the alias table ``aliases``, its problems (each collision named) and the keys
-    of its entries that are not read, with their counts (:func:`unread_fields`)."""
+    of its entries that are not read, with their counts, and the descriptions cut (:func:`entry_notes`)."""
     problems, docs, lines, unread = [], [], {}, Counter[str]()
     for line, obj, problem in _scan(path, catalog=True):
         if problem:
@@ -298,7 +298,7 @@ def _check_catalog(path: Path, aliases: Mapping[str, str]) -> tuple[Catalog | No
             continue
         docs.append(doc)
         lines[id(doc)] = line
-        unread.update(unread_fields(obj))
+        unread.update(entry_notes(obj))
     if problems:
         return None, problems, unread
     if not docs:
