@@ -360,7 +360,8 @@ def test_leak_filter_reads_the_request_inside_a_prompt_template(caplog):
     with caplog.at_level(logging.INFO, logger="synapse_flwr"):
         kept, report = leak_filter(train, test, jaccard=0.8, catalog=catalog)
     assert [e.query for e in kept] == [e.query for e in train[:3]] and report.near == 1
-    assert "the test set: 7 of 7 texts open or close with a wrapper of 32 words or more" in caplog.text
+    assert "the training events: 4 of 4 texts open or close with a wrapper of 32 words or more" in caplog.text
+    assert "the test set: 3 of 3 texts open or close with a wrapper of 32 words or more" in caplog.text
     # without the template the same requests are compared as before
     assert leak_filter([_event(a) for a in asks[3:]], asks[:3], jaccard=0.8, catalog=catalog)[1].near == 0
 
@@ -515,3 +516,17 @@ def test_partition_iid_limit_and_arguments():
         partition_noniid(events, k=0, alpha=1.0, seed=0)
     with pytest.raises(ValueError):
         partition_noniid(events, k=2, alpha=0.0, seed=0)
+
+
+def test_a_template_on_the_test_queries_alone_is_named_on_the_test_set_once(caplog):
+    """Regression (dress rehearsal): a wrapper only the test queries carried was warned of as "org_0.jsonl and the
+    test set", once for every organisation."""
+    wrap = ("Dear assistant, I hope this message finds you well. I would be most grateful if you could help me with "
+            "a small request of mine, namely: {}. Thank you very much in advance for your kind and patient help!")
+    test = [wrap.format(a) for a in ("msft share price", "lisbon weather", "porto faro train", "ten euros in yen",
+                                     "rome museums", "kyoto temples")]
+    with caplog.at_level(logging.WARNING, logger="synapse_flwr"):
+        for org in ("org_p.jsonl", "org_q.jsonl"):
+            leak_filter([_event(a) for a in ("who was napoleon", "spain football", "oslo rain")], test, source=org)
+    said = [r.getMessage() for r in caplog.records if "wrapper" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("the test set: 6 of 6 texts")

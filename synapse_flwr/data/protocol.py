@@ -314,14 +314,16 @@ def leak_filter(
     cores = without_wrappers([*keys, *test_keys])
     near_flags = near_duplicates(cores[: len(keys)], cores[len(keys):], jaccard)
     words = [len(k.split()) - len(c.split()) for c, k in zip(cores, [*keys, *test_keys], strict=True)]
-    if long := sum(w >= TEMPLATE_WORDS for w in words):
-        # not stripped where queries are embedded: the wrapper's words are a private record's, and what counts
-        # as one depends on the other records, which would tie each record's prototype to the others
-        warn_once(log, f"{source} and the test set: {long} of {len(words)} texts open or close with a wrapper of "
-                       f"{TEMPLATE_WORDS} words or more that many share (a prompt template, {max(words)} words at "
-                       "most); every arm embeds it with the request, and MiniLM reads a text's first 256 "
-                       "tokens only, so a request after a long one is not read: write the requests alone")
-    elif wrapped := sum(w > 0 for w in words):
+    # named where they are (a wrapper on the test queries alone was blamed on every organisation's log too)
+    for where, part in ((source, words[: len(keys)]), ("the test set", words[len(keys):])):
+        if long := sum(w >= TEMPLATE_WORDS for w in part):
+            # not stripped where queries are embedded: the wrapper's words are a private record's, and what counts
+            # as one depends on the other records, which would tie each record's prototype to the others
+            warn_once(log, f"{where}: {long} of {len(part)} texts open or close with a wrapper of {TEMPLATE_WORDS} "
+                           f"words or more that many share (a prompt template, {max(part)} words at most); every "
+                           "arm embeds it with the request, and MiniLM reads a text's first 256 tokens only, so a "
+                           "request after a long one is not read: write the requests alone")
+    if max(words, default=0) < TEMPLATE_WORDS and (wrapped := sum(w > 0 for w in words)):
         log.info("leak filter, %s: %d of %d texts (training records and test queries) open or close with a wrapper "
                  "many share (a prompt template around the request); they are compared without it", source,
                  wrapped, len(words))
