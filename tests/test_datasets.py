@@ -361,7 +361,8 @@ def test_leak_filter_reads_the_request_inside_a_prompt_template(caplog):
         kept, report = leak_filter(train, test, jaccard=0.8, catalog=catalog)
     assert [e.query for e in kept] == [e.query for e in train[:3]] and report.near == 1
     assert "the training events: 4 of 4 texts open or close with a wrapper of 32 words or more" in caplog.text
-    assert "the test set: 3 of 3 texts open or close with a wrapper of 32 words or more" in caplog.text
+    # (the test set's three are too few to be a template on their own: its warning counts its own texts alone)
+    assert "the test set:" not in caplog.text
     # without the template the same requests are compared as before
     assert leak_filter([_event(a) for a in asks[3:]], asks[:3], jaccard=0.8, catalog=catalog)[1].near == 0
 
@@ -530,3 +531,22 @@ def test_a_template_on_the_test_queries_alone_is_named_on_the_test_set_once(capl
             leak_filter([_event(a) for a in ("who was napoleon", "spain football", "oslo rain")], test, source=org)
     said = [r.getMessage() for r in caplog.records if "wrapper" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith("the test set: 6 of 6 texts")
+
+
+def test_the_test_set_s_template_is_counted_on_the_test_set_alone():
+    """Regression (diff review): the test set's wrappers were found together with each organisation's log, so
+    organisations of other sizes counted them differently ("16 of 16", "10 of 16") and each warned again."""
+    from synapse_flwr.data import protocol
+
+    wraps = [("Dear assistant, I hope this message finds you well. I would be most grateful if you could help me "
+              "with a small request of mine, namely: {}. Thank you very much in advance for your kind help!"),
+             ("Hello there, I am writing to you today because I need some assistance with the following task that "
+              "came up at work this week: {}. Please answer briefly, as I am in a hurry right now, thanks!")]
+    test = [w.format(f"request number {i} about topic {i * 7}") for w, n in zip(wraps, (6, 10)) for i in range(n)]
+    said = []
+    for n in (3, 700):
+        train = [_event(f"a different request {i} on subject {i * 13}") for i in range(n)]
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(protocol, "warn_once", lambda _log, message: said.append(message))
+            leak_filter(train, test, source=f"org_{n}.jsonl")
+    assert len(said) == 2 and said[0] == said[1] and said[0].startswith("the test set: 16 of 16 texts")

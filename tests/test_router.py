@@ -441,3 +441,6 @@ def test_a_served_query_of_megabytes_is_routed_on_its_first_characters_as_a_logg
     head = "will it rain in Oslo tomorrow " * (MAX_QUERY // 30 + 1)
     long = r.route(head + "book a hotel room " * 200_000)
     assert long.query == head.strip()[:MAX_QUERY] and long.tool == r.route(head).tool == "get_weather"
+    # what is routed is checked: a request whose first MAX_QUERY characters hold no word is refused
+    with pytest.raises(ValueError, match="has no letter or digit"):
+        r.route("-" * MAX_QUERY + " will it rain in Oslo tomorrow")

@@ -151,3 +151,10 @@ def test_a_routed_batch_is_scored_on_the_documentation_once(demo_routers, monkey
     told.observe(queries, batch_size=100)
     assert [(r.tool, r.candidates, r.decided_by) for r in told.route_many(queries, batch_size=100, observe=False)] == \
         [(r.tool, r.candidates, r.decided_by) for r in routes]
+    # past DESCRIBED_BYTES the scores are not kept for the whole batch (585 MB for 5,003 queries of 10,000 tools)
+    import synapse_flwr.core.router as router_module
+
+    monkeypatch.setattr(router_module, "DESCRIBED_BYTES", 0)
+    calls.clear()
+    again = Router(pooled, ds.catalog, embedder=emb).route_many(queries, batch_size=100)
+    assert len(calls) == 6 and [(r.tool, r.candidates) for r in again] == [(r.tool, r.candidates) for r in routes]

@@ -45,7 +45,7 @@ import itertools
 import logging
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 
@@ -141,6 +141,8 @@ EXAMPLE_WEIGHT = 0.5
 EVIDENCE = ("description", "phrases", "scenario", "prototype")
 # a batch's documentation score, and its dense and lexical parts unweighted (Router._description)
 Described = tuple[np.ndarray, np.ndarray, np.ndarray]
+# the most memory route_many keeps a batch's documentation scores in between the query-shift test and the routes
+DESCRIBED_BYTES = 64 * 2**20
 
 
 RENDERS = ("typed", "flat")
@@ -568,9 +570,9 @@ class Router:
         embedder = None if remember else uncached(self.embedder)
         chunks = [list(queries[s : s + batch_size]) for s in range(0, len(queries), batch_size)]
         vectors = [self._embed(c, embedder) for c in chunks]
-        return self._observe(vectors, [self._description(c, q) for c, q in zip(chunks, vectors, strict=True)])
+        return self._observe(vectors, (self._description(c, q) for c, q in zip(chunks, vectors, strict=True)))
 
-    def _observe(self, vectors: Sequence[np.ndarray], described: Sequence[Described]) -> bool:
+    def _observe(self, vectors: Sequence[np.ndarray], described: Iterable[Described]) -> bool:
         """:meth:`observe` of embedded chunks of queries, with their :meth:`_description`."""
         read = self.prototypes_read()
         for q, desc in zip(vectors, described, strict=True):
@@ -910,10 +912,14 @@ class Router:
         vectors: list[np.ndarray | None] = [None] * len(chunks)
         described: list[Described | None] = [None] * len(chunks)
         if observe and self.shift is not None and not self.fusion.docs_only:
-            # embedded and scored on the documentation once, for the test and the routes
+            # embedded (and, while it fits DESCRIBED_BYTES, scored on the documentation) once, for the test and
+            # the routes: kept for a whole test set of a large catalog the scores took 585 MB
             vectors = [self._embed(c, embedder) for c in chunks]
-            described = [self._description(c, q) for c, q in zip(chunks, vectors, strict=True)]
-            self._observe(vectors, described)
+            scored = (self._description(c, q) for c, q in zip(chunks, vectors, strict=True))
+            if 12 * len(queries) * len(self.tool_ids) <= DESCRIBED_BYTES:  # three float32 arrays a query and tool
+                described = list(scored)
+                scored = iter(described)
+            self._observe(vectors, scored)
         if not self.shifted():
             return self._route_chunks(chunks, vectors, force, embedder, described)
         docs = self.docs_router()._route_chunks(chunks, vectors, force, embedder)  # its embedder is this router's
@@ -922,8 +928,7 @@ class Router:
     def _route_chunks(self, chunks: Sequence[list[str]], vectors: Sequence[np.ndarray | None],
                       force: Sequence[Sequence[str]] | None, embedder: Embedder | None,
                       described: Sequence[Described | None] | None = None) -> list[RouteResult]:
-        """:meth:`route_many` of chunked queries, each chunk's embeddings (and :meth:`_description`) given
-        or made with ``embedder``."""
+        """:meth:`route_many` of chunked queries, each chunk's embeddings (and scores) given or computed."""
         out: list[RouteResult] = []
         start = 0
         for i, (chunk, given) in enumerate(zip(chunks, vectors, strict=True)):
@@ -985,12 +990,9 @@ class Router:
         """
         if not isinstance(query, str):
             raise TypeError(f"query must be a string, got {type(query).__name__}")
+        query = cut_query(query)
         if problem := query_problem(query):
             raise ValueError(f"query {problem}: nothing to route")
-        if len(query.strip()) > MAX_QUERY:
-            log_once(log, f"a query longer than {MAX_QUERY} characters is routed on its first {MAX_QUERY}, as a "
-                          "logged one is", logging.WARNING)
-            query = query.strip()[:MAX_QUERY]
         return self.route_many([query], remember=False)[0]
 
 
@@ -1002,6 +1004,16 @@ def calls_floor(compendium: Compendium | FlatCompendium | None) -> float:
     privacy = getattr(compendium, "privacy", None)
     merged = max(len(getattr(compendium, "inputs", None) or []), 1)
     return zero_count_floor(privacy.sigma if privacy is not None else 0.0, merged, NOISE_SDS)
+
+
+def cut_query(query: str) -> str:
+    """``query`` as a request is routed: one longer than :data:`~synapse_flwr.core.experience.MAX_QUERY`
+    characters (stripped) is cut there, as a logged or tested one is, with a warning once a process."""
+    if len(query.strip()) <= MAX_QUERY:
+        return query
+    log_once(log, f"a query longer than {MAX_QUERY} characters is routed on its first {MAX_QUERY}, as a logged one "
+                  "is", logging.WARNING)
+    return query.strip()[:MAX_QUERY]
 
 
 def query_problem(query: str) -> str | None:

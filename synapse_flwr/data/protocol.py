@@ -264,6 +264,12 @@ _TYPOGRAPHIC = str.maketrans(dict.fromkeys("\u2018\u2019\u02bc\u0060", "'")
                              | dict.fromkeys("\u2010\u2011\u2012\u2013\u2212", "-"))
 
 
+def _wrapped_words(keys: Sequence[str], cores: Sequence[str] | None = None) -> list[int]:
+    """Per text, how many of its words are a wrapper (:func:`without_wrappers`; ``cores``: its result, if known)."""
+    cores = without_wrappers(keys) if cores is None else cores
+    return [len(k.split()) - len(c.split()) for c, k in zip(cores, keys, strict=True)]
+
+
 def leak_filter(
     train: Sequence[Event],
     test_queries: Sequence[str],
@@ -313,9 +319,10 @@ def leak_filter(
     keys = [k for _, k in candidates]
     cores = without_wrappers([*keys, *test_keys])
     near_flags = near_duplicates(cores[: len(keys)], cores[len(keys):], jaccard)
-    words = [len(k.split()) - len(c.split()) for c, k in zip(cores, [*keys, *test_keys], strict=True)]
-    # named where they are (a wrapper on the test queries alone was blamed on every organisation's log too)
-    for where, part in ((source, words[: len(keys)]), ("the test set", words[len(keys):])):
+    words = _wrapped_words([*keys, *test_keys], cores)
+    # named where they are (a wrapper on the test queries alone was blamed on every organisation's log too); the
+    # test set's from its own texts, so that every organisation's call says the same, once
+    for where, part in ((source, words[: len(keys)]), ("the test set", _wrapped_words(test_keys))):
         if long := sum(w >= TEMPLATE_WORDS for w in part):
             # not stripped where queries are embedded: the wrapper's words are a private record's, and what counts
             # as one depends on the other records, which would tie each record's prototype to the others
