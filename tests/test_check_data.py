@@ -698,6 +698,11 @@ def test_a_query_written_as_a_chat_transcript_is_read_as_its_last_user_message(f
     assert "2 queries are chat transcripts" in caplog.text and "6 queries are chat transcripts" in caplog.text
     assert [i.query for i in load_testset(folder / "test.jsonl")] == [q["query"] for q in TEST]
     assert [e.query for e in load_experience(folder / "org_a.jsonl")] == [e["query"] for e in EVENTS[:6]]
+    # ShareGPT's messages (ToolACE and other chat datasets), under "conversations"
+    _jsonl(folder / "test.jsonl", [{"query": {"conversations": [{"from": "system", "value": "Tools: ..."},
+                                                                {"from": "human", "value": TEST[0]["query"]}]},
+                                    "gold": "get_weather"}])
+    assert [i.query for i in load_testset(folder / "test.jsonl")] == [TEST[0]["query"]]
     # a list that is not a transcript is still a mistake, named in the format's words
     _jsonl(folder / "test.jsonl", [{"query": ["will it rain", "tomorrow"], "gold": "get_weather"}])
     assert "test.jsonl:1: field 'query': expected a string, got ['will it rain'" in _problems(folder)[0]

@@ -142,7 +142,10 @@ QUERY_CUT = "query cut"
 NO_WORDS = "query without words"
 #: The note :func:`known_fields` gives a record whose query was a chat transcript (:func:`transcript_request`).
 TRANSCRIPT = "query a chat transcript"
+#: The roles a chat transcript's user messages carry (OpenAI and Anthropic "user", ShareGPT "human").
 USER_ROLES = ("user", "human")
+#: A message's role and content keys: OpenAI / Anthropic, and ShareGPT's (ToolACE and other chat datasets).
+MESSAGE_KEYS = (("role", "content"), ("from", "value"))
 
 
 def _message_text(content: object) -> str:
@@ -158,8 +161,9 @@ def transcript_request(query: object) -> str | None:
     """The last user message of a query that is a chat transcript, else None.
 
     A converter of a chat benchmark may write the conversation where the
-    request belongs: a list of ``{"role", "content"}`` messages (or an object
-    holding it under ``messages``), as JSON or as its JSON text. Embedded as
+    request belongs: a list of ``{"role", "content"}`` (or ShareGPT's
+    ``{"from", "value"}``) messages, or an object holding it under
+    ``messages`` or ``conversations``, as JSON or as its JSON text. Embedded as
     it stands, the system prompt and the JSON syntax lead the text and the
     request is read last or not at all (a folder's docs_only fell 0.808 ->
     0.667 with its test queries written so); the last user message is what
@@ -174,10 +178,13 @@ def transcript_request(query: object) -> str | None:
         except ValueError:
             return None
     if isinstance(query, dict):
-        query = query.get("messages")
-    if not isinstance(query, list) or not query or not all(isinstance(m, dict) and "role" in m for m in query):
+        query = query.get("messages", query.get("conversations"))
+    if not isinstance(query, list) or not query or not all(isinstance(m, dict) for m in query):
         return None
-    said = [_message_text(m.get("content")).strip() for m in query if str(m["role"]).lower() in USER_ROLES]
+    keys = next(((r, c) for r, c in MESSAGE_KEYS if all(r in m for m in query)), None)
+    if keys is None:
+        return None
+    said = [_message_text(m.get(keys[1])).strip() for m in query if str(m[keys[0]]).lower() in USER_ROLES]
     return next((t for t in reversed(said) if t), None)
 
 
