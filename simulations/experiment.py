@@ -92,14 +92,14 @@ ORDER_CHECK_ARMS = ("federated", "centralized", "docs_only")
 # What the Router (and the fusion votes cast through it) reads: every synapse_flwr module
 # core.router and core.votes import, but error texts, file writes and the progress bar.
 # A Flower run that votes is cached under their hash (its votes are scored by a Router).
-ROUTER_MODULES = ("core.router", "core.votes", "core.catalog", "core.documentation", "core.embed", "core.explain",
-                  "core.fusion", "core.llm", "core.phrase_profile", "core.phrases", "core.privacy",
+ROUTER_MODULES = ("core.router", "core.votes", "core.catalog", "core.documentation", "core.embed", "core.experience",
+                  "core.explain", "core.fusion", "core.llm", "core.phrase_profile", "core.phrases", "core.privacy",
                   "core.prototypes", "core.render", "core.rerank_llm", "core.sanitize", "core.scenarios",
                   "core.schema", "core.shift")
 # Evaluations and baselines are cached under a hash of the code that scores the arms and of the code
 # that splits the test sets, so a router or split change re-scores every arm (and reruns the Flower
 # runs that vote) while the other Flower runs stay cached; a change to the builder or the merge needs ``--fresh``.
-ROUTING_MODULES = (*ROUTER_MODULES, "core.experience", "core.metrics", "core.sequences", "eval.baselines",
+ROUTING_MODULES = (*ROUTER_MODULES, "core.metrics", "core.sequences", "eval.baselines",
                    "eval.order_check", "flower.fedavg_dp", "data.check", "data.federation", "data.inject",
                    "data.metatool", "data.pins", "data.protocol", "data.taubench")
 
