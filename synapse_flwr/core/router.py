@@ -504,16 +504,15 @@ class Router:
             out[row, owners[first]] = sims[row, first]
         return out
 
-    def prototype_scores(self, q: np.ndarray, docs: np.ndarray) -> np.ndarray:
+    def prototype_scores(self, q: np.ndarray, gate: np.ndarray) -> np.ndarray:
         """Prototype evidence ``>= 0`` per query and tool, zero where the gate is closed.
 
         Parameters
         ----------
         q : numpy.ndarray
             ``(n, dim)`` query embeddings.
-        docs : numpy.ndarray
-            ``(n, n_tools)`` documentation scores: a query's gate is open when
-            its best-documented tool has a prototype above the noise.
+        gate : numpy.ndarray
+            ``(n,)`` booleans: the queries whose gate is open (:meth:`gate`).
         """
         out = np.zeros((len(q), len(self.tool_ids)), np.float32)
         if self.prototypes is None:
@@ -523,7 +522,24 @@ class Router:
         if used.any():
             out[:, used] = (self.fusion.prototype * np.maximum(q @ dirs[used].T - self.fusion.margin, 0.0) * gain[used]
                             + prior[used])
-        return out * gate_open(docs, used)[:, None]
+        return out * gate[:, None]
+
+    def gate(self, queries: Sequence[str], docs: np.ndarray, read: np.ndarray) -> np.ndarray:
+        """Per query, whether its experience evidence is read: its documentation-best tool is among ``read``
+        (:func:`~synapse_flwr.core.fusion.gate_open`), and it is not a tool's name (:meth:`unnamed`)."""
+        return gate_open(docs, read) & self.unnamed(queries)
+
+    def unnamed(self, queries: Sequence[str]) -> np.ndarray:
+        """Per query, whether it is other than exactly a catalog tool's name or alias.
+
+        A tool's name or alias (in any case or punctuation,
+        :meth:`Catalog.resolve <synapse_flwr.core.catalog.Catalog.resolve>`)
+        is routed on the documentation, which holds the names: a compendium's
+        count prior and prototypes, all alike for a query of one word, sent
+        "ABCmouse" to FinanceTool (a rehearsal folder's name-only queries:
+        docs_only 0.912, the private compendium 0.616).
+        """
+        return np.fromiter((self.catalog.resolve(q) is None for q in queries), bool, len(queries))
 
     def prototypes_read(self) -> np.ndarray:
         """``(n_tools,)`` booleans: the tools whose prototype the gate reads (none without prototypes).
@@ -570,13 +586,14 @@ class Router:
         embedder = None if remember else uncached(self.embedder)
         chunks = [list(queries[s : s + batch_size]) for s in range(0, len(queries), batch_size)]
         vectors = [self._embed(c, embedder) for c in chunks]
-        return self._observe(vectors, (self._description(c, q) for c, q in zip(chunks, vectors, strict=True)))
+        return self._observe(chunks, vectors, (self._description(c, q) for c, q in zip(chunks, vectors, strict=True)))
 
-    def _observe(self, vectors: Sequence[np.ndarray], described: Iterable[Described]) -> bool:
+    def _observe(self, chunks: Sequence[list[str]], vectors: Sequence[np.ndarray], described: Iterable[Described]
+                 ) -> bool:
         """:meth:`observe` of embedded chunks of queries, with their :meth:`_description`."""
         read = self.prototypes_read()
-        for q, desc in zip(vectors, described, strict=True):
-            self.shift.observe(q, gate_open(desc[0], read))
+        for chunk, q, desc in zip(chunks, vectors, described, strict=True):
+            self.shift.observe(q, self.gate(chunk, desc[0], read))
         n, mean, shifted = self.shift.state()
         if shifted != self._shift_said:
             self._shift_said = shifted
@@ -637,7 +654,7 @@ class Router:
         read, closed = self.prototypes_read(), 0
         for start in range(0, len(queries), batch):
             chunk = list(queries[start:start + batch])
-            closed += int((~gate_open(self._description(chunk, self._embed(chunk))[0], read)).sum())
+            closed += int((~self.gate(chunk, self._description(chunk, self._embed(chunk))[0], read)).sum())
         return closed / len(queries)
 
     def evidence(self, queries: Sequence[str], q: np.ndarray | None = None,
@@ -653,16 +670,18 @@ class Router:
         description, dense_doc, docs_lex = self._description(queries, q) if described is None else described
         out = {"description": description}
         zero = np.zeros_like(dense_doc)
+        unnamed = self.unnamed(queries)
         out["phrases"] = (self.fusion.phrases * np.maximum(self.profile.score(queries) - docs_lex, 0.0)
-                          * self.phrase_tools[None, :]) if self.fusion.phrases and self.phrase_tools.any() else zero
+                          * self.phrase_tools[None, :] * unnamed[:, None]
+                          ) if self.fusion.phrases and self.phrase_tools.any() else zero
         out["scenario"] = zero
         if w_scen and not self.fusion.docs_only:
             # the prototypes' per-query gate: without it, released scenarios pulled queries for
             # tools without experience to tools with it (seed 7, MiniLM, one org holding all
             # training experience: held-out 0.652 vs docs_only 0.675)
             out["scenario"] = (w_scen * np.maximum(self.scenario_scores(q) - dense_doc, 0.0)
-                               * gate_open(out["description"], self.scenario_tools)[:, None])
-        out["prototype"] = self.prototype_scores(q, out["description"])
+                               * (gate_open(description, self.scenario_tools) & unnamed)[:, None])
+        out["prototype"] = self.prototype_scores(q, gate_open(description, self.prototypes_read()) & unnamed)
         return out
 
     def _description(self, queries: Sequence[str], q: np.ndarray) -> Described:
@@ -919,7 +938,7 @@ class Router:
             if 12 * len(queries) * len(self.tool_ids) <= DESCRIBED_BYTES:  # three float32 arrays a query and tool
                 described = list(scored)
                 scored = iter(described)
-            self._observe(vectors, scored)
+            self._observe(chunks, vectors, scored)
         if not self.shifted():
             return self._route_chunks(chunks, vectors, force, embedder, described)
         docs = self.docs_router()._route_chunks(chunks, vectors, force, embedder)  # its embedder is this router's
