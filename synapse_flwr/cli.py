@@ -1048,10 +1048,13 @@ def route(
     results = router.route_many(queries, remember=test is not None)  # a test set is scored again, a request not
     asked = _llm_counts(reranker) - before
     for i, result in enumerate(results):
+        # golds in the catalog's spelling beside their ids, as `tool` and `tool_id` are (ids alone matched no `tool`)
+        gold = [router.names.get(g, g) for g in items[i].gold] if items else []
         if explain:
-            typer.echo(explain_route(result, router.names) + (f"\ngold: {', '.join(items[i].gold)}" if items else ""))
+            typer.echo(explain_route(result, router.names) + (f"\ngold: {', '.join(gold)}" if items else ""))
         elif items:
-            typer.echo(json.dumps({**result.to_dict(router.names), "gold": list(items[i].gold)}, ensure_ascii=False))
+            typer.echo(json.dumps({**result.to_dict(router.names), "gold": gold, "gold_ids": list(items[i].gold)},
+                                  ensure_ascii=False))
         else:
             typer.echo(json.dumps(result.to_dict(router.names), indent=2, ensure_ascii=False))
     if fell_back := sum(r.fallback for r in results):

@@ -736,13 +736,22 @@ def test_route_scores_a_test_set_line_by_line_and_says_a_global_without_votes_us
     test = write_jsonl(tmp_path / "test.jsonl", [{"query": "will it rain in Oslo", "gold": "get_weather"},
                                                  {"query": "100 USD in EUR", "gold": ["convert_currency"]},
                                                  {"query": "a seat to Rome on Friday", "gold": "Book-Flight"}])
+    # the catalog spelling names otherwise than their ids ("Get Weather" is get_weather)
+    spelt = tmp_path / "spelt.json"
+    spelt.write_text(json.dumps([{"name": "Get Weather", "description": "Current weather for a city."},
+                                 {"name": "Convert Currency", "description": "Convert an amount between currencies."},
+                                 {"name": "Book Flight", "description": "Book a flight."}]))
     with caplog.at_level(logging.INFO, logger="synapse_flwr"):
-        res = invoke("route", "--catalog", data["catalog"], "--compendium", built["global"], "--test", test)
+        res = invoke("route", "--catalog", spelt, "--compendium", built["global"], "--test", test)
     ok(res)
     # stdout alone: the embedder's progress on stderr may share a line with the first row in the mixed output
     rows = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
-    assert [r["gold"] for r in rows] == [["get_weather"], ["convert_currency"], ["book_flight"]]  # aliases resolved
-    top1 = sum(r["tool_id"] in r["gold"] for r in rows) / len(rows)
+    assert [r["gold_ids"] for r in rows] == [["get_weather"], ["convert_currency"], ["book_flight"]]  # aliases resolved
+    # regression (dress rehearsal): `gold` held the ids, so comparing it with `tool` (the catalog's spelling) matched
+    # no query of a catalog that spells names otherwise
+    assert [r["gold"] for r in rows] == [["Get Weather"], ["Convert Currency"], ["Book Flight"]]
+    top1 = sum(r["tool_id"] in r["gold_ids"] for r in rows) / len(rows)
+    assert top1 == sum(r["tool"] in r["gold"] for r in rows) / len(rows)
     assert f"top-1 {top1:.3f}, recall@5 1.000 over 3 queries" in caplog.text
     assert "carries no fusion votes" in caplog.text  # a CLI merge has none: the default weights route
     refused(invoke("route", "--catalog", data["catalog"], "--test", test, "rain?"), "not both")
