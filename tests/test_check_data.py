@@ -196,9 +196,11 @@ def test_alias_table_declares_a_collision(folder):
 
 
 def test_example_table_is_checked_and_hashed(folder):
-    (folder / "examples.json").write_text('{"pay_bill": ["pay my bill"]}')
+    # regression (dress rehearsal): only the first of a converter's dropped tools was named, one run each
+    (folder / "examples.json").write_text('{"pay_bill": ["pay my bill"], "get_weather": ["rain?"], "fly": ["a seat"]}')
     (problem,) = _problems(folder)
-    assert "examples.json" in problem and "'pay_bill', which is not a tool of the catalog" in problem
+    assert "examples.json" in problem and "examples for 2 names that are no tool of the catalog: 'pay_bill', 'fly'" \
+        in problem and "remove them, or add the tools to the catalog" in problem
     (folder / "examples.json").write_text('{"get_weather": ["umbrella today?"]}')
     assert _problems(folder) == [] and "examples.json" in file_hashes(folder)
     assert load_folder(folder).catalog.get("get_weather").examples == ("umbrella today?",)

@@ -52,7 +52,7 @@ def test_catalog_entries_and_side_table_carry_examples(tmp_path):
     assert cat.get("get_weather").examples[0] == "umbrella today?"  # resolved by alias key, de-duplicated
     assert len(cat.get("get_weather").examples) == MAX_EXAMPLES and cat.get("book_hotel").examples == ()
     (tmp_path / "examples.json").write_text(json.dumps({"no_such_tool": ["hi"]}))
-    with pytest.raises(InputError, match="'no_such_tool', which is not a tool of the catalog"):
+    with pytest.raises(InputError, match="no tool of the catalog: 'no_such_tool'"):
         load_catalog(tmp_path / "catalog.json")
     (tmp_path / "examples.json").write_text(json.dumps({"get_weather": "hi"}))
     with pytest.raises(InputError, match="tool name -> list of requests"):

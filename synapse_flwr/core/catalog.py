@@ -505,14 +505,16 @@ def with_examples(catalog: Catalog, table: Mapping[str, Sequence[str]], source: 
     Raises
     ------
     InputError
-        Naming a tool the catalog does not have (``source`` is the file named).
+        Naming every tool the catalog does not have (``source`` is the file named).
     """
     extra: dict[str, list[str]] = {}
+    unknown = [name for name in table if catalog.resolve(name) is None]
+    if unknown:  # all of them at once: one at a time, a converter's dropped tools took a run each
+        shown = ", ".join(map(repr, unknown[:10])) + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else "")
+        raise InputError(source, f"examples for {len(unknown)} names that are no tool of the catalog: {shown} "
+                                 "(remove them, or add the tools to the catalog)")
     for name, texts in table.items():
-        tool_id = catalog.resolve(name)
-        if tool_id is None:
-            raise InputError(source, f"examples for {name!r}, which is not a tool of the catalog")
-        extra.setdefault(tool_id, []).extend(texts)
+        extra.setdefault(catalog.resolve(name), []).extend(texts)
     if not extra:
         return catalog
     return Catalog(tuple(replace(d, examples=clean_texts([*d.examples, *extra.get(d.tool_id, [])]))
