@@ -475,8 +475,10 @@ def vote(
              len(SETTINGS))
     cast = cast_votes(events, cat, merged, emb, sd, rng)
     _save_votes(output, own, state, release_cache, cast, list(keys), epsilon, experience, artifact)
-    log.info("wrote %s: %.0f records voted (noise SD %.1f), %s; alone, these votes favour %s. "
-             "Merge every organisation's voted artifact into the next global.", output, cast.records, cast.sd,
+    # the count this organisation knows; the released one is noised (it read -2 for 5 records)
+    voted = sum(event_label(e, cat) is not None for e in events)
+    log.info("wrote %s: %d records voted (released as %.0f, noise SD %.1f), %s; alone, these votes favour %s. "
+             "Merge every organisation's voted artifact into the next global.", output, voted, cast.records, cast.sd,
              "privacy off" if epsilon is None else f"epsilon spent {epsilon:.3f} of {own.privacy.epsilon_target:g}",
              _setting_words(chosen_setting(cast)))
 

@@ -779,9 +779,12 @@ def test_hand_merged_artifacts_vote_and_the_second_merge_carries_the_votes(data,
     with caplog.at_level(logging.INFO, logger="synapse_flwr"):
         ok(invoke("merge", *arts.values(), "-o", first))
     assert f"next: each organisation runs `synapse vote --artifact ITS_ARTIFACT --global {first}" in caplog.text
-    for org, art in arts.items():
-        ok(vote(org, art, first))
+    with caplog.at_level(logging.INFO, logger="synapse_flwr"):
+        for org, art in arts.items():
+            ok(vote(org, art, first))
     acme, voted = load_artifact(arts["acme"]), load_artifact(tmp_path / "acme.voted.json")
+    # regression (dress rehearsal): the summary gave the noised count as the records voted ("-2 records voted")
+    assert f"30 records voted (released as {voted.votes.records:.0f}, noise SD {voted.votes.sd:.1f})" in caplog.text
     assert voted.votes is not None and voted.votes.sd > 0  # noised sums of the 30 records' right routes
     assert abs(voted.votes.records - 30) < 6 * voted.votes.sd
     # the vote is paid from the share build kept: the record's whole budget, not more
