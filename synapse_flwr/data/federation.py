@@ -297,8 +297,10 @@ def load_federated(
             log.warning("dataset %s has %d organisations; %d asked for: their pooled experience is re-partitioned "
                         "(Dirichlet alpha %g)", name, len(ds.orgs), num_orgs, alpha)
         elif ds.orgs and ds.info.get("orgs_as_given"):  # a folder with one log: pooled, like MetaTool
-            log_once(log, f"dataset {name} has one organisation log: its experience is split into {num_orgs} "
-                          f"organisations (Dirichlet alpha {alpha:g})")
+            # a warning: the tables' organisations are then not the folder's (it was said at INFO only)
+            log_once(log, f"dataset {name} has one organisation log: one organisation is no federation, so its "
+                          f"experience is split into {num_orgs} organisations (Dirichlet alpha {alpha:g}; `orgs` in "
+                          "an experiment config chooses how many)", logging.WARNING)
         ds = repartition(ds, num_orgs, alpha, seed)
     if inject:
         from synapse_flwr.data.inject import inject_contradictions
