@@ -990,6 +990,11 @@ EmbedderOption = Annotated[
                  "space than a compendium's prototypes is refused."),
 ]
 
+ShiftTestOption = Annotated[bool, typer.Option(
+    "--shift-test/--no-shift-test",
+    help="Route on the documentation alone, as docs_only does, while the queries sit far from the federation's "
+         "(docs/experiments.md, \"Query shift\"). --no-shift-test keeps reading experience: for traffic known to "
+         "be like the federation's but terser (keyword queries sit far from every prototype for want of words).")]
 CountPriorOption = Annotated[
     float | None,
     typer.Option(help="Weight of log(1 + n) for each tool whose query prototype the router reads, n the "
@@ -1019,6 +1024,7 @@ def route(
     explain: Annotated[bool, typer.Option(help="Print which field decided and each candidate's evidence.")] = False,
     llm_weight: LLMWeightOption = None,
     count_prior: CountPriorOption = None,
+    shift_test: ShiftTestOption = True,
     test: Annotated[Path | None, typer.Option(
         help="A test set to route and score instead of QUERY (a query and its gold tool a line, as a dataset "
              "folder's test.jsonl): one JSON line per query with its gold, then top-1 and recall@k.")] = None,
@@ -1045,7 +1051,8 @@ def route(
     queries = [cut_query(q) for q in query or []] or [item.query for item in items]  # (test items are cut as read)
     if bad := [(i, problem) for i, q in enumerate(queries, start=1) if (problem := query_problem(q))]:
         raise SynapseError(f"query {bad[0][0]} of {len(queries)} {bad[0][1]}: nothing to route")
-    router = _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_weight, count_prior)
+    router = _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_weight, count_prior,
+                          None if shift_test else 0)
     before = _llm_counts(reranker)
     results = router.route_many(queries, remember=test is not None)  # a test set is scored again, a request not
     asked = _llm_counts(reranker) - before
@@ -1111,6 +1118,7 @@ def serve(
                                              "streamable-http answers at /mcp, sse at /sse.")] = None,
     llm_weight: LLMWeightOption = None,
     count_prior: CountPriorOption = None,
+    shift_test: ShiftTestOption = True,
 ) -> None:
     """Serve routing to agents as an MCP server with one tool, `route`.
 
@@ -1136,7 +1144,7 @@ def serve(
     elif host is not None or port is not None:
         raise SynapseError("--host and --port apply to --transport sse or streamable-http, not stdio")
     router = _load_router(catalog, compendium, reranker, model, embedder, "typed", 5, llm_weight, count_prior,
-                          SERVE_WINDOW)
+                          SERVE_WINDOW if shift_test else 0)
     # the models load now, not in the first request (an index read from the cache never loaded the embedder; an
     # embedded LLM whose wheel is missing would fail every request of a server that started)
     uncached(router.embedder).encode(["warm up"])

@@ -1016,3 +1016,24 @@ def test_a_log_that_is_not_utf8_and_a_folder_with_two_catalogs_are_refused_in_on
     (folder / "catalog.jsonl").write_text(json.dumps(CATALOG[0]) + "\n")
     refused(invoke("examples", folder), "both catalog.json and catalog.jsonl")
     assert not (tmp_path / "x.json").exists() and not (folder / "examples.json").exists()
+
+
+def test_route_says_when_the_query_shift_test_turned_experience_off_and_no_shift_test_keeps_it(tmp_path):
+    """The demo's test queries sit far from its logs, so `route --test` routes them on the documentation; a user
+    whose traffic is only terser than the federation's (keyword queries) keeps experience with --no-shift-test."""
+    from synapse_flwr.core.builder import build_compendium
+    from synapse_flwr.core.embed import get_embedder
+    from synapse_flwr.data.federation import load_dataset
+
+    ds = load_dataset("demo", 7)
+    glob = tmp_path / "global.json"
+    save_artifact(glob, build_compendium(ds.all_events, ds.catalog, "pooled", epsilon=math.inf,
+                                         embedder=get_embedder("minilm"), seed=0))
+    test = write_jsonl(tmp_path / "test.jsonl", [{"query": i.query, "gold": list(i.gold)}
+                                                 for i in ds.seen_test + ds.heldout_test])
+    off = {}
+    for flag in ("--shift-test", "--no-shift-test"):
+        res = invoke("route", "--catalog", demo_dir() / "catalog.json", "--compendium", glob, "--test", test, flag)
+        ok(res)
+        off[flag] = {json.loads(line)["experience_off"] for line in res.stdout.splitlines() if line.startswith("{")}
+    assert off == {"--shift-test": {True}, "--no-shift-test": {False}}
