@@ -172,3 +172,29 @@ def test_a_query_that_is_a_tool_s_name_routes_as_the_documentation_routes_it(dem
     assert [r.tool for r in router.route_many(names + spelt)] == [r.tool for r in docs.route_many(names + spelt)]
     assert not router.unnamed(names + spelt).any() and router.unnamed(["book a hotel in Oslo"]).all()
     assert router.docs_gated_share(names) == 1.0
+
+
+def test_a_tool_s_name_still_reads_what_the_logs_released_about_that_very_word():
+    """Diff review: the name rule first zeroed released scenarios too, so thirty logged "weather" requests served
+    by the forecast tool taught nothing about the bare word "weather"; only the prototypes (and their count prior,
+    alike for one word) are left unread."""
+    from synapse_flwr.core.catalog import ToolDoc, make_catalog
+    from synapse_flwr.core.embed import TfidfEmbedder
+    from synapse_flwr.core.experience import Event
+
+    cat = make_catalog([ToolDoc("weather", "weather", "Weather station sensor readings: raw temperature and "
+                                                      "humidity logs."),
+                        ToolDoc("forecast", "forecast", "Forecast for the next days in a city."),
+                        ToolDoc("search", "search", "Search the web."),
+                        ToolDoc("translate", "translate", "Translate text between languages.")])
+    events = [*(Event(query="weather", tool="forecast", success=True) for _ in range(30)),
+              *(Event(query=f"weather in city {c}", tool="forecast", success=True) for c in "abcdefghij"),
+              *(Event(query=f"raw humidity log of station {c}", tool="weather", success=True) for c in "abcdefghij"),
+              *(Event(query=f"translate {c} to french", tool="translate", success=True) for c in "abcdefghij"),
+              *(Event(query=f"search for {c}", tool="search", success=True) for c in "abcdefghij")]
+    comp = build_compendium(events, cat, "acme", epsilon=math.inf, seed=0)
+    router = Router(comp, cat, embedder=TfidfEmbedder(), shift_window=0)
+    assert Router(None, cat, embedder=TfidfEmbedder()).route("weather").tool == "weather"
+    routed = router.route("Weather?")
+    assert not router.unnamed(["Weather?"]).any() and routed.tool == "forecast" and routed.decided_by == ["scenario"]
+    assert router.evidence(["weather"])["prototype"].max() == 0

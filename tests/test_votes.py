@@ -495,3 +495,15 @@ def test_inspect_reports_the_votes_and_the_setting_a_router_follows(tmp_path):
     assert res.exit_code == 0, res.output
     assert "(8, 0.5) 5;" in res.output and "%" not in res.output.split("fusion votes:")[1].split("\n")[0]
     assert "a router routes with (0, 0)" in res.output
+
+
+def test_a_record_that_is_a_tool_s_name_votes_as_the_router_routes_it():
+    """Regression (diff review): the router reads no prototype for a query that is a tool's name, but the votes
+    scored such records as if it did, crediting settings with routes the router never makes."""
+    glob = merge_typed([build_compendium(EVENTS, CATALOG, "acme", embedder=EMB, epsilon=math.inf, seed=0)])
+    router = Router(glob, CATALOG, embedder=EMB, reranker="none")
+    names = [t.name for t in CATALOG.tools]
+    got = loo_correct(router, names, [t.tool_id for t in CATALOG.tools])
+    docs = Router(None, CATALOG, embedder=EMB, reranker="none")
+    right = [docs.route(n).tool == t.tool_id for n, t in zip(names, CATALOG.tools)]
+    assert all(list(got[:, j]) == right for j in range(len(SETTINGS)))

@@ -511,7 +511,8 @@ def with_examples(catalog: Catalog, table: Mapping[str, Sequence[str]], source: 
     unknown = [name for name in table if catalog.resolve(name) is None]
     if unknown:  # all of them at once: one at a time, a converter's dropped tools took a run each
         shown = ", ".join(map(repr, unknown[:10])) + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else "")
-        raise InputError(source, f"examples for {len(unknown)} names that are no tool of the catalog: {shown} "
+        names = "a name that is" if len(unknown) == 1 else f"{len(unknown)} names that are"
+        raise InputError(source, f"examples for {names} no tool of the catalog: {shown} "
                                  "(remove them, or add the tools to the catalog)")
     for name, texts in table.items():
         extra.setdefault(catalog.resolve(name), []).extend(texts)

@@ -525,19 +525,21 @@ class Router:
         return out * gate[:, None]
 
     def gate(self, queries: Sequence[str], docs: np.ndarray, read: np.ndarray) -> np.ndarray:
-        """Per query, whether its experience evidence is read: its documentation-best tool is among ``read``
+        """Per query, whether its prototype evidence is read: its documentation-best tool is among ``read``
         (:func:`~synapse_flwr.core.fusion.gate_open`), and it is not a tool's name (:meth:`unnamed`)."""
         return gate_open(docs, read) & self.unnamed(queries)
 
     def unnamed(self, queries: Sequence[str]) -> np.ndarray:
         """Per query, whether it is other than exactly a catalog tool's name or alias.
 
-        A tool's name or alias (in any case or punctuation,
-        :meth:`Catalog.resolve <synapse_flwr.core.catalog.Catalog.resolve>`)
-        is routed on the documentation, which holds the names: a compendium's
-        count prior and prototypes, all alike for a query of one word, sent
-        "ABCmouse" to FinanceTool (a rehearsal folder's name-only queries:
-        docs_only 0.912, the private compendium 0.616).
+        The prototypes are not read for a tool's name or alias (in any case or
+        punctuation, :meth:`Catalog.resolve <synapse_flwr.core.catalog.Catalog.resolve>`):
+        the documentation holds the names, and the prototypes and count priors,
+        all alike for a query of one word, sent "ABCmouse" to FinanceTool (a
+        rehearsal folder's name-only queries: docs_only 0.912, the private
+        compendium 0.616). Released phrases and scenarios are read as for any
+        query: they are about the query's own words (users who type "weather"
+        for the forecast tool).
         """
         return np.fromiter((self.catalog.resolve(q) is None for q in queries), bool, len(queries))
 
@@ -626,9 +628,9 @@ class Router:
         """Share of ``queries`` whose route reads no prototype.
 
         The votes chose documentation only, the query-shift test turned
-        experience off (:meth:`shifted`), or the query's documentation-best
-        tool has no prototype this router reads (the gate,
-        :func:`~synapse_flwr.core.fusion.gate_open`).
+        experience off (:meth:`shifted`), the query's documentation-best
+        tool has no prototype this router reads, or the query is a tool's
+        name (the gate, :meth:`gate`).
 
         Those route on the documentation as docs_only does, unless a ``when_not``
         scenario redirects them. On a catalog where most tools have no
@@ -670,18 +672,16 @@ class Router:
         description, dense_doc, docs_lex = self._description(queries, q) if described is None else described
         out = {"description": description}
         zero = np.zeros_like(dense_doc)
-        unnamed = self.unnamed(queries)
         out["phrases"] = (self.fusion.phrases * np.maximum(self.profile.score(queries) - docs_lex, 0.0)
-                          * self.phrase_tools[None, :] * unnamed[:, None]
-                          ) if self.fusion.phrases and self.phrase_tools.any() else zero
+                          * self.phrase_tools[None, :]) if self.fusion.phrases and self.phrase_tools.any() else zero
         out["scenario"] = zero
         if w_scen and not self.fusion.docs_only:
             # the prototypes' per-query gate: without it, released scenarios pulled queries for
             # tools without experience to tools with it (seed 7, MiniLM, one org holding all
             # training experience: held-out 0.652 vs docs_only 0.675)
             out["scenario"] = (w_scen * np.maximum(self.scenario_scores(q) - dense_doc, 0.0)
-                               * (gate_open(description, self.scenario_tools) & unnamed)[:, None])
-        out["prototype"] = self.prototype_scores(q, gate_open(description, self.prototypes_read()) & unnamed)
+                               * gate_open(description, self.scenario_tools)[:, None])
+        out["prototype"] = self.prototype_scores(q, self.gate(queries, description, self.prototypes_read()))
         return out
 
     def _description(self, queries: Sequence[str], q: np.ndarray) -> Described:

@@ -115,7 +115,7 @@ def _loo_chunk(router: Router, queries: list[str], y: np.ndarray,
     own_dirs, own_gain = shrunk_directions(sums[y] - q, sds[y], router.fusion.shrink)
     kept = used[y] & (own_gain > 0)
     own = np.maximum(np.einsum("ij,ij->i", q, own_dirs) - margin, 0.0) * own_gain * kept
-    gate = used[np.argmax(desc, axis=1)][:, None]
+    gate = (used[np.argmax(desc, axis=1)] & router.unnamed(queries))[:, None]  # as Router.gate reads prototypes
     prior_rows = np.log1p(counts) * used
     own_prior = np.log1p(np.maximum(counts[y] - 1.0, 0.0)) * kept
     rows = np.arange(len(y))
