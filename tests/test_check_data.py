@@ -609,6 +609,12 @@ def test_an_alias_of_the_table_resolves_records_and_a_bad_one_is_named(folder):
     (folder / "aliases.json").write_text('{"book_hotel": "get_weather"}')
     (problem,) = _problems(folder)
     assert "'book_hotel' is already a name of the tool 'book_hotel'" in problem
+    # regression (dress rehearsal): only the first bad alias was named, one run each
+    (folder / "aliases.json").write_text('{"forecast": "get_forecast", "ok": "get_weather", "?": "book_hotel"}')
+    problems = _problems(folder)
+    assert len(problems) == 2 and "no tool 'get_forecast'" in problems[0] and "'?'" in problems[1]
+    with pytest.raises(InputError, match=r"no tool 'get_forecast' in the catalog \(and 1 more in the table\)"):
+        load_catalog(folder / "catalog.json")
 
 
 def test_a_file_that_is_not_utf8_asks_for_utf8(folder):

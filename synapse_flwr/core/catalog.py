@@ -340,7 +340,20 @@ def _entry_alias_collision(tools: Sequence[ToolDoc]) -> AliasCollision | None:
 
 
 class AliasError(InputError):
-    """An alias of the alias table that names no catalog tool, or that is already another tool's name."""
+    """Aliases of the alias table that name no catalog tool, or that are already another tool's name.
+
+    Parameters
+    ----------
+    path : str or Path
+        The alias table's file.
+    problems : sequence of str
+        One line per bad alias, every one of the table (the message says the first and counts the rest).
+    """
+
+    def __init__(self, path: str | Path, problems: Sequence[str]) -> None:
+        more = f" (and {len(problems) - 1} more in the table)" if len(problems) > 1 else ""
+        super().__init__(path, problems[0] + more)
+        self.problems = tuple(problems)
 
 
 def _with_table_aliases(tools: Iterable[ToolDoc], aliases: Mapping[str, str], source: str | Path) -> list[ToolDoc]:
@@ -354,19 +367,25 @@ def _with_table_aliases(tools: Iterable[ToolDoc], aliases: Mapping[str, str], so
     base = Catalog(tuple(tools))
     by_id = {d.tool_id: d for d in base.tools}
     added: dict[str, str] = {}  # alias key -> tool id, for the table's aliases seen so far
+    problems = []  # every bad alias at once: one at a time, a converter's table took a run each
     for alias, name in aliases.items():
         if not alias_key(alias):
-            raise AliasError(source, f"alias {alias!r} -> {name!r}: {_NAMELESS_ALIAS.format(alias=alias)}")
+            problems.append(f"alias {alias!r} -> {name!r}: {_NAMELESS_ALIAS.format(alias=alias)}")
+            continue
         target = base.resolve(name) or added.get(alias_key(name))
         if target is None:
-            raise AliasError(source, f"alias {alias!r} -> {name!r}: no tool {name!r} in the catalog")
+            problems.append(f"alias {alias!r} -> {name!r}: no tool {name!r} in the catalog")
+            continue
         taken = base.resolve(alias) or added.setdefault(alias_key(alias), target)
         if taken != target:
-            raise AliasError(source, f"alias {alias!r} -> {name!r}: {alias!r} is already a name of the tool "
-                                     f"{taken!r}; remove the alias or point it at that tool")
+            problems.append(f"alias {alias!r} -> {name!r}: {alias!r} is already a name of the tool {taken!r}; "
+                            "remove the alias or point it at that tool")
+            continue
         doc = by_id[target]
         if alias_key(alias) not in {alias_key(n) for n in (target, doc.name, *doc.aliases)}:
             by_id[target] = replace(doc, aliases=(*doc.aliases, alias))
+    if problems:
+        raise AliasError(source, problems)
     return list(by_id.values())
 
 

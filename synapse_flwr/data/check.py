@@ -309,7 +309,7 @@ def _check_catalog(path: Path, aliases: Mapping[str, str]) -> tuple[Catalog | No
         try:
             return make_catalog(docs, aliases, path.parent / ALIASES_FILE), problems, unread
         except AliasError as exc:
-            return None, [*problems, Problem(exc.path, exc.message)], unread
+            return None, [*problems, *(Problem(exc.path, p) for p in exc.problems)], unread
         except ToolCollision as exc:
             problems.append(Problem(str(path), f"{exc} (the first at line {lines[id(exc.first)]})",
                                     lines[id(exc.second)], "name"))
