@@ -196,9 +196,9 @@ def _gate_line(results: dict) -> str | None:
     if not shares:
         return None
     return ("Queries whose route reads no prototype (their documentation-best tool has none the router reads, "
-            "the votes chose the documentation only, or the query-shift test turned experience off: they route as "
-            "docs_only does unless a when_not scenario redirects them; docs/experiments.md, \"Limits measured\"): "
-            + "; ".join(shares) + ".")
+            "the query is a tool's name, the votes chose the documentation only, or the query-shift test turned "
+            "experience off: they route as docs_only does unless released scenarios or a when_not scenario move "
+            "them; docs/experiments.md, \"Limits measured\"): " + "; ".join(shares) + ".")
 
 
 def _globals_line(results: dict) -> str | None:

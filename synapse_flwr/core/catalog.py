@@ -256,8 +256,20 @@ DESCRIPTION_CUT = "description cut"
 
 
 def entry_notes(obj: Mapping[str, Any]) -> list[str]:
-    """Keys of a catalog entry that :func:`parse_tool` does not read (an OpenAI tool's as ``function.<key>``), and
-    :data:`DESCRIPTION_CUT` for a description longer than a compendium carries (``MAX_DESCRIPTION`` characters)."""
+    """What a reader of a catalog entry says of it beside the tool.
+
+    Parameters
+    ----------
+    obj : mapping
+        The entry as read from JSON.
+
+    Returns
+    -------
+    list of str
+        Its keys that :func:`parse_tool` does not read (an OpenAI tool's as
+        ``function.<key>``), and :data:`DESCRIPTION_CUT` for a description
+        longer than a compendium carries (``MAX_DESCRIPTION`` characters).
+    """
     body, prefix, _ = _body(obj)
     unread = [k for k in obj if k not in ("type", "function")] if prefix else []
     unread += [f"{prefix}{k}" for k in body if k not in _READ_KEYS]

@@ -99,10 +99,19 @@ def package_dir(module: str, pip_name: str) -> Path:
 
 
 def warn_cut(name: str, max_length: int, cut: int) -> None:
-    """Say once a process that ``cut`` texts were longer than the embedder reads: their ends are not read.
+    """Say once a process that some texts were longer than the embedder reads: their ends are not read.
 
     The leak filter warns of a long prompt template in a dataset; a routed or
     served query cut here was not warned of at all.
+
+    Parameters
+    ----------
+    name : str
+        The embedder's model id.
+    max_length : int
+        The tokens it reads of a text.
+    cut : int
+        Texts of the batch longer than that (0: nothing to say).
     """
     if cut:
         warn_once(logger, f"{name} reads the first {max_length} tokens of a text: longer ones (queries, requests, "

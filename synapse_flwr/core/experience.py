@@ -168,6 +168,17 @@ def transcript_request(query: object) -> str | None:
     request is read last or not at all (a folder's docs_only fell 0.808 ->
     0.667 with its test queries written so); the last user message is what
     the agent routes now.
+
+    Parameters
+    ----------
+    query : object
+        A record's ``query`` as read from JSON.
+
+    Returns
+    -------
+    str or None
+        The last non-empty user message, or None when ``query`` is no
+        transcript (or holds no user message).
     """
     if isinstance(query, str):
         text = query.strip()
@@ -224,7 +235,8 @@ def known_fields(obj: dict, model: type[BaseModel]) -> tuple[dict, list[str]]:
 
 def warn_ignored(path: Path, notes: Counter[str]) -> None:
     """Log, once per file and process, what :func:`known_fields` left out of its records (with the records' counts)."""
-    fields = ", ".join(f"{k} ({n} records)" for k, n in sorted(notes.items()) if k not in (TRANSCRIPT, QUERY_CUT, NO_WORDS))
+    fields = ", ".join(f"{k} ({n} records)" for k, n in sorted(notes.items())
+                       if k not in (TRANSCRIPT, QUERY_CUT, NO_WORDS))
     if fields:
         warn_once(log, f"{path}: ignored fields outside the format (docs/formats.md): {fields}")
     if notes[TRANSCRIPT]:

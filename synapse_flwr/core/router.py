@@ -504,14 +504,14 @@ class Router:
             out[row, owners[first]] = sims[row, first]
         return out
 
-    def prototype_scores(self, q: np.ndarray, gate: np.ndarray) -> np.ndarray:
+    def prototype_scores(self, q: np.ndarray, opened: np.ndarray) -> np.ndarray:
         """Prototype evidence ``>= 0`` per query and tool, zero where the gate is closed.
 
         Parameters
         ----------
         q : numpy.ndarray
             ``(n, dim)`` query embeddings.
-        gate : numpy.ndarray
+        opened : numpy.ndarray
             ``(n,)`` booleans: the queries whose gate is open (:meth:`gate`).
         """
         out = np.zeros((len(q), len(self.tool_ids)), np.float32)
@@ -522,11 +522,27 @@ class Router:
         if used.any():
             out[:, used] = (self.fusion.prototype * np.maximum(q @ dirs[used].T - self.fusion.margin, 0.0) * gain[used]
                             + prior[used])
-        return out * gate[:, None]
+        return out * opened[:, None]
 
     def gate(self, queries: Sequence[str], docs: np.ndarray, read: np.ndarray) -> np.ndarray:
-        """Per query, whether its prototype evidence is read: its documentation-best tool is among ``read``
-        (:func:`~synapse_flwr.core.fusion.gate_open`), and it is not a tool's name (:meth:`unnamed`)."""
+        """Per query, whether its prototype evidence is read.
+
+        Parameters
+        ----------
+        queries : sequence of str
+            The requests.
+        docs : numpy.ndarray
+            ``(n, n_tools)`` their documentation scores.
+        read : numpy.ndarray
+            ``(n_tools,)`` booleans: the tools whose prototype is read.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``(n,)`` booleans: the documentation-best tool is among ``read``
+            (:func:`~synapse_flwr.core.fusion.gate_open`), and the query is not
+            a tool's name (:meth:`unnamed`).
+        """
         return gate_open(docs, read) & self.unnamed(queries)
 
     def unnamed(self, queries: Sequence[str]) -> np.ndarray:
@@ -540,6 +556,16 @@ class Router:
         compendium 0.616). Released phrases and scenarios are read as for any
         query: they are about the query's own words (users who type "weather"
         for the forecast tool).
+
+        Parameters
+        ----------
+        queries : sequence of str
+            The requests.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``(n,)`` booleans, False for a tool's name or alias.
         """
         return np.fromiter((self.catalog.resolve(q) is None for q in queries), bool, len(queries))
 
@@ -632,8 +658,8 @@ class Router:
         tool has no prototype this router reads, or the query is a tool's
         name (the gate, :meth:`gate`).
 
-        Those route on the documentation as docs_only does, unless a ``when_not``
-        scenario redirects them. On a catalog where most tools have no
+        Those route on the documentation as docs_only does, unless released
+        scenarios or a ``when_not`` scenario move them. On a catalog where most tools have no
         experience most seen queries are among them, so the compendium gains
         little over docs_only there (docs/experiments.md, "Limits measured").
 
@@ -665,7 +691,15 @@ class Router:
 
         ``description`` is exactly a documentation-only router's score; the
         other fields are non-negative and zero for tools without experience.
-        ``described``: the queries' :meth:`_description`, when computed already.
+
+        Parameters
+        ----------
+        queries : sequence of str
+            The requests.
+        q : numpy.ndarray, optional
+            Their embeddings (embedded here when left out).
+        described : tuple of numpy.ndarray, optional
+            Their :meth:`_description`, when computed already (the query-shift test's, in :meth:`route_many`).
         """
         q = self._embed(queries) if q is None else q
         w_scen = self.weights[2]
@@ -1026,8 +1060,19 @@ def calls_floor(compendium: Compendium | FlatCompendium | None) -> float:
 
 
 def cut_query(query: str) -> str:
-    """``query`` as a request is routed: one longer than :data:`~synapse_flwr.core.experience.MAX_QUERY`
-    characters (stripped) is cut there, as a logged or tested one is, with a warning once a process."""
+    """``query`` as a request is routed, cut as a logged or tested one is.
+
+    Parameters
+    ----------
+    query : str
+        The request.
+
+    Returns
+    -------
+    str
+        ``query``, or, when longer than :data:`~synapse_flwr.core.experience.MAX_QUERY`
+        characters stripped, its first ``MAX_QUERY`` (warned of once a process).
+    """
     if len(query.strip()) <= MAX_QUERY:
         return query
     log_once(log, f"a query longer than {MAX_QUERY} characters is routed on its first {MAX_QUERY}, as a logged one "

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from synapse_flwr.core.catalog import Catalog, load_catalog, with_examples_file
-from synapse_flwr.core.errors import SynapseError, log_once, warn_once
+from synapse_flwr.core.errors import SynapseError, warn_once
 from synapse_flwr.core.experience import (
     Event,
     TestItem,
@@ -298,9 +298,9 @@ def load_federated(
                         "(Dirichlet alpha %g)", name, len(ds.orgs), num_orgs, alpha)
         elif ds.orgs and ds.info.get("orgs_as_given"):  # a folder with one log: pooled, like MetaTool
             # a warning: the tables' organisations are then not the folder's (it was said at INFO only)
-            log_once(log, f"dataset {name} has one organisation log: one organisation is no federation, so its "
-                          f"experience is split into {num_orgs} organisations (Dirichlet alpha {alpha:g}; `orgs` in "
-                          "an experiment config chooses how many)", logging.WARNING)
+            warn_once(log, f"dataset {name} has one organisation log: one organisation is no federation, so its "
+                           f"experience is split into {num_orgs} organisations (Dirichlet alpha {alpha:g}; `orgs` in "
+                           "an experiment config chooses how many)")
         ds = repartition(ds, num_orgs, alpha, seed)
     if inject:
         from synapse_flwr.data.inject import inject_contradictions
