@@ -992,9 +992,10 @@ EmbedderOption = Annotated[
 
 ShiftTestOption = Annotated[bool, typer.Option(
     "--shift-test/--no-shift-test",
-    help="Route on the documentation alone, as docs_only does, while the queries sit far from the federation's "
-         "(docs/experiments.md, \"Query shift\"). --no-shift-test keeps reading experience: for traffic known to "
-         "be like the federation's but terser (keyword queries sit far from every prototype for want of words).")]
+    help="Run the query-shift test (the default): while the queries sit far from the federation's, route them on "
+         "the documentation alone, as docs_only does (docs/experiments.md, \"Query shift\"). --no-shift-test keeps "
+         "reading experience: for traffic known to be like the federation's but terser (keyword queries sit far "
+         "from every prototype for want of words).")]
 CountPriorOption = Annotated[
     float | None,
     typer.Option(help="Weight of log(1 + n) for each tool whose query prototype the router reads, n the "
