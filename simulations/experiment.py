@@ -276,6 +276,13 @@ class Experiment:
         """Evaluation sets: the ``seen`` and ``heldout`` queries."""
         return {k: v for k, v in (("seen", ds.seen_test), ("heldout", ds.heldout_test)) if v}
 
+    def observe(self, router: Router, ds: FederatedDataset) -> None:
+        """Put the whole test set, both splits, in ``router``'s query-shift window (:meth:`Router.observe`).
+
+        Every split is then routed on one decision, as a deployment's mixed traffic would be.
+        """
+        router.observe([i.query for items in self.splits(ds).values() for i in items])
+
     def unit(self, key: str, compute: Callable[[], Any]) -> Any:
         value = self.cache.get(key, compute)
         if key not in self._done:  # the Flower runs are read again by every arm that uses them
@@ -436,8 +443,7 @@ class Experiment:
             ds = self.dataset(seed)
             router = Router(compendium, ds.catalog, embedder=self.embedder, reranker=reranker,
                             k=self.cfg.k, render=render, model=self.cfg.llm_model)
-            # every split on one query-shift decision, over the whole test set, as a deployment's mixed traffic
-            router.observe([i.query for items in self.splits(ds).values() for i in items])
+            self.observe(router, ds)
             return {split: self._score(router, llm_subsample(items, sample), oracle)
                     for split, items in self.splits(ds).items()}
 
@@ -591,7 +597,7 @@ class Experiment:
         ds = self.dataset(seed)
         router = Router(compendium, ds.catalog, embedder=self.embedder, reranker="llm", k=self.cfg.k,
                         model=self.cfg.llm_model)
-        router.observe([i.query for items in self.splits(ds).values() for i in items])  # as evaluate decides
+        self.observe(router, ds)  # as evaluate decides
         out = {}
         for split, items in self.splits(ds).items():
             queries = [i.query for i in llm_subsample(items, self.cfg.llm_sample)[:ORDER_CHECK]]

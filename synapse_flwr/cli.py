@@ -1042,14 +1042,14 @@ def route(
     from synapse_flwr.core.experience import load_testset
     from synapse_flwr.core.explain import explain_route
     from synapse_flwr.core.metrics import evaluate_routes
-    from synapse_flwr.core.router import cut_query, query_problem
+    from synapse_flwr.core.router import query_problem, request_text
 
     if bool(query) == (test is not None):
         raise SynapseError("give the requests to route as arguments, or a test set with --test (not both)")
     items = load_testset(test, load_catalog(catalog)) if test is not None else []  # before the models load
     if test is not None and not items:
         raise SynapseError(f"--test {test} holds no test items (a query and its gold tool a line): nothing to score")
-    queries = [cut_query(q) for q in query or []] or [item.query for item in items]  # (test items are cut as read)
+    queries = [request_text(q) for q in query or []] or [item.query for item in items]  # (test items are cut as read)
     if bad := [(i, problem) for i, q in enumerate(queries, start=1) if (problem := query_problem(q))]:
         raise SynapseError(f"query {bad[0][0]} of {len(queries)} {bad[0][1]}: nothing to route")
     router = _load_router(catalog, compendium, reranker, model, embedder, render, k, llm_weight, count_prior,

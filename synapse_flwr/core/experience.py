@@ -199,6 +199,23 @@ def transcript_request(query: object) -> str | None:
     return next((t for t in reversed(said) if t), None)
 
 
+def cut_query(query: str) -> str:
+    """``query`` as it is read: unchanged, or stripped and cut to its first :data:`MAX_QUERY` characters when
+    longer (an embedder reads a few hundred tokens; a served request of megabytes held a router for seconds).
+
+    Parameters
+    ----------
+    query : str
+        A logged, tested or routed request.
+
+    Returns
+    -------
+    str
+        ``query`` itself when it is short enough (so ``is`` tells whether it was cut).
+    """
+    return query if len(query.strip()) <= MAX_QUERY else query.strip()[:MAX_QUERY]
+
+
 def known_fields(obj: dict, model: type[BaseModel]) -> tuple[dict, list[str]]:
     """A record as ``model`` (:class:`Event` or :class:`TestItem`) reads it, and what was left out.
 
@@ -223,8 +240,8 @@ def known_fields(obj: dict, model: type[BaseModel]) -> tuple[dict, list[str]]:
         out["query"] = request
         notes.append(TRANSCRIPT)
     query = out.get("query")
-    if isinstance(query, str) and len(query.strip()) > MAX_QUERY:
-        out["query"] = query.strip()[:MAX_QUERY]
+    if isinstance(query, str) and (cut := cut_query(query)) is not query:
+        out["query"] = cut
         notes.append(QUERY_CUT)
     if isinstance(out.get("query"), str) and not is_text(out["query"]):  # after the cut: what is read has no word
         notes.append(NO_WORDS)

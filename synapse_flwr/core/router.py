@@ -45,7 +45,7 @@ import itertools
 import logging
 import math
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 
@@ -55,7 +55,7 @@ from synapse_flwr.core.catalog import Catalog
 from synapse_flwr.core.documentation import catalog_arguments, doc_entry, doc_text
 from synapse_flwr.core.embed import Embedder, get_embedder, l2_normalize, uncached
 from synapse_flwr.core.errors import log_once
-from synapse_flwr.core.experience import MAX_QUERY
+from synapse_flwr.core.experience import MAX_QUERY, cut_query
 from synapse_flwr.core.explain import decided_by
 from synapse_flwr.core.fusion import Fusion, gate_open, voted_fusion
 from synapse_flwr.core.phrase_profile import PhraseProfile
@@ -383,7 +383,6 @@ class Router:
         self.compendium = compendium
         self.prototypes = self._load_prototypes(compendium)
         self.shift_window = shift_window
-        self._shift_said = False  # whether the last word logged was that experience is off
         self.shift = self._shift_monitor()
         self.weights = weights or (SCENARIO_WEIGHTS if self.prototypes is None else PROTOTYPE_WEIGHTS)
         self._docs_twin: Router | None = None
@@ -458,7 +457,6 @@ class Router:
         self.fusion = fusion
         self.prototypes = self._load_prototypes(self.compendium)
         self.shift = self._shift_monitor()
-        self._shift_said = False
 
     def _load_prototypes(
         self, compendium: Compendium | FlatCompendium | None
@@ -611,20 +609,23 @@ class Router:
         """
         if self.shift is None or self.fusion.docs_only:
             return False
-        embedder = None if remember else uncached(self.embedder)
-        chunks = [list(queries[s : s + batch_size]) for s in range(0, len(queries), batch_size)]
-        vectors = [self._embed(c, embedder) for c in chunks]
-        return self._observe(chunks, vectors, (self._description(c, q) for c, q in zip(chunks, vectors, strict=True)))
+        self._observe(_chunked(queries, batch_size), None if remember else uncached(self.embedder), keep=False)
+        return self.shifted()
 
-    def _observe(self, chunks: Sequence[list[str]], vectors: Sequence[np.ndarray], described: Iterable[Described]
-                 ) -> bool:
-        """:meth:`observe` of embedded chunks of queries, with their :meth:`_description`."""
-        read = self.prototypes_read()
-        for chunk, q, desc in zip(chunks, vectors, described, strict=True):
+    def _observe(self, chunks: Sequence[list[str]], embedder: Embedder | None, keep: bool
+                 ) -> tuple[list[np.ndarray], list[Described | None]]:
+        """:meth:`observe` of chunks of queries: their embeddings, and with ``keep`` their :meth:`_description`
+        (else None each), for routing them after."""
+        vectors = [self._embed(c, embedder) for c in chunks]
+        described: list[Described | None] = [None] * len(chunks)
+        read, was = self.prototypes_read(), self.shift.off
+        for i, (chunk, q) in enumerate(zip(chunks, vectors, strict=True)):
+            desc = self._description(chunk, q)
             self.shift.observe(q, self.gate(chunk, desc[0], read))
+            if keep:
+                described[i] = desc
         n, mean, shifted = self.shift.state()
-        if shifted != self._shift_said:
-            self._shift_said = shifted
+        if shifted != was:
             # once a process for one statistic: an experiment's arms each route the same test set
             if shifted:
                 log_once(log, f"the queries routed sit far from the federation's experience (mean shift {mean:.3f} "
@@ -633,7 +634,7 @@ class Router:
             else:
                 log_once(log, f"the queries routed are back near the federation's experience (mean shift {mean:.3f} "
                               f"over the last {n} queries): reading it again")
-        return shifted
+        return vectors, described
 
     def shifted(self) -> bool:
         """Whether the query-shift window has shifted (:meth:`observe`): queries route as docs_only does."""
@@ -961,18 +962,14 @@ class Router:
         if force is not None and len(force) != len(queries):
             raise ValueError("force needs one sequence of gold tool ids per query")
         embedder = None if remember else uncached(self.embedder)
-        chunks = [list(queries[s : s + batch_size]) for s in range(0, len(queries), batch_size)]
+        chunks = _chunked(queries, batch_size)
         vectors: list[np.ndarray | None] = [None] * len(chunks)
         described: list[Described | None] = [None] * len(chunks)
         if observe and self.shift is not None and not self.fusion.docs_only:
             # embedded (and, while it fits DESCRIBED_BYTES, scored on the documentation) once, for the test and
             # the routes: kept for a whole test set of a large catalog the scores took 585 MB
-            vectors = [self._embed(c, embedder) for c in chunks]
-            scored = (self._description(c, q) for c, q in zip(chunks, vectors, strict=True))
-            if 12 * len(queries) * len(self.tool_ids) <= DESCRIBED_BYTES:  # three float32 arrays a query and tool
-                described = list(scored)
-                scored = iter(described)
-            self._observe(chunks, vectors, scored)
+            keep = 12 * len(queries) * len(self.tool_ids) <= DESCRIBED_BYTES  # three float32 arrays a query and tool
+            vectors, described = self._observe(chunks, embedder, keep)
         if not self.shifted():
             return self._route_chunks(chunks, vectors, force, embedder, described)
         docs = self.docs_router()._route_chunks(chunks, vectors, force, embedder)  # its embedder is this router's
@@ -1043,10 +1040,15 @@ class Router:
         """
         if not isinstance(query, str):
             raise TypeError(f"query must be a string, got {type(query).__name__}")
-        query = cut_query(query)
+        query = request_text(query)
         if problem := query_problem(query):
             raise ValueError(f"query {problem}: nothing to route")
         return self.route_many([query], remember=False)[0]
+
+
+def _chunked(queries: Sequence[str], size: int) -> list[list[str]]:
+    """``queries`` in batches of ``size``."""
+    return [list(queries[s : s + size]) for s in range(0, len(queries), size)]
 
 
 def calls_floor(compendium: Compendium | FlatCompendium | None) -> float:
@@ -1059,8 +1061,9 @@ def calls_floor(compendium: Compendium | FlatCompendium | None) -> float:
     return zero_count_floor(privacy.sigma if privacy is not None else 0.0, merged, NOISE_SDS)
 
 
-def cut_query(query: str) -> str:
-    """``query`` as a request is routed, cut as a logged or tested one is.
+def request_text(query: str) -> str:
+    """``query`` as a request is routed: cut as a logged or tested one is
+    (:func:`~synapse_flwr.core.experience.cut_query`), with a warning once a process when it is.
 
     Parameters
     ----------
@@ -1070,14 +1073,12 @@ def cut_query(query: str) -> str:
     Returns
     -------
     str
-        ``query``, or, when longer than :data:`~synapse_flwr.core.experience.MAX_QUERY`
-        characters stripped, its first ``MAX_QUERY`` (warned of once a process).
+        The text routed.
     """
-    if len(query.strip()) <= MAX_QUERY:
-        return query
-    log_once(log, f"a query longer than {MAX_QUERY} characters is routed on its first {MAX_QUERY}, as a logged one "
-                  "is", logging.WARNING)
-    return query.strip()[:MAX_QUERY]
+    if (cut := cut_query(query)) is not query:
+        log_once(log, f"a query longer than {MAX_QUERY} characters is routed on its first {MAX_QUERY}, as a logged "
+                      "one is", logging.WARNING)
+    return cut
 
 
 def query_problem(query: str) -> str | None:

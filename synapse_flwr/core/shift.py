@@ -93,6 +93,11 @@ class ShiftMonitor:
         self._off = False
         self._lock = threading.Lock()
 
+    @property
+    def off(self) -> bool:
+        """The decision :meth:`state` last returned (False before any): whether experience is off."""
+        return self._off
+
     def observe(self, q: np.ndarray, gate_open: np.ndarray) -> None:
         """Add the ``z`` of the queries ``q`` (unit embeddings) whose gate is open."""
         if not len(self.tools) or not gate_open.any():
