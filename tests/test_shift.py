@@ -137,8 +137,8 @@ def test_a_router_without_a_window_has_no_shift_test(demo_routers):
 
 def test_a_routed_batch_is_scored_on_the_documentation_once(demo_routers, monkeypatch):
     """Regression (perf): the shift test scored each chunk on the documentation and the routes scored it again
-    (route_many on 4,000 MetaTool queries 0.90 s -> 0.62 s); the routes are those of a router told the test's
-    decision, which scores the documentation itself."""
+    (6 calls for 3 chunks); the routes are those of a router told the test's decision, which scores the
+    documentation itself."""
     ds, emb, pooled = demo_routers
     queries = [e.query for e in ds.all_events if e.success][:300]
     calls = []
